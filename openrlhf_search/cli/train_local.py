@@ -34,6 +34,22 @@ from openrlhf_search.local.args import parse_args
 logger = logging.getLogger("train_local")
 
 
+def _max_hops(rows, max_hops):
+    """Rows whose ``hops`` field is at most ``max_hops`` (rows without the field are kept; None keeps all).
+
+    Raises:
+        QADataError: the filter leaves no row.
+    """
+    from openrlhf_search.data.qa import QADataError
+
+    if max_hops is None:
+        return rows
+    kept = [r for r in rows if not isinstance(r.get("hops"), int) or r["hops"] <= max_hops]
+    if not kept:
+        raise QADataError(f"--data.max_hops {max_hops} leaves no question")
+    return kept
+
+
 def _resolve_data(args):
     from openrlhf_search.data.default_dataset import build_default_dataset
     from openrlhf_search.data.qa import load_qa_jsonl
@@ -43,9 +59,9 @@ def _resolve_data(args):
     if not args.data.prompt_dataset:  # the embedded default: corpus, train and eval questions
         default = build_default_dataset(os.path.join(out, "data"), seed=args.train.seed)
     train_path = args.data.prompt_dataset or default.train_path
-    train = load_qa_jsonl(train_path, limit=args.data.max_samples)
+    train = _max_hops(load_qa_jsonl(train_path), args.data.max_hops)[: args.data.max_samples]
     eval_path = args.eval.dataset or (default.eval_path if not args.data.prompt_dataset else None)
-    evalq = load_qa_jsonl(eval_path, limit=args.eval.max_samples) if eval_path else []
+    evalq = _max_hops(load_qa_jsonl(eval_path), args.data.max_hops)[: args.eval.max_samples] if eval_path else []
     corpus = args.corpus or (default.corpus_path if default else None)
     return train, evalq, corpus
 
@@ -62,7 +78,8 @@ def make_warmstart(args):
         rows = rng.sample(trainer.train_rows, min(w.num_examples, len(trainer.train_rows)))
         queries = [scripted_query(r["question"]) for r in rows]
         passages = trainer.loop.run_until_complete(trainer.client.search_batch(queries))
-        trajs = [scripted_trajectory(trainer.prompt_of(r), r["question"], r["golden_answers"][0], p,
+        trajs = [scripted_trajectory(trainer.prompt_of(r), r["question"],
+                                     r["golden_answers"][0] if w.teach_answers else None, p,
                                      trainer.protocol, trainer.tokenizer, trainer.cfg.max_obs_tokens)
                  for r, p in zip(rows, passages)]
         path = os.path.join(trainer.out_dir, "warmstart.jsonl")
@@ -71,6 +88,7 @@ def make_warmstart(args):
                 fh.write(json.dumps(row) + "\n")
             losses = sft_warmstart(trainer.actor, trajs, trainer.pad_id, w.sft_steps, w.lr, w.batch_size,
                                    seed=args.train.seed, log=log)
+        trainer.actor.eval()
         logger.info("warm start: %d SFT steps on %d scripted trajectories, loss %.3f -> %.3f", w.sft_steps,
                     len(trajs), losses[0], losses[-1])
 
@@ -89,11 +107,19 @@ def print_table(result: dict, metrics_path: str) -> None:
         print(f"{r['step']:>5} {r['reward']:>8.3f} {r.get('valid_searches', 0):>15.2f} "
               f"{r.get('answer_rate', 0):>12.2f} {r.get('kl', 0):>8.4f} {r['time_step_s']:>7.1f}")
     ev = result.get("eval")
-    if ev and ev.get("n"):
+    cmp = result.get("compare")
+    if cmp:
+        from openrlhf_search.evaluation.compare import format_comparison
+
+        print()
+        print(format_comparison(cmp))
+    elif ev and ev.get("n"):
         print("\n== evaluation (held-out, greedy) ==")
-        print(f"{'n':>4} {'EM':>6} {'F1':>6} {'Cover-EM':>9} {'answer_rate':>12} {'valid_searches':>15}")
+        print(f"{'n':>4} {'EM':>6} {'F1':>6} {'Cover-EM':>9} {'answer_rate':>12} {'valid_searches':>15} "
+              f"{'searches':>9}")
         print(f"{ev['n']:>4} {ev['em']:>6.3f} {ev['f1']:>6.3f} {ev['cover_em']:>9.3f} {ev['answer_rate']:>12.2f} "
-              f"{ev['valid_searches']:>15.2f}")
+              f"{ev.get('valid_search_rate', 0.0):>15.2f} {ev.get('searches', 0.0):>9.2f}")
+    if ev and ev.get("n"):
         for ex in ev.get("examples", []):
             print(f"  Q: {ex['question']}  gold: {ex['gold']}  pred: {ex['prediction']!r}")
 

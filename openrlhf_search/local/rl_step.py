@@ -29,7 +29,9 @@ from openrlhf.models.utils import compute_approx_kl, compute_reward as kl_shaped
 
 from openrlhf_search.advantages import group_baseline_rewards, masked_gae, masked_whiten
 from openrlhf_search.local.critic import ValueCritic
-from openrlhf_search.local.experience import Batch, Trajectory, action_log_probs, batched_action_log_probs, collate
+from openrlhf_search.local.experience import (Batch, Trajectory, action_log_probs, batched_action_log_probs,
+                                              batched_trunk, collate)
+from openrlhf_search.local.freeze import trunk_boundary
 from openrlhf_search.local.optim import make_adamw
 from openrlhf_search.loss import MaskedPolicyLoss, MaskedValueLoss
 
@@ -112,8 +114,11 @@ class RLUpdater:
         self.ref = ref.eval()
         for p in self.ref.parameters():
             p.requires_grad_(False)
+        # The reference shares the policy's frozen trunk (a copy made after the warm start, or reloaded from it), so
+        # the trunk states cached for the policy serve the reference too.
+        self.ref._trunk_boundary = trunk_boundary(actor)
         self.critic = critic if critic is not None or s.estimator != "gae" else ValueCritic.from_policy(actor)
-        self.actor_opt = make_adamw(actor.parameters(), lr=s.actor_lr, betas=tuple(s.betas),
+        self.actor_opt = make_adamw([p for p in actor.parameters() if p.requires_grad], lr=s.actor_lr, betas=tuple(s.betas),
                                     weight_decay=s.weight_decay)
         self.critic_opt = make_adamw(self.critic.parameters(), lr=s.critic_lr) if self.critic else None
         self.policy_loss = MaskedPolicyLoss(clip_eps_low=s.eps_clip, clip_eps_high=s.eps_clip)
@@ -149,8 +154,9 @@ class RLUpdater:
         s = self.settings
         batch = collate(trajs, self.pad_id, s.max_len)
         mask = batch.action_mask
-        old_logp = batched_action_log_probs(self.actor, batch, s.micro_batch_size, s.temperature)
-        ref_logp = batched_action_log_probs(self.ref, batch, s.micro_batch_size, s.temperature)
+        trunk = batched_trunk(self.actor, batch, s.micro_batch_size)  # None unless the lower layers are frozen
+        old_logp = batched_action_log_probs(self.actor, batch, s.micro_batch_size, s.temperature, trunk=trunk)
+        ref_logp = batched_action_log_probs(self.ref, batch, s.micro_batch_size, s.temperature, trunk=trunk)
         kl = compute_approx_kl(old_logp, ref_logp, kl_estimator=s.kl_estimator) * mask
         kl_in_reward = 0.0 if s.kl_use_loss else s.kl_coef
         token_rewards = kl_shaped_rewards(shaped.float(), kl_in_reward, kl, action_mask=mask)
@@ -168,7 +174,7 @@ class RLUpdater:
             adv, ret = masked_gae(token_rewards, torch.zeros(mask.shape), mask, gamma, 1.0)
         if s.estimator in WHITENED:
             adv = masked_whiten(adv, mask, scale=not s.no_std_norm)
-        return {"batch": batch, "old_logp": old_logp, "ref_logp": ref_logp, "kl": kl, "values": values,
+        return {"batch": batch, "trunk": trunk, "old_logp": old_logp, "ref_logp": ref_logp, "kl": kl, "values": values,
                 "advantages": adv.float() * mask, "returns": ret.float()}
 
     # ------------------------------------------------------------------ update
@@ -198,7 +204,9 @@ class RLUpdater:
                 rows = slice(i, i + s.micro_batch_size)
                 sub = batch.slice(rows)
                 t, m = sub.action_mask.shape[1], sub.action_mask
-                logp, ent = action_log_probs(self.actor, sub, s.temperature, with_entropy=True)
+                trunk = exp.get("trunk")
+                logp, ent = action_log_probs(self.actor, sub, s.temperature, with_entropy=True,
+                                             trunk=None if trunk is None else trunk[rows, :t + 1])
                 loss, clip_ratio, ppo_kl, _, _ = self.policy_loss(
                     logp, exp["old_logp"][rows, :t], exp["advantages"][rows, :t], action_mask=m,
                     batch_num_tokens=n_tokens)
@@ -226,7 +234,8 @@ class RLUpdater:
                         break
                     vloss.backward()
                     stats["value_loss"] += float(vloss.detach()) / epochs
-            gnorm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), s.max_norm) if finite else None
+            trainable = [p for p in self.actor.parameters() if p.requires_grad]
+            gnorm = torch.nn.utils.clip_grad_norm_(trainable, s.max_norm) if finite else None
             if gnorm is None or not torch.isfinite(gnorm):
                 stats["nan_skipped"] += 1
                 self.actor_opt.zero_grad(set_to_none=True)

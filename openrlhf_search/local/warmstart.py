@@ -13,8 +13,10 @@ turn tokenised separately and concatenated), with the loss on the model-turn (ac
 from typing import Callable, List, Optional, Sequence
 
 import torch
+from tqdm.auto import tqdm
 
 from openrlhf_search.local.experience import Trajectory, action_log_probs, collate
+from openrlhf_search.local.freeze import trunk_boundary, trunk_hidden
 from openrlhf_search.local.optim import make_adamw
 from openrlhf_search.types import Passage
 
@@ -35,9 +37,13 @@ def scripted_query(question: str) -> str:
     return " ".join(kept) if kept else q
 
 
-def scripted_turns(prompt: str, question: str, answer: str, protocol) -> tuple:
+def scripted_turns(prompt: str, question: str, answer: Optional[str], protocol) -> tuple:
     """The two model turns of a scripted trajectory, in the protocol's tags.
 
+    Args:
+        answer: the answer written in the answer block; None to stop the second turn right after the answer's
+            open tag (``--warmstart.teach_answers false``: the warm start then teaches the protocol, not the answers,
+            and what goes into the answer block is left to the model and to RL).
     Returns:
         (turn with the search call, turn with the answer); the environment's documents block goes between them.
     """
@@ -50,10 +56,17 @@ def scripted_turns(prompt: str, question: str, answer: str, protocol) -> tuple:
     else:
         first = f"{p.think_open} I need to search. {p.think_close}\n{p.query_open} {query} {p.query_close}"
         second = f"{p.think_open} I found it. {p.think_close}\n{p.answer_open} {answer} {p.answer_close}"
+    if not opened:
+        # The answer turn starts with its answer block: a fixed phrase just before the block ("<think> I found it.
+        # </think>") is what a pretrained model then copied into it (SmolLM2 answered "I found it." after SFT). The
+        # search turn's think block already satisfies the format rule (an answer after the last </think>).
+        second = f"{p.answer_open} {answer} {p.answer_close}"
+    if answer is None:  # the protocol only: the turn stops at the answer's open tag
+        second = f"I found it. {p.think_close}\n\n{p.answer_open}" if opened else p.answer_open
     return first, second
 
 
-def scripted_trajectory(prompt: str, question: str, answer: str, passages: Sequence[Passage], protocol,
+def scripted_trajectory(prompt: str, question: str, answer: Optional[str], passages: Sequence[Passage], protocol,
                         tokenizer, max_obs_tokens: Optional[int] = None) -> Trajectory:
     """Tokenise one scripted trajectory; ``action_ranges`` cover the two model turns.
 
@@ -76,7 +89,7 @@ def scripted_trajectory(prompt: str, question: str, answer: str, passages: Seque
 
 
 def sft_warmstart(model, trajectories: List[Trajectory], pad_id: int, steps: int, lr: float, batch_size: int,
-                  seed: int = 0, log: Optional[Callable[[dict], None]] = None) -> List[float]:
+                  seed: int = 0, log: Optional[Callable[[dict], None]] = None, progress: bool = True) -> List[float]:
     """Fit ``model`` to ``trajectories`` with AdamW for ``steps`` steps (negative log-likelihood on action tokens),
     the learning rate decaying linearly from ``lr`` to ``lr / 10``.
 
@@ -85,6 +98,7 @@ def sft_warmstart(model, trajectories: List[Trajectory], pad_id: int, steps: int
         trajectories: from :func:`scripted_trajectory`.
         steps, lr, batch_size: optimiser settings; batches cycle over a seeded permutation.
         log: called with {"sft_step", "sft_loss"} after each step.
+        progress: show a tqdm bar with the ETA and the current loss (stderr).
     Returns:
         the loss of every step (nats per action token).
     Raises:
@@ -92,31 +106,53 @@ def sft_warmstart(model, trajectories: List[Trajectory], pad_id: int, steps: int
     """
     if not trajectories:
         raise ValueError("warm start: no trajectories")
-    opt = make_adamw(model.parameters(), lr=lr, weight_decay=0.0)
+    # With a frozen trunk (--actor.trainable_layers K) its hidden states are computed once per trajectory, and every
+    # SFT step then runs only the top K layers: many more steps for the same CPU time.
+    trunks = None
+    if trunk_boundary(model) > 0:
+        trunks = []
+        bar = tqdm(total=len(trajectories), desc="warm start: frozen-trunk states", unit="traj",
+                   disable=not progress)
+        for i in range(0, len(trajectories), 8):
+            part = trajectories[i: i + 8]
+            b = collate(part, pad_id)
+            h = trunk_hidden(model, b.input_ids, b.attention_mask)
+            trunks += [h[j, : len(t.tokens)] for j, t in enumerate(part)]
+            bar.update(len(part))
+        bar.close()
+    params = [p for p in model.parameters() if p.requires_grad]  # --actor.trainable_layers may freeze the rest
+    opt = make_adamw(params, lr=lr, weight_decay=0.0)
     # Linear decay to 10% of lr: the last steps consolidate instead of bouncing at the peak rate.
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - 0.9 * min(i, steps) / max(steps, 1))
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(trajectories), generator=gen).tolist()
     model.train()
     losses, cursor = [], 0
-    for step in range(steps):
-        rows = []
+    bar = tqdm(range(steps), desc="warm start (SFT)", unit="step", disable=not progress)
+    for step in bar:
+        picked = []
         for _ in range(min(batch_size, len(trajectories))):
             if cursor >= len(order):
                 order, cursor = torch.randperm(len(trajectories), generator=gen).tolist(), 0
-            rows.append(trajectories[order[cursor]])
+            picked.append(order[cursor])
             cursor += 1
-        batch = collate(rows, pad_id)
-        lp, _ = action_log_probs(model, batch)
+        batch = collate([trajectories[i] for i in picked], pad_id)
+        trunk = None
+        if trunks is not None:
+            trunk = torch.zeros(len(picked), batch.input_ids.shape[1], trunks[0].shape[-1])
+            for row, i in enumerate(picked):
+                trunk[row, : trunks[i].shape[0]] = trunks[i]
+        lp, _ = action_log_probs(model, batch, trunk=trunk)
         loss = -(lp * batch.action_mask).sum() / batch.action_mask.sum().clamp(min=1)
         if not torch.isfinite(loss):
             raise ValueError(f"warm start: non-finite loss at step {step}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
         if log is not None:
             log({"sft_step": step + 1, "sft_loss": losses[-1]})
     model.eval()
