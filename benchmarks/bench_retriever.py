@@ -84,6 +84,13 @@ async def service_run(url: str, queries: list[str], clients: int, topk: int, sec
             "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], "requests": len(lat), "errors": errors}
 
 
+def server_stats(url: str) -> dict:
+    """The ``stats`` of the server's ``GET /health``."""
+    import urllib.request
+
+    return json.loads(urllib.request.urlopen(url + "/health").read())["stats"]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--index_dir", default=None, help="an existing index; else one is built from --corpus")
@@ -131,15 +138,15 @@ def main(argv=None) -> int:
         results = {"off": [], "on": []}
         for c in clients:  # both modes at one client count back to back: drifting load hits both alike
             for mode in ("off", "on"):
+                before = server_stats(servers[mode][1])
                 r = asyncio.run(service_run(servers[mode][1], queries, c, a.topk, a.seconds))
+                after = server_stats(servers[mode][1])
+                r.update({k: after[k] - before[k] for k in ("batches", "waits")})  # incl. the warm-up round
                 results[mode].append(r)
                 print(f"service, batching {mode:>3}, {c:>3} clients: {r['qps']:8.1f} queries/s  p50 "
                       f"{r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  ({r['requests']} requests, "
-                      f"{r['errors']} errors)", flush=True)
-        import urllib.request
-
-        stats = {mode: json.loads(urllib.request.urlopen(url + "/health").read())["stats"]
-                 for mode, (_, url) in servers.items()}
+                      f"{r['errors']} errors; server: {r['batches']} batches, {r['waits']} waited)", flush=True)
+        stats = {mode: server_stats(url) for mode, (_, url) in servers.items()}
     finally:
         for proc, _ in servers.values():
             stop_server_process(proc)

@@ -139,9 +139,9 @@ def test_breaker_opens_then_a_health_check_brings_the_endpoint_back(hotpotqa_bm2
             stop_server_process(restarted)
 
 
-def test_slow_endpoint_gets_less_traffic_and_a_timeout_fails_over(hotpotqa_bm25_index):
+def test_endpoint_that_never_answers_times_out_and_fails_over(hotpotqa_bm25_index):
     """An endpoint that accepts connections but never answers: the first request times out and fails over; the
-    breaker then keeps it out. Concurrent requests prefer the endpoint with fewer requests in flight."""
+    breaker then keeps it out."""
     proc, url = start_server_process(hotpotqa_bm25_index)
 
     async def run():
@@ -166,6 +166,50 @@ def test_slow_endpoint_gets_less_traffic_and_a_timeout_fails_over(hotpotqa_bm25_
     ep = client.endpoint_stats()
     assert ep[slow]["requests"] == 1 and ep[slow]["failures"] == 1 and ep[slow]["open"]
     assert client.stats["failovers"] == 1 and client.stats["errors"] == 0
+
+
+def test_slow_endpoint_gets_no_new_request_while_another_is_free(hotpotqa_bm25_index):
+    """Least-in-flight routing: an endpoint still busy with a request gets no other while a free one exists (plain
+    round-robin would send it every second request, each waiting behind the slow one)."""
+    proc, url = start_server_process(hotpotqa_bm25_index)
+    body = b'{"result": [[{"document": {"id": "slow", "title": "Slow", "text": "late"}, "score": 1.0}]]}'
+
+    async def run():
+        release = asyncio.Event()
+        seen = []
+
+        async def slow_handler(reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next(l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")))
+            seen.append(await reader.readexactly(length))
+            await release.wait()  # answers only when the test says so
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(slow_handler, "127.0.0.1", 0)
+        slow = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        client = RetrievalClient([slow, url], coalesce_window_ms=0, max_retries=0)
+        try:
+            first = asyncio.create_task(client.search("Ed Wood"))  # round-robin starts at the slow endpoint
+            while not seen:
+                await asyncio.sleep(0.01)
+            rest = [await client.search(q) for q in ["Nicolas Cage", "Scott Derrickson", "Tim Burton", "Ed Wood 2"]]
+            in_flight = client.endpoint_stats()[slow]["in_flight"]
+            release.set()
+            return client, slow, await first, rest, in_flight, len(seen)
+        finally:
+            server.close()
+
+    try:
+        client, slow, first, rest, in_flight, slow_requests = asyncio.run(run())
+    finally:
+        stop_server_process(proc)
+    assert [p.id for p in first] == ["slow"] and in_flight == 1 and slow_requests == 1
+    assert all(r and r[0].id != "slow" for r in rest)
+    ep = client.endpoint_stats()
+    assert ep[slow]["requests"] == 1 and ep[url]["requests"] == 4 and client.stats["failures"] == 0
 
 
 def test_trace_counts_only_its_own_task():
