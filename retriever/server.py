@@ -107,19 +107,19 @@ class MicroBatcher:
     """Coalesces concurrent ``search`` calls into one ``index.search`` per (batch, topk).
 
     A batch takes every request queued when the worker is free (those that arrived while the previous batch
-    was searched), up to ``max_batch_queries`` queries. When that is at least as many queries as the previous
-    batch held, it goes out at once: a lone client (previous batch 1) never waits, so at 1 client the server is
-    as fast as with micro-batching off. When fewer have arrived, the clients of the previous batch are likely
-    about to send their next request, so the batch waits for them up to ``max(window_ms, min(max_wait_ms,
-    half the previous batch's compute time))``, and once it is as large as the previous one still takes what
+    was searched), up to ``max_batch_queries`` queries. The number of clients in a loop is estimated as the
+    previous batch's queries plus those that queued while it ran (clients wait for their answer before sending
+    again). When the batch already holds that many, it goes out at once: a lone client (estimate 1) never
+    waits, so at 1 client the server is as fast as with micro-batching off. When fewer have arrived, the missing
+    clients are likely about to send their next request, so the batch waits for them up to ``max(window_ms,
+    min(max_wait_ms, half the previous batch's compute time))``, and once it is complete still takes what
     arrives within ``window_ms`` of its start: with many clients in a loop this keeps batches full instead of
-    alternating full and tiny ones. Searches run on
-    one worker thread: encoders and faiss are multi-threaded already, and one thread keeps the encoder free of
-    concurrent use.
+    alternating full and tiny ones. Searches run on one worker thread: encoders and faiss are multi-threaded
+    already, and one thread keeps the encoder free of concurrent use.
 
     Args:
         index: anything with ``search(queries, topk) -> list (per query) of passage dicts``.
-        window_ms: shortest wait for company when a batch is smaller than the previous one.
+        window_ms: shortest wait for company when a batch holds fewer queries than the estimate.
         max_batch_queries: most queries per ``index.search`` call.
         max_wait_ms: longest wait for company.
     """
