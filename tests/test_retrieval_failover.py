@@ -38,16 +38,17 @@ def server_requests(url):
     return httpx.get(url + "/health").json()["stats"]["requests"]
 
 
-class KillAfter:
-    """An engine wrapper that SIGKILLs a retriever process when the ``n``-th generate call arrives."""
+class KillWhen:
+    """An engine wrapper that SIGKILLs a retriever process at the first generate call where ``ready()`` holds."""
 
-    def __init__(self, engine, proc, n):
-        self.engine, self.proc, self.n, self.calls = engine, proc, n, 0
+    def __init__(self, engine, proc, ready):
+        self.engine, self.proc, self.ready, self.calls, self.killed_at = engine, proc, ready, 0, None
 
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
         self.calls += 1
-        if self.calls == self.n:
+        if self.killed_at is None and self.ready():
             stop_server_process(self.proc, sig=signal.SIGKILL)
+            self.killed_at = self.calls
         return await self.engine.generate(prompt_token_ids, sampling_params, multi_modal_data)
 
 
@@ -68,8 +69,11 @@ def test_one_of_four_retrievers_killed_mid_rollout_loses_no_sample(qwen_tokenize
     executor = SearchAgentExecutor(cfg, retrieval_client=client)
     params = SamplingParams(temperature=0.0, logprobs=1, skip_special_tokens=False)
     before = {u: server_requests(u) for u in urls}
-    # generate calls 1-16 are the first turn of every sample: the kill lands after the first searches went out
-    killer = KillAfter(engine, victim_proc, n=len(prompts) + 1)
+    # the kill lands once the victim has answered a request (so it was in use), with most searches still to come
+    # (round-robin reaches it by the 3rd request of 24 or more)
+    killer = KillWhen(engine, victim_proc,
+                      ready=lambda: client.endpoint_stats()[victim]["requests"] > client.endpoint_stats()[victim]
+                      ["failures"] + client.endpoint_stats()[victim]["in_flight"])
 
     async def rollout():
         return await asyncio.gather(*(executor.execute(p, '["Ed Wood"]', params, 4096, tok, killer) for p in prompts))
@@ -77,7 +81,7 @@ def test_one_of_four_retrievers_killed_mid_rollout_loses_no_sample(qwen_tokenize
     with caplog.at_level(logging.INFO, logger="openrlhf_search.retrieval_client"):
         results = asyncio.run(rollout())
 
-    assert victim_proc.poll() is not None  # really killed, mid-rollout
+    assert victim_proc.poll() is not None and killer.killed_at < killer.calls  # really killed, mid-rollout
     # no sample lost: every sample made its three searches and got the answer's reward
     for r in results:
         logs = r["extra_logs"]
