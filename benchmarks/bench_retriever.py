@@ -6,11 +6,13 @@
 What it measures:
 - floor: ``load_index(D).search(batch, topk)`` in this process (encode + search, no HTTP), batches of 1 and of
   the largest client count, as queries/s;
-- service: the real server (``python -m retriever.server``) with N concurrent clients (aiohttp), each sending
-  one single-query ``POST /retrieve`` after another (what rollout workers do), for ``--seconds``: queries/s,
-  p50/p99 request latency;
-- the ratio service(32 clients) / floor(batch 32) (floor measured before and after the service, averaged):
-  micro-batching's aim is >= 0.8.
+- service, in two modes of the same server (``python -m retriever.server``), both running, measured in turn at
+  each client count: micro-batching on (the default) and off (``--no_batching``: one search per request, the
+  baseline); N concurrent clients (aiohttp), each sending one single-query ``POST /retrieve`` after another
+  (what rollout workers do), for ``--seconds``: queries/s, p50/p99 request latency;
+- two ratios (issue 10 item 9): batching on / off at 1 client (target >= 1.0: batching must cost a lone client
+  nothing) and service(largest client count, batching on) / floor(batch of that size) (floor measured before
+  and after the services, averaged; target >= 0.8).
 Server and clients share this machine's cores, so on a small CPU the client's own HTTP work is part of the gap.
 """
 
@@ -82,6 +84,13 @@ async def service_run(url: str, queries: list[str], clients: int, topk: int, sec
             "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], "requests": len(lat), "errors": errors}
 
 
+def server_stats(url: str) -> dict:
+    """The ``stats`` of the server's ``GET /health``."""
+    import urllib.request
+
+    return json.loads(urllib.request.urlopen(url + "/health").read())["stats"]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--index_dir", default=None, help="an existing index; else one is built from --corpus")
@@ -121,38 +130,50 @@ def main(argv=None) -> int:
         floors[b] = floor_qps(index, queries, b, a.topk, a.seconds)
         print(f"in-process floor, batch {b:>3}: {floors[b]:8.1f} queries/s", flush=True)
 
-    proc, url = start_server_process(index_dir, extra_args=["--batch_window_ms", str(a.batch_window_ms),
-                                                                 "--batch_max_wait_ms", str(a.batch_max_wait_ms)],
-                                     timeout_s=300)
+    common = ["--batch_window_ms", str(a.batch_window_ms), "--batch_max_wait_ms", str(a.batch_max_wait_ms)]
+    servers = {}
     try:
-        results = []
-        for c in clients:
-            r = asyncio.run(service_run(url, queries, c, a.topk, a.seconds))
-            results.append(r)
-            print(f"service, {c:>3} clients: {r['qps']:8.1f} queries/s  p50 {r['p50_ms']:7.1f} ms  "
-                  f"p99 {r['p99_ms']:7.1f} ms  ({r['requests']} requests, {r['errors']} errors)", flush=True)
-        import urllib.request
-
-        stats = json.loads(urllib.request.urlopen(url + "/health").read())["stats"]
+        for mode, extra in (("off", ["--no_batching"]), ("on", [])):
+            servers[mode] = start_server_process(index_dir, extra_args=common + extra, timeout_s=300)
+        results = {"off": [], "on": []}
+        for c in clients:  # both modes at one client count back to back: drifting load hits both alike
+            for mode in ("off", "on"):
+                before = server_stats(servers[mode][1])
+                r = asyncio.run(service_run(servers[mode][1], queries, c, a.topk, a.seconds))
+                after = server_stats(servers[mode][1])
+                r.update({k: after[k] - before[k] for k in ("batches", "waits")})  # incl. the warm-up round
+                results[mode].append(r)
+                print(f"service, batching {mode:>3}, {c:>3} clients: {r['qps']:8.1f} queries/s  p50 "
+                      f"{r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  ({r['requests']} requests, "
+                      f"{r['errors']} errors; server: {r['batches']} batches, {r['waits']} waited)", flush=True)
+        stats = {mode: server_stats(url) for mode, (_, url) in servers.items()}
     finally:
-        stop_server_process(proc)
+        for proc, _ in servers.values():
+            stop_server_process(proc)
     # the machine is shared: measure the floor again after the service runs and compare with the mean
     again = floor_qps(index, queries, max(clients), a.topk, a.seconds)
     print(f"in-process floor, batch {max(clients):>3}, again: {again:8.1f} queries/s", flush=True)
     floors[max(clients)] = (floors[max(clients)] + again) / 2
     index.close()
-    top = results[-1]
+    top = results["on"][-1]
     ratio = top["qps"] / floors[max(clients)]
-    print(f"server batches: {stats['batches']} for {stats['requests']} requests "
-          f"(largest batch {stats['max_batch_queries_seen']} queries)")
-    print(f"ratio service({top['clients']} clients) / floor(batch {max(clients)}): {ratio:.2f} (target >= 0.80)")
-    print(json.dumps({"floor": floors, "service": results, "ratio": ratio}))
+    by_c = {mode: {r["clients"]: r for r in rs} for mode, rs in results.items()}
+    lone = min(clients)
+    lone_ratio = by_c["on"][lone]["qps"] / by_c["off"][lone]["qps"]
+    print(f"server batches (batching on): {stats['on']['batches']} for {stats['on']['requests']} requests "
+          f"(largest batch {stats['on']['max_batch_queries_seen']} queries, {stats['on']['waits']} waited)")
+    for c in clients:
+        print(f"batching on / off at {c:>3} clients: {by_c['on'][c]['qps'] / by_c['off'][c]['qps']:.2f} queries/s")
+    print(f"ratio batching on / off at {lone} client(s): {lone_ratio:.2f} (target >= 1.00)")
+    print(f"ratio service({top['clients']} clients, batching on) / floor(batch {max(clients)}): {ratio:.2f} "
+          "(target >= 0.80)")
+    print(json.dumps({"floor": floors, "service": results, "ratio": ratio, "lone_ratio": lone_ratio}))
     if a.write_docs:
-        write_docs(a.write_docs, info, floors, results, ratio, stats, a)
+        write_docs(a.write_docs, info, floors, results, ratio, lone_ratio, stats["on"], a)
     return 0
 
 
-def write_docs(path, info, floors, results, ratio, stats, a) -> None:
+def write_docs(path, info, floors, results, ratio, lone_ratio, stats, a) -> None:
     """Replace the text between the bench-retriever markers of ``path`` with this run's table."""
     start, end = "<!-- bench-retriever:start -->", "<!-- bench-retriever:end -->"
     big = max(floors)
@@ -163,10 +184,14 @@ def write_docs(path, info, floors, results, ratio, stats, a) -> None:
              "| setting | queries/s | p50 (ms) | p99 (ms) |", "| --- | --- | --- | --- |"]
     for b, q in sorted(floors.items()):
         lines.append(f"| in-process floor, batch {b} | {q:.1f} | - | - |")
-    for r in results:
-        lines.append(f"| service, {r['clients']} clients | {r['qps']:.1f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} |")
-    lines += ["", f"Service at {results[-1]['clients']} clients / floor at batch {big}: **{ratio:.2f}** (target 0.80); "
-                  f"{stats['batches']} server batches for {stats['requests']} requests, largest "
+    for off, on in zip(results["off"], results["on"]):
+        for mode, r in (("off", off), ("on", on)):
+            lines.append(f"| service, batching {mode}, {r['clients']} clients | {r['qps']:.1f} | {r['p50_ms']:.0f} | "
+                         f"{r['p99_ms']:.0f} |")
+    top = results["on"][-1]
+    lines += ["", f"Batching on / off at {results['on'][0]['clients']} client(s): **{lone_ratio:.2f}** (target 1.00); "
+                  f"service at {top['clients']} clients (batching on) / floor at batch {big}: **{ratio:.2f}** "
+                  f"(target 0.80); {stats['batches']} server batches for {stats['requests']} requests, largest "
                   f"{stats['max_batch_queries_seen']} queries."]
     text = open(path).read()
     head, rest = text.split(start, 1)

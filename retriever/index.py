@@ -254,19 +254,32 @@ def _bm25_tokenizer():
 
 
 def _build_bm25(store: PassageStore, index_dir: str) -> dict:
+    """Tokenise every passage's ``contents`` and write the bm25s index to ``index_dir/bm25``.
+
+    bm25s gives a text without tokens (empty, whitespace, stopwords only) the empty-string token by default
+    (``allow_empty=True``), and a query without known tokens gets that same token, so a query of unknown
+    words or stopwords "matches" every token-less passage (score ~0.37). Here token-less passages get no
+    token at all (``allow_empty=False``): they can never be retrieved, and a warning gives their count
+    (also recorded as ``params.tokenless_passages`` in the manifest).
+    """
     import bm25s
 
     tok = _bm25_tokenizer()
     n = len(store)
     tokens = tok.tokenize((store.get(i)["contents"] for i in range(n)), length=n, return_as="ids",
-                          show_progress=n > 10000)
+                          show_progress=n > 10000, allow_empty=False)
+    tokenless = sum(1 for t in tokens if len(t) == 0)
+    if tokenless:
+        logger.warning("BM25: %d of %d passages have no token after lower-casing and English stopword removal "
+                       "(empty, whitespace or stopwords only); no query can retrieve them", tokenless, n)
     model = bm25s.BM25()
     model.index(tokens, show_progress=n > 10000)
     out = os.path.join(index_dir, "bm25")
     model.save(out)
     tok.save_vocab(out)
     tok.save_stopwords(out)
-    return {"params": {"k1": model.k1, "b": model.b, "method": model.method, "vocab": len(tok.get_vocab_dict())}}
+    return {"params": {"k1": model.k1, "b": model.b, "method": model.method, "vocab": len(tok.get_vocab_dict()),
+                       "tokenless_passages": tokenless}}
 
 
 def _build_faiss(emb_dir, n, chunk_size, dim, index_type, index_dir, hnsw_m, ef_construction, ef_search,
@@ -406,8 +419,11 @@ def _to_all_gpus(index):
 
 
 class BM25Index(_BaseIndex):
-    """bm25s sparse index over ``contents``; ``score`` is the BM25 score. Passages sharing no term with
-    the query (score 0) are left out, so a query may get fewer than ``topk`` passages."""
+    """bm25s sparse index over ``contents``; ``score`` is the BM25 score (Robertson et al.'s Okapi BM25 in
+    bm25s' Lucene variant, k1 1.5, b 0.75). Passages sharing no term with the query (score 0) are left out,
+    so a query may get fewer than ``topk`` passages, and a query with no known term (unknown words,
+    stopwords only) gets none: bm25s' empty-string token is never used for queries, and never matched
+    (indexes built before that change index token-less passages under it; see ``_build_bm25``)."""
 
     def __init__(self, index_dir: str, manifest: dict, mmap: bool = False):
         import bm25s
@@ -418,6 +434,7 @@ class BM25Index(_BaseIndex):
         self.tokenizer = _bm25_tokenizer()
         self.tokenizer.load_vocab(path)
         self.tokenizer.load_stopwords(path)
+        self._empty_id = self.tokenizer.get_vocab_dict().get("")  # only in indexes built with allow_empty=True
 
     def search(self, queries: list[str], topk: int) -> list[list[dict]]:
         """Top-``topk`` passages per query by BM25, best first (see class docstring). Raises ValueError on
@@ -425,12 +442,18 @@ class BM25Index(_BaseIndex):
         topk = min(_check_topk(topk), len(self))
         if not queries:
             return []
-        ids = self.tokenizer.tokenize(list(queries), update_vocab=False, return_as="ids", show_progress=False)
-        rows, scores = self.model.retrieve(ids, k=topk, show_progress=False, n_threads=0)
-        out = []
-        for r, s in zip(rows, scores):
+        ids = self.tokenizer.tokenize(list(queries), update_vocab=False, return_as="ids", show_progress=False,
+                                      allow_empty=False)
+        ids = [[t for t in q if t != self._empty_id] for q in ids]
+        with_terms = [i for i, q in enumerate(ids) if q]
+        out: list[list[dict]] = [[] for _ in ids]
+        if not with_terms:
+            return out
+        rows, scores = self.model.retrieve([ids[i] for i in with_terms], k=topk, show_progress=False,
+                                           n_threads=0)
+        for i, r, s in zip(with_terms, rows, scores):
             keep = s > 0
-            out.append(self._hits(r[keep], s[keep]))
+            out[i] = self._hits(r[keep], s[keep])
         return out
 
 

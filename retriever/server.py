@@ -10,10 +10,12 @@ Endpoints:
   ``{"queries": [...], "answers": [[contents, ...], ...]}``.
 - ``GET /health`` -> index info and counters.
 
-Dynamic micro-batching: requests arriving within ``--batch_window_ms`` of each other (or while the previous
-batch is being searched) are encoded and searched as one batch by a single worker thread, so the event loop
-never blocks. Bad input gets a 4xx with a message and the server keeps serving. SIGTERM/SIGINT shut down
-cleanly (uvicorn's handlers; in-flight requests finish).
+Dynamic micro-batching: requests that queue while the previous batch is being searched are encoded and
+searched as one batch by a single worker thread, so the event loop never blocks; a request that finds the server
+idle goes at once (see ``MicroBatcher``). ``--no_batching`` searches each request on its own (same worker thread),
+the baseline that ``benchmarks/bench_retriever.py`` measures micro-batching against. Bad input gets a 4xx with
+a message and the server keeps serving. SIGTERM/SIGINT shut down cleanly (uvicorn's handlers; in-flight requests
+finish).
 """
 
 
@@ -96,6 +98,7 @@ class BatcherStats:
     batches: int = 0
     errors: int = 0
     max_batch_queries_seen: int = 0
+    waits: int = 0  # batches that waited for more requests before going out
     busy_seconds: float = 0.0
     started_at: float = field(default_factory=time.time)
 
@@ -103,13 +106,22 @@ class BatcherStats:
 class MicroBatcher:
     """Coalesces concurrent ``search`` calls into one ``index.search`` per (batch, topk).
 
-    The first waiting request opens a window of ``window_ms``; every request that arrives in it (or that
-    queued while the previous batch was running) joins, up to ``max_batch_queries`` queries. While fewer
-    queries have arrived than the previous batch held, the window stretches to half the previous batch's
-    compute time, at most ``max_wait_ms``: with many clients in a loop this keeps batches full instead of
-    alternating full and tiny ones; a lone client only waits the base window. Searches run
-    on one worker thread: encoders and faiss are multi-threaded already, and one thread keeps the encoder
-    free of concurrent use.
+    A batch takes every request queued when the worker is free (those that arrived while the previous batch
+    was searched), up to ``max_batch_queries`` queries. The number of clients in a loop is estimated as the
+    previous batch's queries plus those that queued while it ran (clients wait for their answer before sending
+    again). When the batch already holds that many, it goes out at once: a lone client (estimate 1) never
+    waits, so at 1 client the server is as fast as with micro-batching off. When fewer have arrived, the missing
+    clients are likely about to send their next request, so the batch waits for them up to ``max(window_ms,
+    min(max_wait_ms, half the previous batch's compute time))``, and once it is complete still takes what
+    arrives within ``window_ms`` of its start: with many clients in a loop this keeps batches full instead of
+    alternating full and tiny ones. Searches run on one worker thread: encoders and faiss are multi-threaded
+    already, and one thread keeps the encoder free of concurrent use.
+
+    Args:
+        index: anything with ``search(queries, topk) -> list (per query) of passage dicts``.
+        window_ms: shortest wait for company when a batch holds fewer queries than the estimate.
+        max_batch_queries: most queries per ``index.search`` call.
+        max_wait_ms: longest wait for company.
     """
 
     def __init__(self, index, window_ms: float = 2.0, max_batch_queries: int = 512, max_wait_ms: float = 50.0):
@@ -120,6 +132,7 @@ class MicroBatcher:
         self.max_batch_queries = max_batch_queries
         self.stats = BatcherStats()
         self._queue: asyncio.Queue | None = None
+        self._queued_queries = 0  # queries waiting in the queue
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever-search")
 
@@ -141,38 +154,52 @@ class MicroBatcher:
         fut = asyncio.get_running_loop().create_future()
         self.stats.requests += 1
         self.stats.queries += len(queries)
+        self._queued_queries += len(queries)
         await self._queue.put(_Pending(queries, topk, fut))
         return await fut
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        expected = 1  # queries the previous batch held: about how many clients are in the loop
+        # queries the previous batch held plus those that queued while it ran (clients wait for their answer
+        # before sending again, so these came from other clients): about how many clients are in the loop
+        expected = 1
         while True:
             first = await self._queue.get()
+            self._queued_queries -= len(first.queries)
             batch, n = [first], len(first.queries)
-            # Wait up to the window for company; when the last batch was larger than what has arrived, its
-            # clients are likely about to send their next request, so wait up to half a batch's compute
-            # time (capped by max_wait) for them rather than run a small batch and make them queue behind it.
-            deadline = loop.time() + self.window_s
-            stretched = loop.time() + max(self.window_s, min(self.max_wait_s, 0.5 * self._last_busy_s))
+            # Everything already queued joins. As many as last time and nobody seen on the way (a lone
+            # client: 1): go now, waiting would only add latency. Fewer than last time: the previous batch's
+            # clients are likely about to send their next request, so wait up to half a batch's compute time
+            # (capped by max_wait) for them rather than run a small batch and make them queue behind it; once
+            # requests are streaming in, stragglers within the window still join.
+            now = loop.time()
+            deadline = now + self.window_s
+            stretched = now + max(self.window_s, min(self.max_wait_s, 0.5 * self._last_busy_s))
+            waited = False
             while n < self.max_batch_queries:
                 try:
                     item = self._queue.get_nowait()
                 except asyncio.QueueEmpty:
-                    until = stretched if n < expected else deadline
-                    timeout = until - loop.time()
+                    if n >= expected and not waited:
+                        break
+                    timeout = (stretched if n < expected else deadline) - loop.time()
                     if timeout <= 0:
                         break
+                    waited = True
                     try:
                         item = await asyncio.wait_for(self._queue.get(), timeout)
                     except asyncio.TimeoutError:
                         break
+                self._queued_queries -= len(item.queries)
                 batch.append(item)
                 n += len(item.queries)
-            expected = n
+            self.stats.waits += waited
             t0 = loop.time()
             await self._execute(batch)
             self._last_busy_s = loop.time() - t0
+            # everything queued now came from clients not in this batch (with several topk groups in one batch,
+            # clients of the first group may already be back: an overestimate costs at most one stretched wait)
+            expected = min(self.max_batch_queries, n + self._queued_queries)
 
     async def _execute(self, batch: list[_Pending]) -> None:
         loop = asyncio.get_running_loop()
@@ -204,13 +231,58 @@ class MicroBatcher:
                     p.future.set_result(part)
 
 
+class PerRequestSearcher:
+    """Micro-batching off (``--no_batching``): every request is its own ``index.search`` call, in arrival order,
+    on one worker thread, as a per-request retrieval server (Search-R1's ``retrieval_server.py`` searches each
+    request's queries in its handler). Same interface and stats as ``MicroBatcher`` (a batch = a request), so the
+    two modes of one server can be measured against each other.
+    """
+
+    def __init__(self, index):
+        self.index = index
+        self.stats = BatcherStats()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever-search")
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def _timed_search(self, queries: list[str], topk: int) -> list[list[dict]]:
+        t0 = time.perf_counter()
+        try:
+            return self.index.search(queries, topk)
+        finally:
+            self.stats.busy_seconds += time.perf_counter() - t0
+
+    async def search(self, queries: list[str], topk: int) -> list[list[dict]]:
+        """Top-``topk`` passages per query (list per query of passage dicts with ``score``); the index's
+        exception when its search fails."""
+        self.stats.requests += 1
+        self.stats.queries += len(queries)
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(self._executor, self._timed_search,
+                                                                       queries, topk)
+        except Exception:
+            logger.exception("search failed for a request of %d queries", len(queries))
+            self.stats.errors += 1
+            raise
+        self.stats.batches += 1
+        self.stats.max_batch_queries_seen = max(self.stats.max_batch_queries_seen, len(queries))
+        return results
+
+
 def _document(p: dict) -> dict:
     return {"id": p["id"], "contents": p["contents"], "title": p["title"], "text": p["text"]}
 
 
 def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_batch_queries: int = 512,
-               max_wait_ms: float = 50.0):
-    """The FastAPI application serving ``index`` (anything with ``search(queries, topk)`` and ``info()``)."""
+               max_wait_ms: float = 50.0, batching: bool = True):
+    """The FastAPI application serving ``index`` (anything with ``search(queries, topk)`` and ``info()``).
+
+    ``batching=False`` serves each request with its own search (``PerRequestSearcher``) instead of the
+    ``MicroBatcher``; ``window_ms``, ``max_batch_queries`` and ``max_wait_ms`` then have no effect."""
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI, Request
@@ -218,7 +290,8 @@ def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_
     from fastapi.responses import JSONResponse
 
     limits = limits or Limits()
-    batcher = MicroBatcher(index, window_ms=window_ms, max_batch_queries=max_batch_queries, max_wait_ms=max_wait_ms)
+    batcher = (MicroBatcher(index, window_ms=window_ms, max_batch_queries=max_batch_queries, max_wait_ms=max_wait_ms)
+               if batching else PerRequestSearcher(index))
 
     @asynccontextmanager
     async def lifespan(app):
@@ -266,6 +339,7 @@ def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_
         s = batcher.stats
         return {"status": "ok", **index.info(),
                 "stats": {"requests": s.requests, "queries": s.queries, "batches": s.batches, "errors": s.errors,
+                          "batching": batching, "waits": s.waits,
                           "max_batch_queries_seen": s.max_batch_queries_seen,
                           "busy_seconds": round(s.busy_seconds, 3),
                           "uptime_seconds": round(time.time() - s.started_at, 1)},
@@ -319,7 +393,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max_topk", type=int, default=100)
     p.add_argument("--max_queries", type=int, default=1024, help="queries per request")
     p.add_argument("--max_query_chars", type=int, default=4096)
-    p.add_argument("--batch_window_ms", type=float, default=2.0, help="micro-batching window")
+    p.add_argument("--batch_window_ms", type=float, default=2.0,
+                   help="shortest wait for more requests when a batch is smaller than the previous one")
+    p.add_argument("--no_batching", action="store_true",
+                   help="micro-batching off: search each request on its own (the benchmark's baseline mode)")
     p.add_argument("--batch_max_wait_ms", type=float, default=50.0,
                    help="longest stretch of the window while a batch refills (see MicroBatcher)")
     p.add_argument("--max_batch_queries", type=int, default=512, help="queries per encoder/search batch")
@@ -357,7 +434,7 @@ def main(argv=None) -> int:
     limits = Limits(max_query_chars=a.max_query_chars, max_queries=a.max_queries, max_topk=a.max_topk,
                     default_topk=a.topk)
     app = create_app(index, limits, window_ms=a.batch_window_ms, max_batch_queries=a.max_batch_queries,
-                     max_wait_ms=a.batch_max_wait_ms)
+                     max_wait_ms=a.batch_max_wait_ms, batching=not a.no_batching)
     try:
         sock = bind_socket(a.host, a.port)
     except OSError as e:
@@ -369,7 +446,8 @@ def main(argv=None) -> int:
         with open(tmp, "w") as f:
             f.write(str(port))
         os.replace(tmp, a.port_file)
-    logger.info("serving %s on http://%s:%d", a.index_dir, a.host, port)
+    logger.info("serving %s on http://%s:%d (micro-batching %s)", a.index_dir, a.host, port,
+                "off" if a.no_batching else "on")
     config = uvicorn.Config(app, log_level=a.log_level, access_log=False, timeout_graceful_shutdown=10)
     server = uvicorn.Server(config)
     # uvicorn handles SIGTERM/SIGINT (graceful shutdown), then re-raises the signal against the handlers

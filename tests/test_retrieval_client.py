@@ -113,8 +113,11 @@ def test_dead_endpoint_is_retried_elsewhere_then_skipped(servers):
 
     results = asyncio.run(run())
     assert results == direct(servers[1], QUERIES[:4])
-    # the first request hit the dead server and was retried on the live one; later ones skip the dead server
-    assert client.stats["failures"] == 1 and client.stats["retries"] == 1 and client.stats["requests"] == 5
+    # the first request hit the dead server and failed over at once (no backoff retry) to the live one; its
+    # breaker opened, so later requests skip the dead server
+    assert client.stats["failures"] == 1 and client.stats["failovers"] == 1 and client.stats["retries"] == 0
+    assert client.stats["requests"] == 5 and client.stats["breaker_opens"] == 1
+    assert client.endpoint_stats()[dead]["open"] and client.endpoint_stats()[dead]["requests"] == 1
 
 
 def test_retry_with_backoff_until_a_restarted_server_answers(index_dir):

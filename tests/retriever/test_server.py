@@ -81,6 +81,26 @@ def test_concurrent_clients_both_schemas_match_in_process(server, bm25_dir, ques
     assert after["max_batch_queries_seen"] > 2
 
 
+def test_micro_batching_off_flag_serves_the_same_results_one_search_per_request(bm25_dir, questions):
+    proc, url = start_server_process(bm25_dir, extra_args=["--no_batching"])
+    try:
+        async def run():
+            return await asyncio.gather(*[_client(url, questions, i, topk=3) for i in range(8)])
+
+        outs = asyncio.run(run())
+        stats = health(url)["stats"]
+    finally:
+        stop_server_process(proc)
+    index = load_index(bm25_dir)
+    for qs, scored, _, r1 in outs:
+        exp = _expected(index, qs, 3)
+        assert [[d["document"]["id"] for d in hits] for hits in scored.json()["result"]] == \
+            [[p["id"] for p in h] for h in exp]
+        assert r1.json()["answers"] == [[p["contents"] for p in h] for h in exp]
+    assert stats["batching"] is False
+    assert stats["requests"] == stats["batches"] == 24 and stats["max_batch_queries_seen"] == 2
+
+
 BAD_BODIES = [
     ({}, 422), ({"queries": []}, 422), ({"queries": "one string"}, 422), ({"queries": [""]}, 422),
     ({"queries": ["   "]}, 422), ({"queries": [3]}, 422), ({"queries": [None]}, 422), ({"queries": [["nested"]]}, 422),
