@@ -93,6 +93,13 @@ def _prepare(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+def _prepare_here(*args) -> int:
+    """prepare_data's own ``main`` in this process (no interpreter start-up): its exit code."""
+    from openrlhf_search.cli import prepare_data
+
+    return prepare_data.main(list(args))
+
+
 def _rows(path):
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f]
@@ -108,9 +115,8 @@ def _fixture(name):
 def test_prepare_data_renders_searchr1_case_prompts(variant, policy_dirs, case_prompts, case_questions, tmp_path):
     """One file per policy; each equals the trace's prompt for its policy: system turn, "?" and all."""
     out = tmp_path / f"{variant}.jsonl"
-    proc = _prepare("--input", "flashrag:nq", "--data_dir", shared_path(), "--protocol", "searchr1",
-                    "--tokenizer", policy_dirs[variant], "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _prepare_here("--input", "flashrag:nq", "--data_dir", shared_path(), "--protocol", "searchr1",
+                         "--tokenizer", policy_dirs[variant], "--out", str(out)) == 0
     rows = {r["id"]: r for r in _rows(out)}
     row = rows[case_questions[variant]["id"]]
     assert row["prompt"] == case_prompts[variant]
@@ -138,7 +144,7 @@ def test_searchr1_appends_question_mark_only_when_missing():
     assert r1.build_prompt("who wrote hamlet").endswith("User:who wrote hamlet\nAssistant: <think>")
 
 
-def test_chat_rendering_refuses_to_guess_a_tokenizer(qwen_tokenizer, tmp_path):
+def test_chat_rendering_refuses_to_guess_a_tokenizer(qwen_tokenizer, tmp_path, capsys):
     sr = get_protocol("searchr1")
     with pytest.raises(ValueError, match="policy's own chat template"):
         sr.build_prompt("q", tokenizer=None, chat=None)
@@ -155,20 +161,21 @@ def test_chat_rendering_refuses_to_guess_a_tokenizer(qwen_tokenizer, tmp_path):
 
     out = tmp_path / "o.jsonl"
     proc = _prepare("--input", "flashrag:nq", "--data_dir", shared_path(), "--protocol", "searchr1",
-                    "--out", str(out))
+                    "--out", str(out))  # the real command line: one line on stderr, exit 2, nothing written
     assert proc.returncode == 2 and not out.exists()
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "--tokenizer" in errors[0]
-    proc = _prepare("--input", "flashrag:nq", "--data_dir", shared_path(), "--protocol", "r1searcher",
-                    "--chat_template", "--out", str(out))
-    assert proc.returncode == 2 and not out.exists() and "policy's tokenizer" in proc.stderr
-    proc = _prepare("--input", "flashrag:nq", "--data_dir", shared_path(), "--protocol", "searchr1",
-                    "--tokenizer", str(tmp_path / "no_such_policy"), "--out", str(out))
-    assert proc.returncode == 2 and not out.exists() and "cannot load the policy tokenizer" in proc.stderr
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == [
+        "error: protocol searchr1: prompts are rendered with the policy's own chat template; give the policy's "
+        "tokenizer (--tokenizer PATH) or ask for the plain-text prompt (--no_chat_template)"]
+    capsys.readouterr()
+    assert _prepare_here("--input", "flashrag:nq", "--data_dir", shared_path(), "--protocol", "r1searcher",
+                         "--chat_template", "--out", str(out)) == 2
+    assert not out.exists() and "policy's tokenizer" in capsys.readouterr().err
+    assert _prepare_here("--input", "flashrag:nq", "--data_dir", shared_path(), "--protocol", "searchr1",
+                         "--tokenizer", str(tmp_path / "no_such_policy"), "--out", str(out)) == 2
+    assert not out.exists() and "cannot load the policy tokenizer" in capsys.readouterr().err
     # the plain-text prompt needs no tokenizer
-    proc = _prepare("--input", "flashrag:nq", "--data_dir", shared_path(), "--protocol", "searchr1",
-                    "--no_chat_template", "--limit", "2", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _prepare_here("--input", "flashrag:nq", "--data_dir", shared_path(), "--protocol", "searchr1",
+                         "--no_chat_template", "--limit", "2", "--out", str(out)) == 0
     assert all(r["prompt"].startswith("Answer the given question.") and r["prompt"].endswith("?\n")
                for r in _rows(out))
 
@@ -201,6 +208,7 @@ def test_r1searcher_released_eval_prompt_is_base_prompt_v0(qwen_tokenizer):
         get_protocol("searchr1").build_prompt(question, template="eval")
 
 
+@pytest.mark.slow
 def test_eval_cli_writes_the_released_prompts(policy_dirs, case_prompts, case_questions, tmp_path):
     """cli.eval end to end (tiny policy, no retriever reachable): the prompt each row was given is the paper's."""
     nq = tmp_path / "nq_case.jsonl"
@@ -262,9 +270,8 @@ def test_searchr1_eval_sets_are_the_full_hub_splits(monkeypatch, tmp_path):
 # ----------------------------------------------------- --search.chat_template against a pre-rendered file
 def test_check_prompt_file_against_the_run(policy_dirs, tmp_path):
     out = tmp_path / "base.jsonl"
-    proc = _prepare("--input", "flashrag:nq", "--data_dir", shared_path(), "--protocol", "searchr1", "--limit", "4",
-                    "--tokenizer", policy_dirs["base"], "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _prepare_here("--input", "flashrag:nq", "--data_dir", shared_path(), "--protocol", "searchr1", "--limit",
+                         "4", "--tokenizer", policy_dirs["base"], "--out", str(out)) == 0
     assert check_prompt_file(str(out), "searchr1", None, policy_dirs["base"])["chat_template"] is True
     assert check_prompt_file(str(out), "searchr1", True, policy_dirs["base"]) is not None
     with pytest.raises(RenderingError, match="differs from the policy tokenizer's rendering at character 27"):
@@ -282,20 +289,26 @@ def test_check_prompt_file_against_the_run(policy_dirs, tmp_path):
     assert check_prompt_file(str(tmp_path / "hub_dataset_name"), "searchr1", True, None) is None
 
 
-def test_train_cli_refuses_a_chat_flag_its_prompt_file_contradicts(policy_dirs, tmp_path):
+def test_train_cli_refuses_a_chat_flag_its_prompt_file_contradicts(policy_dirs, tmp_path, capsys):
     """--search.chat_template false against a file rendered with the chat template: one line, exit 2 (dry run)."""
+    from openrlhf_search.cli import train
+
     out = tmp_path / "base.jsonl"
-    proc = _prepare("--input", "flashrag:nq", "--data_dir", shared_path(), "--protocol", "searchr1", "--limit", "4",
-                    "--tokenizer", policy_dirs["base"], "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    base = [sys.executable, "-m", "openrlhf_search.cli.train", "--actor.model_name_or_path", policy_dirs["base"],
-            "--data.prompt_dataset", str(out), "--data.input_key", "prompt", "--data.label_key", "label",
-            "--search.protocol", "searchr1", "--search.reward_scheme", "searchr1_em", "--dry_run"]
-    bad = subprocess.run(base + ["--search.chat_template", "false"], cwd=REPO_ROOT, capture_output=True, text=True,
-                         timeout=300)
-    assert bad.returncode == 2, bad.stderr[-2000:]
-    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert _prepare_here("--input", "flashrag:nq", "--data_dir", shared_path(), "--protocol", "searchr1", "--limit",
+                         "4", "--tokenizer", policy_dirs["base"], "--out", str(out)) == 0
+    base = ["--actor.model_name_or_path", policy_dirs["base"], "--data.prompt_dataset", str(out),
+            "--data.input_key", "prompt", "--data.label_key", "label", "--search.protocol", "searchr1",
+            "--search.reward_scheme", "searchr1_em", "--dry_run"]
+    capsys.readouterr()
+    assert train.main(base + ["--search.chat_template", "false"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "cannot re-render pre-rendered prompts" in errors[0]
-    good = subprocess.run(base + ["--search.chat_template", "true"], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert good.returncode == 0, good.stderr[-2000:]
+    assert train.main(base + ["--search.chat_template", "true"]) == 0
+    # the eval file is checked too
+    assert train.main(base + ["--eval.dataset", str(tmp_path / "r1.jsonl")]) == 0  # not there: not checked
+    r1 = tmp_path / "r1.jsonl"
+    assert _prepare_here("--input", "flashrag:nq", "--data_dir", shared_path(), "--protocol", "r1searcher", "--limit",
+                         "2", "--out", str(r1)) == 0
+    capsys.readouterr()
+    assert train.main(base + ["--eval.dataset", str(r1)]) == 2
+    assert "rendered for protocol 'r1searcher'" in capsys.readouterr().err
