@@ -228,8 +228,12 @@ def test_eval_cli_writes_the_released_prompts(policy_dirs, case_prompts, case_qu
         stem = os.path.splitext(os.path.basename(extra[-1]))[0]
         rows = _rows(out / f"{stem}.predictions.jsonl")
         assert len(rows) == 1 and rows[0]["prompt"] == expected
-        setup = json.load(open(out / "summary.json"))["setup"]
+        summary = json.load(open(out / "summary.json"))
+        setup = summary["setup"]
         assert setup["setting"] == "released" and setup["topk"] == (3 if protocol == "searchr1" else 5)
+        template, chat = ("train", True) if protocol == "searchr1" else ("eval", False)
+        assert f"{protocol} released eval setting (prompt template {template}, chat template {chat}" in \
+            summary["table"]
 
 
 def test_r1searcher_released_judge_prompt_and_request():
