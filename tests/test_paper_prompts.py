@@ -291,6 +291,9 @@ def test_check_prompt_file_against_the_run(policy_dirs, tmp_path):
     with pytest.raises(RenderingError, match="no 'rendering' record"):
         check_prompt_file(str(old), "searchr1", None, None)
     assert check_prompt_file(str(tmp_path / "hub_dataset_name"), "searchr1", True, None) is None
+    other = tmp_path / "rows.json"  # a json list written elsewhere: not this module's format, not checked
+    other.write_text(json.dumps([{"prompt": "p", "label": "[]"}]))
+    assert check_prompt_file(str(other), "searchr1", True, None) is None
 
 
 def test_train_cli_refuses_a_chat_flag_its_prompt_file_contradicts(policy_dirs, tmp_path, capsys):

@@ -164,8 +164,8 @@ def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], polic
     name, a chat-rendered file must name the same tokenizer.
 
     Args:
-        path: the prompt file (jsonl written by this module); anything that is not a local ``.jsonl`` / ``.json``
-            file (a hub dataset) is not checked.
+        path: the prompt file (jsonl, as this module writes it); anything that is not a local ``.jsonl`` file (a hub
+            dataset, a parquet or json file from elsewhere) is not checked.
         protocol_name: ``--search.protocol``.
         chat: ``--search.chat_template`` (None = auto: whatever the file records, checked by re-rendering).
         policy: ``--actor.model_name_or_path``.
@@ -174,7 +174,7 @@ def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], polic
     Raises:
         RenderingError: one line naming the file and what differs, and how to regenerate it.
     """
-    if not path or not os.path.isfile(path) or not path.endswith((".jsonl", ".json")):
+    if not path or not os.path.isfile(path) or not path.endswith(".jsonl"):
         return None
     row = _first_row(path)
     if row is None:
