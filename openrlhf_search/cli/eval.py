@@ -255,7 +255,9 @@ async def _run_async(args, data, settings, corpus, retriever, topk, max_turns) -
         print(f"error: cannot load --model {args.model}: {e}", file=sys.stderr)
         return 2
     try:  # the prompts are the policy tokenizer's: a rendering error is one line now, not one per question
-        settings.render_prompt(next(iter(data.values()))[0].question, tokenizer) if any(data.values()) else None
+        first = next((examples[0] for examples in data.values() if examples), None)
+        if first is not None:
+            settings.render_prompt(first.question, tokenizer)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
