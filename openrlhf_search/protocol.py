@@ -116,21 +116,60 @@ class Protocol(ABC):
         """The task instructions (system message in chat form). Subclasses override."""
         raise NotImplementedError
 
-    def build_prompt(self, question: str, tokenizer=None, chat: bool = False) -> str:
-        """Render the prompt for one question.
+    def build_prompt(self, question: str, tokenizer=None, chat: Optional[bool] = False,
+                     template: str = "train") -> str:
+        """Render the prompt for one question, character for character as the paper's released code does.
 
         Args:
-            question: the question text (surrounding whitespace is stripped).
-            tokenizer: a Hugging Face tokenizer with a chat template; required when ``chat`` is True.
-            chat: True to wrap the prompt with ``tokenizer.apply_chat_template`` (instruct models).
+            question: the question text (see :meth:`normalize_question`: stripped; Search-R1 appends "?").
+            tokenizer: the POLICY's Hugging Face tokenizer; its chat template renders chat prompts (system turn
+                included: Qwen2.5's template adds "You are a helpful assistant." when the messages have none).
+                Never a stand-in: another model's template renders other system turns.
+            chat: True: wrap with ``tokenizer.apply_chat_template`` (error without a tokenizer that has one);
+                False: the plain-text prompt; None: the paper's default (:meth:`resolve_chat`).
+            template: prompt variant, one of ``self.prompt_templates`` ("train" for every protocol; R1-Searcher
+                also has "eval", the prompt of its released eval script).
 
         Returns:
             The prompt string; the model's response continues it directly.
 
         Raises:
-            ValueError: empty question, or ``chat`` without a tokenizer that has a chat template.
+            ValueError: empty question, unknown template, or chat rendering without the policy's tokenizer (one
+                line saying so).
         """
         raise NotImplementedError
+
+    #: prompt variants :meth:`build_prompt` knows ("train": the training prompt)
+    prompt_templates: Tuple[str, ...] = ("train",)
+
+    def normalize_question(self, question: str) -> str:
+        """The question as the paper's data pipeline writes it into the prompt (here: stripped).
+
+        Raises:
+            ValueError: not a string, or only whitespace.
+        """
+        return self._check_question(question)
+
+    def resolve_chat(self, chat: Optional[bool], tokenizer=None) -> bool:
+        """Whether :meth:`build_prompt` applies the chat template, ``chat=None`` meaning the paper's default.
+
+        Default: ``default_chat`` (R1-Searcher: False, its base-model prompt). Protocols whose released code applies
+        the policy's chat template whenever the tokenizer has one (Search-R1) override this.
+
+        Raises:
+            ValueError: ``chat`` is not None/True/False.
+        """
+        if chat is None:
+            return self.default_chat
+        if not isinstance(chat, bool):
+            raise ValueError(f"protocol: chat must be True, False or None, got {chat!r}")
+        return chat
+
+    def _check_template(self, template: str) -> str:
+        if template not in self.prompt_templates:
+            raise ValueError(f"protocol {self.name}: unknown prompt template {template!r}; "
+                             f"known: {list(self.prompt_templates)}")
+        return template
 
     @staticmethod
     def _check_question(question: str) -> str:
@@ -140,8 +179,13 @@ class Protocol(ABC):
 
     @staticmethod
     def _apply_chat(tokenizer, messages: List[dict]) -> str:
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise ValueError("protocol: chat=True needs a tokenizer with a chat template")
+        if tokenizer is None:
+            raise ValueError("protocol: chat rendering needs the policy's tokenizer (none given; another model's "
+                             "chat template would render other system turns, so none is guessed)")
+        if not getattr(tokenizer, "chat_template", None):
+            name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+            raise ValueError(f"protocol: chat rendering needs a chat template, and tokenizer {name!r} has none "
+                             f"(render the plain-text prompt instead: chat=False / --no_chat_template)")
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     # ------------------------------------------------------------- documents
@@ -344,12 +388,36 @@ _R1_CHAT_SYSTEM = (
 )
 
 
+# The prompt of R1-Searcher's released evaluation, ``base_prompt_v0`` of evaluation/eval_search_loacl.py:58-62
+# (selected by evaluation/gen_search.sh:1 ``--prompt_type v0``, used at eval_search_loacl.py:85-88); it differs
+# from the training prompt above ("(only keywords) here", "the system will provide ... with helpful information").
+_R1_EVAL_V0 = (
+    "The User asks a question, and the Assistant solves it.\n"
+    "The Assistant first thinks about the reasoning process in the mind and then provides the User with the final "
+    "answer.\n"
+    "The output format of reasoning process and final answer are enclosed within <think> </think> and <answer> "
+    "</answer> tags, respectively, i.e., \"<think> reasoning process here </think>\n\n<answer> final answer here "
+    "</answer>\".\n"
+    "During the thinking process, the Assistant can perform searching for uncertain knowledge if necessary with the "
+    "format of \"<|begin_of_query|> search query (only keywords) here <|end_of_query|>\". **A query must involve only "
+    "a single triple**.\n"
+    "Then, the system will provide the Assistant with helpful information with the format of "
+    "\"<|begin_of_documents|> ...search results... <|end_of_documents|>\"."
+)
+
+
 @register_protocol
 class R1SearcherProtocol(Protocol):
     """R1-Searcher (arXiv 2503.05592, sec. 3.1 "Data selection / Training Template" and app. A).
 
-    Base model: ``{instructions}\\n\\nUser:{question}\\nAssistant: <think>``. Chat model: the instructions (in the
-    second person) as system message, the question as user message, ``<think>`` after the generation prompt.
+    Template "train" (``OpenRLHF-RAG/openrlhf/datasets/prompts_dataset.py``): base model
+    ``{instructions}\\n\\nUser:{question}\\nAssistant: <think>`` (lines 24-35); chat model (``chat=True``): the
+    instructions in the second person as system message, the question as user message, ``<think>`` after the
+    generation prompt (lines 10-20).
+    Template "eval": ``base_prompt_v0`` of the released eval script (``evaluation/eval_search_loacl.py:58-62``), plain
+    text for every model, instruct ones included (the script passes the string to ``vllm.LLM.generate``, line 186,
+    which applies no chat template); ``chat=True`` with it is refused.
+    The question goes in as written (stripped); no "?" is added.
     Documents, as in their rollouts (checked against their Llama-3.1-8B Bamboogle trace):
     ``<|end_of_query|>`` + ``\\n\\n<|begin_of_documents|>\\n(1)Title   text\\n(2)...\\n<|end_of_documents|>\\n\\n``.
     There is no environment message: an invalid turn ends the trajectory.
@@ -368,9 +436,19 @@ class R1SearcherProtocol(Protocol):
     def instructions(self) -> str:
         return _R1_CHAT_SYSTEM
 
-    def build_prompt(self, question: str, tokenizer=None, chat: bool = False) -> str:
-        question = self._check_question(question)
-        if chat:
+    prompt_templates = ("train", "eval")
+
+    def build_prompt(self, question: str, tokenizer=None, chat: Optional[bool] = False,
+                     template: str = "train") -> str:
+        question = self.normalize_question(question)
+        self._check_template(template)
+        use_chat = self.resolve_chat(chat, tokenizer)
+        if template == "eval":
+            if use_chat:
+                raise ValueError("protocol r1searcher: the released eval prompt (base_prompt_v0) is plain text for "
+                                 "every model; drop the chat template or use the training template")
+            return f"{_R1_EVAL_V0}\n\nUser:{question}\nAssistant: {self.think_open}"
+        if use_chat:
             messages = [{"role": "system", "content": _R1_CHAT_SYSTEM}, {"role": "user", "content": question}]
             return self._apply_chat(tokenizer, messages) + self.think_open
         return f"{_R1_BASE_INSTRUCTIONS}\n\nUser:{question}\nAssistant: {self.think_open}"
@@ -405,8 +483,14 @@ _SEARCHR1_INVALID = (
 class SearchR1Protocol(Protocol):
     """Search-R1 (arXiv 2503.09516, sec. 3.1-3.2 and table 1 template; ``search_r1/llm_agent/generation.py``).
 
-    Prompt: the table-1 template as the user message (chat template applied by default, as their data pipeline
-    does). Documents: ``\\n\\n<information>Doc 1(Title: T) text\\nDoc 2(Title: T) text</information>\\n\\n``
+    Prompt, as the released pipeline builds it for training and evaluation alike: the question stripped and
+    completed with "?" when it lacks one (``scripts/data_process/qa_search_train_merge.py:65-67``,
+    ``qa_search_test_merge.py:75-77``, ``nq_search.py:61-63``, ``infer.py:13-15``), put into the table-1 template
+    (``qa_search_test_merge.py:32-36``) as the only, user, message, rendered with the POLICY's own chat template
+    whenever its tokenizer has one, base models included (``verl/utils/dataset/rl_dataset.py:128-131``,
+    ``infer.py:88-89``): Qwen2.5's template then adds its default system turn ("You are a helpful assistant." for
+    the base models, "You are Qwen, created by Alibaba Cloud. ..." for instruct; ``shared/data/traces/
+    searchr1_case.txt``). ``chat=None`` does exactly that and needs the policy's tokenizer. Documents: ``\\n\\n<information>Doc 1(Title: T) text\\nDoc 2(Title: T) text</information>\\n\\n``
     (their ``_passages2string`` then ``.strip()``); wiki-18 titles are written in double quotes, as in their corpus.
     An invalid action gets their environment message and the loop continues.
     """
@@ -423,10 +507,31 @@ class SearchR1Protocol(Protocol):
     def instructions(self) -> str:
         return _SEARCHR1_TEMPLATE.format(question="").rstrip()
 
-    def build_prompt(self, question: str, tokenizer=None, chat: bool = False) -> str:
+    def normalize_question(self, question: str) -> str:
+        """Stripped, with "?" appended when the last character is not one (their data scripts and ``infer.py``)."""
         question = self._check_question(question)
-        content = _SEARCHR1_TEMPLATE.format(question=question)
-        if chat:
+        return question if question.endswith("?") else question + "?"
+
+    def resolve_chat(self, chat: Optional[bool], tokenizer=None) -> bool:
+        """``chat=None``: the chat template exactly when the policy's tokenizer has one (``rl_dataset.py:128-131``).
+
+        Raises:
+            ValueError: ``chat=None`` without a tokenizer: whether and how to render depends on the policy's own
+                tokenizer, which is not guessed.
+        """
+        if chat is None:
+            if tokenizer is None:
+                raise ValueError("protocol searchr1: prompts are rendered with the policy's own chat template; give "
+                                 "the policy's tokenizer (--tokenizer PATH) or ask for the plain-text prompt "
+                                 "(--no_chat_template)")
+            return bool(getattr(tokenizer, "chat_template", None))
+        return super().resolve_chat(chat, tokenizer)
+
+    def build_prompt(self, question: str, tokenizer=None, chat: Optional[bool] = False,
+                     template: str = "train") -> str:
+        self._check_template(template)  # one prompt for training and evaluation (evaluate.sh reads test.parquet)
+        content = _SEARCHR1_TEMPLATE.format(question=self.normalize_question(question))
+        if self.resolve_chat(chat, tokenizer):
             return self._apply_chat(tokenizer, [{"role": "user", "content": content}])
         return content
 

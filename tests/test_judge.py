@@ -49,8 +49,13 @@ class FakeJudgeServer:
                 if "flaky" in q and q not in self.seen_flaky:
                     self.seen_flaky.add(q)
                     return JSONResponse({"error": "overloaded"}, status_code=500)
-                golds = [g.strip().lower() for g in fields["Golden answer(s)"].split("|")]
-                verdict = fields["Predicted answer"].strip().lower() in golds
+                if "Golden answer(s)" in fields:  # the "strict" prompt
+                    golds = [g.strip().lower() for g in fields["Golden answer(s)"].split("|")]
+                    predicted = fields["Predicted answer"]
+                else:  # R1-Searcher's released prompt: one gold answer
+                    golds = [fields["Golden Answer"].strip().lower()]
+                    predicted = fields["Predicted Answer"]
+                verdict = predicted.strip().lower() in golds
                 return {"id": "x", "object": "chat.completion", "model": body["model"],
                         "choices": [{"index": 0, "finish_reason": "stop",
                                      "message": {"role": "assistant", "content": str(verdict)}}]}
@@ -198,3 +203,10 @@ def test_rescore_cli_with_judge(judge_server, tmp_path):
     s = json.loads(out.read_text())
     assert s["judge_acc"] == pytest.approx(3 / 5) and s["judge_acc_file"] == pytest.approx(1.0)
     assert s["judge_stats"]["requests"] == 5
+    # R1-Searcher's released judge request (metric_calc_gpt_as_judge.py:31-38, 90): one user message, 1,024 tokens,
+    # no temperature (the server's default)
+    body = judge_server.bodies[0]
+    assert len(body["messages"]) == 1 and body["messages"][0]["role"] == "user"
+    assert body["max_tokens"] == 1024 and "temperature" not in body
+    assert body["messages"][0]["content"].startswith("Given a Question and its Golden Answer, verify whether")
+    assert s["setup"]["judge"] == "local (r1searcher prompt)"

@@ -20,6 +20,13 @@ def _prepare(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+def _qwen_tokenizer_path():
+    """The tokenizer of the tests' policies (the offline Qwen tokenizer): what searchr1 prompts are rendered with."""
+    from openrlhf_search.local.offline_assets import qwen_tokenizer_path
+
+    return qwen_tokenizer_path()
+
+
 def _rows(path):
     return [json.loads(line) for line in open(path)]
 
@@ -47,7 +54,7 @@ def test_r1searcher_stage2_base_prompt(tmp_path):
 def test_searchr1_rows_render_the_papers_exact_prompt(tmp_path, qwen_tokenizer):
     src = shared_path("qa", "searchr1", "nq_hotpotqa_train_sample.jsonl")
     out = tmp_path / "train.jsonl"
-    proc = _prepare("--input", src, "--protocol", "searchr1", "--out", str(out))
+    proc = _prepare("--input", src, "--protocol", "searchr1", "--tokenizer", _qwen_tokenizer_path(), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     rows, source = _rows(out), _rows(src)
     assert len(rows) == len(source) == 512
@@ -63,7 +70,7 @@ def test_flashrag_local_file_both_protocols(tmp_path):
     for protocol, marker in (("r1searcher", "<|begin_of_query|>"), ("searchr1", "<search>")):
         out = tmp_path / f"{protocol}.jsonl"
         proc = _prepare("--input", "flashrag:bamboogle", "--data_dir", shared_path(), "--protocol", protocol,
-                        "--out", str(out))
+                        "--tokenizer", _qwen_tokenizer_path(), "--out", str(out))
         assert proc.returncode == 0, proc.stderr
         rows = _rows(out)
         source = _rows(shared_path("qa", "flashrag", "bamboogle.test.jsonl"))
@@ -172,7 +179,8 @@ def test_searchr1_parquet_rows(tmp_path):
     pd.DataFrame(rows).drop(columns=["question", "golden_answers"]).to_parquet(pq)
     out_pq, out_js = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     for inp, out in ((str(pq), out_pq), (src, out_js)):
-        proc = _prepare("--input", inp, "--protocol", "searchr1", "--out", str(out))
+        proc = _prepare("--input", inp, "--protocol", "searchr1", "--tokenizer", _qwen_tokenizer_path(), "--out",
+                        str(out))
         assert proc.returncode == 0, proc.stderr
     a, b = _rows(out_pq), _rows(out_js)
     assert len(a) == len(b) == 112

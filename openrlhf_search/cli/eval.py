@@ -6,6 +6,15 @@ Run a model (vLLM ``AsyncLLMEngine`` on GPU, the CPU HF engine otherwise, ``--mo
         --datasets nq hotpotqa bamboogle --retriever_url http://127.0.0.1:8000 --topk 3 --max_turns 5 \\
         --out_dir runs/eval [--judge_url http://127.0.0.1:8001 --judge_model Qwen2.5-72B-Instruct]
 
+``--setting released`` (default) runs the paper's released eval code's settings, ``--setting paper`` the paper's
+text where they differ (``evaluation/settings.py``, each value with its source file:line): R1-Searcher released =
+its eval prompt ``base_prompt_v0`` (plain text for every model), top-k 5, 512 tokens per call, at most 9 calls, its
+own judge prompt (one user message, server-default temperature, 1,024 tokens) on its four eval sets; Search-R1 =
+its training prompt ("?" appended, the policy's chat template), top-k 3, 4 searches + 1 answer, 500 tokens per call,
+on the FULL test split of each FlashRAG set (dev where there is none; ``flashrag:<name>`` names the local
+512-question samples instead). Prompts are rendered with the policy's own tokenizer (the model's, or
+``--tokenizer``). Explicit flags override the setting.
+
 writes ``OUT/<dataset>.predictions.jsonl`` (one row per question: question, golds, prediction, trajectory, queries,
 searches, turns, stop reason, EM/F1/Cover-EM), ``OUT/<dataset>.summary.json``, and ``OUT/summary.json`` /
 ``OUT/summary.md`` with the table that puts the papers' numbers (``evaluation.paper_reference``) beside ours and
@@ -25,6 +34,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
+from openrlhf_search.config import ConfigError
 from openrlhf_search.evaluation.loaders import DatasetError, load_eval_dataset
 from openrlhf_search.evaluation.paper_reference import canonical_dataset, reference_numbers
 from openrlhf_search.evaluation.predictions import PredictionFormatError, PredictionRecord, load_predictions
@@ -40,21 +50,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", default=None, help="dataset name of --rescore (for the paper reference rows)")
     p.add_argument("--summary_json", default=None, help="write the summary JSON here")
     p.add_argument("--model", default=None, help="model path / name, or 'tiny'")
-    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--tokenizer", default=None,
+                   help="the policy's tokenizer when it is not the model's own (renders the prompts)")
     p.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"])
-    p.add_argument("--datasets", nargs="*", default=[], help="names (bamboogle, hotpotqa_500, nq, flashrag:nq) or paths")
+    p.add_argument("--datasets", nargs="*", default=[],
+                   help="names (bamboogle, hotpotqa_500, nq = full hub split, flashrag:nq = local sample) or paths; "
+                        "default: the setting's sets")
     p.add_argument("--data_dir", default=None, help="shared data folder (default ../shared/data)")
     p.add_argument("--split", default=None, help="FlashRAG hub split")
     p.add_argument("--limit", type=int, default=None, help="first N questions per dataset")
     p.add_argument("--protocol", default="r1searcher")
+    p.add_argument("--setting", default="released", choices=["released", "paper"],
+                   help="the paper's released eval settings (default) or its text's (evaluation/settings.py)")
+    p.add_argument("--template", default=None, help="prompt variant: train | eval (r1searcher); default: the setting's")
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat_template", dest="chat", action="store_true", default=None)
     chat.add_argument("--no_chat_template", dest="chat", action="store_false")
     p.add_argument("--retriever_url", default="http://127.0.0.1:8000", help="comma-separated for several")
-    p.add_argument("--topk", type=int, default=None, help="passages per query (default: 5 r1searcher, 3 searchr1)")
+    p.add_argument("--topk", type=int, default=None, help="passages per query (default: the setting's: 5 r1searcher, "
+                                                          "3 searchr1)")
     p.add_argument("--max_turns", type=int, default=None,
-                   help="model turns; default 9 r1searcher (8 retrievals + answer), 5 searchr1 (4 + answer)")
-    p.add_argument("--max_new_tokens", type=int, default=500, help="tokens per turn")
+                   help="model turns; default the setting's: 9 r1searcher (8 retrievals + answer), 5 searchr1 (4 + "
+                        "answer)")
+    p.add_argument("--max_new_tokens", type=int, default=None,
+                   help="tokens per turn (default the setting's: 512 r1searcher released, 500 otherwise)")
     p.add_argument("--max_length", type=int, default=4096, help="prompt + trajectory tokens")
     p.add_argument("--max_obs_tokens", type=int, default=500)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the papers' eval)")
@@ -70,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     j = p.add_argument_group("LLM judge (ACC_L)")
     j.add_argument("--judge_url", default=None, help="OpenAI-compatible base URL")
     j.add_argument("--judge_model", default="gpt-4o-mini")
+    j.add_argument("--judge_prompt", default=None, choices=["r1searcher", "strict"],
+                   help="judge prompt (default r1searcher: R1-Searcher's released judge; strict: this project's)")
     j.add_argument("--judge_api_key", default=None, help="default $OPENAI_API_KEY")
     j.add_argument("--judge_concurrency", type=int, default=16)
     j.add_argument("--judge_cache", default=None, help="SQLite cache (default OUT_DIR/judge_cache.sqlite)")
@@ -83,7 +104,7 @@ async def judge_records_async(records: List[PredictionRecord], args, cache_path:
 
     client = JudgeClient(args.judge_url, model=args.judge_model, api_key=args.judge_api_key,
                          concurrency=args.judge_concurrency, max_retries=args.judge_max_retries,
-                         cache_path=cache_path)
+                         cache_path=cache_path, prompt=_judge_prompt(args))
     try:
         verdicts = await client.judge_many([(r.question, r.golds, r.prediction) for r in records])
     finally:
@@ -97,6 +118,18 @@ async def judge_records_async(records: List[PredictionRecord], args, cache_path:
 def judge_records(records: List[PredictionRecord], args, cache_path: str) -> Dict[str, Any]:
     """``judge_records_async`` in its own event loop (rescoring)."""
     return asyncio.run(judge_records_async(records, args, cache_path))
+
+
+def _judge_prompt(args) -> str:
+    """``--judge_prompt``, else the setting's (R1-Searcher's released judge for both papers' settings)."""
+    if args.judge_prompt:
+        return args.judge_prompt
+    try:
+        from openrlhf_search.evaluation.settings import eval_setting
+
+        return eval_setting(args.protocol, args.setting).judge_prompt or "r1searcher"
+    except ValueError:  # a third protocol, or rescoring
+        return "r1searcher"
 
 
 def _paper(args) -> Optional[str]:
@@ -130,7 +163,8 @@ def rescore(args) -> int:
     by_source = summarize_by_source(records, sources) if all(sources) else {}
     setup = {"model": "(from file)", "corpus": args.corpus or "(from file)",
              "retriever": args.retriever_name or "(from file)", "topk": args.topk or "?",
-             "judge": args.judge_model if args.judge_url else ("file labels" if "judge_acc" in summary else None)}
+             "judge": f"{args.judge_model} ({_judge_prompt(args)} prompt)" if args.judge_url else
+             ("file labels" if "judge_acc" in summary else None)}
     paper = None if args.paper in (None, "both") else args.paper
     table = format_table({dataset: summary, **{f"{dataset} / {k}": v for k, v in by_source.items()}}, setup, paper)
     out = dict(summary)
@@ -162,25 +196,43 @@ def _retriever_info(url: str) -> dict:
 
 def run(args) -> int:
     from openrlhf_search.evaluation.runner import EvalSettings
+    from openrlhf_search.evaluation.settings import eval_setting
 
-    if not args.model or not args.datasets:
-        print("error: give --model and --datasets (or --rescore PATH)", file=sys.stderr)
+    if not args.model:
+        print("error: give --model (or --rescore PATH)", file=sys.stderr)
         return 2
-    topk = args.topk or (3 if args.protocol == "searchr1" else 5)
-    max_turns = args.max_turns or (5 if args.protocol == "searchr1" else 9)
+    try:
+        paper = eval_setting(args.protocol, args.setting)
+    except ValueError:  # a third protocol: no paper setting, every value from the flags
+        paper = None
+    if paper is None and not args.datasets:
+        print(f"error: protocol {args.protocol!r} has no paper eval setting: give --datasets", file=sys.stderr)
+        return 2
+    topk = args.topk or (paper.topk if paper else 3)
+    max_turns = args.max_turns or (paper.max_turns if paper else 5)
+    max_new_tokens = args.max_new_tokens or (paper.max_new_tokens if paper else 500)
+    template = args.template or (paper.template if paper else "train")
+    chat = args.chat if args.chat is not None else (paper.chat if paper else None)
+    datasets = args.datasets or list(paper.datasets)
     try:
         data = {name: load_eval_dataset(name, data_dir=args.data_dir, split=args.split, limit=args.limit)
-                for name in args.datasets}
+                for name in datasets}
     except DatasetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     settings = EvalSettings(model=args.model, protocol=args.protocol, retriever_url=args.retriever_url, topk=topk,
-                            max_turns=max_turns, max_new_tokens=args.max_new_tokens, max_length=args.max_length,
-                            max_obs_tokens=args.max_obs_tokens, temperature=args.temperature, chat=args.chat,
+                            max_turns=max_turns, max_new_tokens=max_new_tokens, max_length=args.max_length,
+                            max_obs_tokens=args.max_obs_tokens, temperature=args.temperature, chat=chat,
                             concurrency=args.concurrency, backend=args.backend, seed=args.seed,
                             tokenizer=args.tokenizer, gpu_memory_utilization=args.gpu_memory_utilization,
-                            tensor_parallel_size=args.tensor_parallel_size)
-    settings.search_config()  # fail on bad settings before loading a model
+                            tensor_parallel_size=args.tensor_parallel_size, template=template,
+                            top_p=paper.top_p if paper else 1.0)
+    try:
+        settings.search_config()  # fail on bad settings before loading a model
+        settings.check_template()
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     info = _retriever_info(args.retriever_url)
     corpus = args.corpus or (os.path.basename(str(info.get("corpus_path"))) if info.get("corpus_path") else "?")
     retriever = args.retriever_name or (f"{info.get('encoder')} ({info.get('index_type')}, {info.get('count')} "
@@ -202,9 +254,19 @@ async def _run_async(args, data, settings, corpus, retriever, topk, max_turns) -
     except (OSError, ValueError) as e:  # a model path that is not there, or not a model (transformers' errors)
         print(f"error: cannot load --model {args.model}: {e}", file=sys.stderr)
         return 2
-    setup = {"model": args.model, "backend": backend, "protocol": args.protocol, "corpus": corpus,
-             "retriever": retriever, "topk": topk, "max_turns": max_turns, "max_new_tokens": args.max_new_tokens,
-             "temperature": args.temperature, "judge": args.judge_model if args.judge_url else None}
+    try:  # the prompts are the policy tokenizer's: a rendering error is one line now, not one per question
+        first = next((examples[0] for examples in data.values() if examples), None)
+        if first is not None:
+            settings.render_prompt(first.question, tokenizer)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    setup = {"model": args.model, "backend": backend, "protocol": args.protocol, "setting": args.setting,
+             "template": settings.template, "chat_template": settings.resolved_chat(tokenizer),
+             "tokenizer": getattr(tokenizer, "name_or_path", None), "corpus": corpus,
+             "retriever": retriever, "topk": topk, "max_turns": max_turns, "max_new_tokens": settings.max_new_tokens,
+             "temperature": args.temperature, "top_p": settings.top_p,
+             "judge": f"{args.judge_model} ({_judge_prompt(args)} prompt)" if args.judge_url else None}
     summaries: Dict[str, Dict[str, Any]] = {}
     for name, examples in data.items():
         stem = name.replace(":", "_").replace("/", "_")

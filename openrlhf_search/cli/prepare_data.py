@@ -7,10 +7,18 @@ jsonl (``question, answer``), Search-R1 parquet / jsonl (``prompt``, ``reward_mo
 Output rows (jsonl), what ``--data.input_key prompt --data.label_key label`` read in OpenRLHF::
 
     {"prompt": <rendered prompt string>, "label": "[\\"gold 1\\", \\"gold 2\\"]", "datasource": "hotpotqa",
-     "data_source": "hotpotqa", "id": "...", "question": "...", "difficulty": "medium" (when bucketed)}
+     "data_source": "hotpotqa", "id": "...", "question": "...", "difficulty": "medium" (when bucketed),
+     "rendering": {"protocol": "searchr1", "template": "train", "chat_template": true,
+                   "tokenizer": "Qwen/Qwen2.5-7B", "chat_template_sha256": "..."}}
 
-The prompt is rendered by the protocol (``protocol.build_prompt``), so train with ``--data.apply_chat_template``
-off. ``label`` is the JSON list of gold answers as a string (OpenRLHF passes labels as strings).
+The prompt is rendered by the protocol (``protocol.build_prompt``), character for character as the paper's
+released code renders it for the POLICY's tokenizer (Search-R1: "?" appended, the policy's chat template with its
+own system turn, base models included), so train with ``--data.apply_chat_template`` off. Chat rendering needs
+``--tokenizer`` (the policy's path or hub name) and never falls back to another tokenizer: a base and an instruct
+policy get separate files. ``rendering`` records how the prompt was made; ``cli.train`` checks it against
+``--search.protocol`` / ``--search.chat_template`` and, when the policy's tokenizer loads, re-renders a prompt
+(:func:`check_prompt_file`). ``label`` is the JSON list of gold answers as a string (OpenRLHF passes labels as
+strings).
 
 Examples::
 
@@ -19,10 +27,11 @@ Examples::
     python -m openrlhf_search.cli.prepare_data --input ../shared/data/qa/r1searcher/stage_1.jsonl \\
         --protocol r1searcher --bucket --mix 0:2:1.5 --out data/stage1.jsonl
     python -m openrlhf_search.cli.prepare_data --input ../shared/data/qa/searchr1/nq_hotpotqa_train_sample.jsonl \\
-        --protocol searchr1 --out data/searchr1_train.jsonl
+        --protocol searchr1 --tokenizer Qwen/Qwen2.5-7B --out data/searchr1_train_qwen2.5-7b_base.jsonl
 """
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -31,6 +40,7 @@ import sys
 from collections import Counter
 from typing import List, Optional
 
+from openrlhf_search.config import ConfigError
 from openrlhf_search.evaluation.difficulty import bucket_of, count_correct, mix_buckets, parse_mix
 from openrlhf_search.evaluation.loaders import DatasetError, QAExample, load_eval_dataset
 
@@ -47,10 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--protocol", default="r1searcher", help="r1searcher | searchr1 (any registered protocol)")
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat_template", dest="chat", action="store_true", default=None,
-                      help="wrap with the tokenizer's chat template (instruct models)")
+                      help="wrap with the policy tokenizer's chat template (needs --tokenizer)")
     chat.add_argument("--no_chat_template", dest="chat", action="store_false",
-                      help="base-model prompt (default for r1searcher)")
-    p.add_argument("--tokenizer", default=None, help="HF tokenizer path for --chat_template (default: offline Qwen2.5)")
+                      help="plain-text prompt (r1searcher's default; searchr1's when the policy has no template)")
+    p.add_argument("--tokenizer", default=None,
+                   help="the POLICY's tokenizer (path or hub name) for chat rendering; required for searchr1 unless "
+                        "--no_chat_template (its released code renders every prompt with the policy's template)")
+    p.add_argument("--template", default="train",
+                   help="prompt variant: train (default) | eval (r1searcher: its released eval prompt)")
     p.add_argument("--out", required=True, help="training prompt file (jsonl)")
     p.add_argument("--eval_out", default=None, help="held-out eval prompt file (jsonl)")
     p.add_argument("--eval_size", type=int, default=0, help="questions held out into --eval_out")
@@ -78,36 +92,152 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load_tokenizer(path: Optional[str]):
-    if path:
-        from transformers import AutoTokenizer
+class RenderingError(ValueError):
+    """A prompt file does not match the rendering a run asks for (the message names the file and the field)."""
 
+
+def load_policy_tokenizer(path: str):
+    """The policy's tokenizer (``AutoTokenizer.from_pretrained(path)``); never a stand-in.
+
+    Raises:
+        RenderingError: the path / name does not load (one line naming it).
+    """
+    from transformers import AutoTokenizer
+
+    try:
         return AutoTokenizer.from_pretrained(path)
-    from openrlhf_search.local.offline_assets import load_qwen_tokenizer
+    except (OSError, ValueError) as e:  # not there / not a tokenizer / offline hub name
+        raise RenderingError(f"cannot load the policy tokenizer {path!r}: {str(e).splitlines()[0]}") from e
 
-    return load_qwen_tokenizer()
+
+def chat_template_sha256(tokenizer) -> Optional[str]:
+    """SHA-256 of the tokenizer's chat template text (None when it has none): which template rendered a file."""
+    template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
+    if not template:
+        return None
+    if not isinstance(template, str):  # several named templates
+        template = json.dumps(template, sort_keys=True)
+    return hashlib.sha256(template.encode("utf-8")).hexdigest()
+
+
+def rendering_record(protocol_name: str, chat: Optional[bool], tokenizer=None, template: str = "train") -> dict:
+    """How prompts are rendered: protocol, template, whether the chat template is applied, the tokenizer.
+
+    Raises:
+        ValueError: chat rendering without the policy's tokenizer, unknown protocol template.
+    """
+    from openrlhf_search.protocol import get_protocol
+
+    protocol = get_protocol(protocol_name)
+    protocol._check_template(template)
+    use_chat = protocol.resolve_chat(chat, tokenizer)
+    if use_chat and template == "eval" and protocol_name == "r1searcher":
+        raise ValueError("protocol r1searcher: the released eval prompt (base_prompt_v0) is plain text for every "
+                         "model; drop --chat_template")
+    if use_chat:  # the policy's tokenizer with a chat template, or one line now (nothing is guessed)
+        protocol._apply_chat(tokenizer, [{"role": "user", "content": "?"}])
+    return {"protocol": protocol.name, "template": template, "chat_template": use_chat,
+            "tokenizer": (getattr(tokenizer, "name_or_path", None) or None) if tokenizer is not None else None,
+            "chat_template_sha256": chat_template_sha256(tokenizer) if use_chat else None}
+
+
+def _first_row(path: str) -> Optional[dict]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    return json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise RenderingError(f"{path}: first row is not valid JSON ({e})") from e
+    return None
+
+
+def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], policy: Optional[str] = None) -> \
+        Optional[dict]:
+    """Check that a prepared prompt file is what a training run with these settings would render.
+
+    Prompts reach the cluster trainer pre-rendered (``--data.input_key prompt``, no chat template applied by
+    OpenRLHF), so ``--search.chat_template`` cannot change them: this check makes the flag a validation of the
+    file instead of a silent no-op. Checked on the first row: the ``rendering`` record exists, names the same
+    protocol, and (when ``chat`` is not None) the same chat-template choice; when ``policy`` is a local folder its
+    tokenizer re-renders the row's question and the prompt must be equal character for character; when it is a hub
+    name, a chat-rendered file must name the same tokenizer.
+
+    Args:
+        path: the prompt file (jsonl, as this module writes it); anything that is not a local ``.jsonl`` file (a hub
+            dataset, a parquet or json file from elsewhere) is not checked.
+        protocol_name: ``--search.protocol``.
+        chat: ``--search.chat_template`` (None = auto: whatever the file records, checked by re-rendering).
+        policy: ``--actor.model_name_or_path``.
+    Returns:
+        the file's rendering record, or None when ``path`` was not checked.
+    Raises:
+        RenderingError: one line naming the file and what differs, and how to regenerate it.
+    """
+    if not path or not os.path.isfile(path) or not path.endswith(".jsonl"):
+        return None
+    row = _first_row(path)
+    if row is None:
+        raise RenderingError(f"{path}: no rows")
+    fix = f"regenerate it with python -m openrlhf_search.cli.prepare_data --protocol {protocol_name}" + \
+        (f" --tokenizer {policy}" if policy else "")
+    record = row.get("rendering")
+    if not isinstance(record, dict) or "prompt" not in row or "question" not in row:
+        raise RenderingError(f"{path}: rows carry no 'rendering' record (not written by this prepare_data), so "
+                             f"their prompts cannot be checked against --search.*; {fix}")
+    if record.get("protocol") != protocol_name:
+        raise RenderingError(f"{path}: prompts rendered for protocol {record.get('protocol')!r}, the run uses "
+                             f"{protocol_name!r}; {fix}")
+    if chat is not None and bool(record.get("chat_template")) != chat:
+        raise RenderingError(f"{path}: prompts rendered with chat_template={bool(record.get('chat_template'))}, "
+                             f"--search.chat_template is {chat}; the flag cannot re-render pre-rendered prompts, "
+                             f"{fix}" + ("" if chat else " --no_chat_template"))
+    if policy and os.path.isdir(policy):
+        from openrlhf_search.protocol import get_protocol
+
+        tokenizer = load_policy_tokenizer(policy)
+        try:
+            expected = get_protocol(protocol_name).build_prompt(
+                row["question"], tokenizer=tokenizer, chat=bool(record.get("chat_template")),
+                template=record.get("template", "train"))
+        except ValueError as e:
+            raise RenderingError(f"{path}: cannot re-render with the policy tokenizer {policy}: {e}") from e
+        if expected != row["prompt"]:
+            at = next((i for i, (a, b) in enumerate(zip(expected, row["prompt"])) if a != b),
+                      min(len(expected), len(row["prompt"])))
+            raise RenderingError(f"{path}: the first prompt differs from the policy tokenizer's rendering at "
+                                 f"character {at} ({row['prompt'][at:at + 30]!r} vs {expected[at:at + 30]!r}); {fix}")
+    elif policy and record.get("chat_template") and record.get("tokenizer") not in (None, policy):
+        raise RenderingError(f"{path}: prompts rendered with the chat template of {record.get('tokenizer')!r}, the "
+                             f"policy is {policy!r}; {fix}")
+    return record
 
 
 def render_rows(examples: List[QAExample], protocol_name: str, chat: Optional[bool], tokenizer=None,
-                difficulty: Optional[dict] = None) -> List[dict]:
+                difficulty: Optional[dict] = None, template: str = "train") -> List[dict]:
     """Prompt rows for OpenRLHF (see module docstring).
 
     Args:
         examples: questions with gold answers.
         protocol_name: registered protocol name.
-        chat: chat template on/off; None = the protocol's default (searchr1: on, r1searcher: off).
-        tokenizer: needed when the chat template is on.
+        chat: chat template on/off; None = the protocol's default (``Protocol.resolve_chat``: r1searcher off,
+            searchr1 on exactly when the policy's tokenizer has a template).
+        tokenizer: the policy's tokenizer; required for chat rendering.
         difficulty: id -> bucket name, added as ``difficulty``.
+        template: the protocol's prompt variant ("train"; r1searcher also "eval").
+    Raises:
+        ValueError: chat rendering without the policy's tokenizer (or with one that has no template), bad template.
     """
     from openrlhf_search.protocol import get_protocol
 
     protocol = get_protocol(protocol_name)
-    use_chat = (protocol_name == "searchr1") if chat is None else chat
+    record = rendering_record(protocol_name, chat, tokenizer, template)
+    use_chat = record["chat_template"]
     rows = []
     for ex in examples:
-        prompt = protocol.build_prompt(ex.question, tokenizer=tokenizer if use_chat else None, chat=use_chat)
+        prompt = protocol.build_prompt(ex.question, tokenizer=tokenizer, chat=use_chat, template=template)
         row = {"prompt": prompt, "label": json.dumps(ex.golds, ensure_ascii=False), "datasource": ex.data_source,
-               "data_source": ex.data_source, "id": ex.id, "question": ex.question}
+               "data_source": ex.data_source, "id": ex.id, "question": ex.question, "rendering": record}
         if difficulty is not None and ex.id in difficulty:
             row["difficulty"] = difficulty[ex.id]
         rows.append(row)
@@ -143,6 +273,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.mix and not args.bucket:
         print("error: --mix needs --bucket", file=sys.stderr)
+        return 2
+    tokenizer = None
+    try:
+        if args.tokenizer:
+            tokenizer = load_policy_tokenizer(args.tokenizer)
+        rendering_record(args.protocol, args.chat, tokenizer, args.template)  # refuse before reading or sampling anything
+    except (ValueError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         examples: List[QAExample] = []
@@ -186,10 +324,6 @@ def main(argv: Optional[List[str]] = None) -> int:
                 return 2
             logger.info("mixed %s: %s", args.mix, taken)
 
-    tokenizer = None
-    use_chat = (args.protocol == "searchr1") if args.chat is None else args.chat
-    if use_chat:
-        tokenizer = _load_tokenizer(args.tokenizer)
     eval_rows: List[dict] = []
     if args.eval_size:
         if not args.eval_out:
@@ -199,14 +333,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"error: --eval_size {args.eval_size} leaves no training rows ({len(examples)} in all)",
                   file=sys.stderr)
             return 2
-        eval_rows = render_rows(examples[:args.eval_size], args.protocol, args.chat, tokenizer, difficulty)
+        eval_rows = render_rows(examples[:args.eval_size], args.protocol, args.chat, tokenizer, difficulty,
+                                args.template)
         examples = examples[args.eval_size:]
-    train_rows = render_rows(examples, args.protocol, args.chat, tokenizer, difficulty)
+    train_rows = render_rows(examples, args.protocol, args.chat, tokenizer, difficulty, args.template)
     _write_jsonl(args.out, train_rows)
     logger.info("wrote %d training prompts to %s", len(train_rows), args.out)
     if args.eval_out:
         if not eval_rows:
-            eval_rows = render_rows(examples, args.protocol, args.chat, tokenizer, difficulty)
+            eval_rows = render_rows(examples, args.protocol, args.chat, tokenizer, difficulty, args.template)
         _write_jsonl(args.eval_out, eval_rows)
         logger.info("wrote %d eval prompts to %s", len(eval_rows), args.eval_out)
     return 0

@@ -217,6 +217,23 @@ def validate_search(args, cfg: SearchConfig) -> None:
     if args.train.async_enable:
         raise ConfigError("--train.async_enable is not supported: OpenRLHF's async trainer bypasses the search "
                           "experience maker (masked GAE, failure handling)")
+    check_prompt_files(args, cfg)
+
+
+def check_prompt_files(args, cfg: SearchConfig) -> None:
+    """Prompts arrive pre-rendered (``prepare_data``), so ``--search.protocol`` / ``--search.chat_template`` are
+    checked against each local prompt file's rendering record (and re-rendered with the policy's tokenizer when it is
+    a local folder) instead of being silently ignored. Raises ConfigError (one line) on a mismatch."""
+    from openrlhf_search.cli.prepare_data import RenderingError, check_prompt_file
+
+    paths = [p for p in str(getattr(args.data, "prompt_dataset", None) or "").split(",") if p]
+    eval_path = getattr(getattr(args, "eval", None), "dataset", None)
+    paths += [p for p in str(eval_path or "").split(",") if p]
+    for path in paths:
+        try:
+            check_prompt_file(path, cfg.protocol, cfg.chat_template, args.actor.model_name_or_path)
+        except RenderingError as e:
+            raise ConfigError(str(e)) from e
 
 
 def parse_args(argv: Optional[List[str]] = None) -> Tuple[Any, SearchConfig]:

@@ -72,7 +72,7 @@ def build_engine(model: str, backend: str = "auto", tokenizer_path: Optional[str
     Args:
         model: path / hub name, or "tiny" for the tiny random Qwen2 (always the HF engine).
         backend: "vllm", "hf" or "auto" (vLLM when CUDA is available).
-        tokenizer_path: tokenizer to use instead of the model's own.
+        tokenizer_path: tokenizer to use instead of the model's own (for "tiny": one with the Qwen vocabulary).
     Raises:
         ValueError: unknown backend, or "vllm" without a GPU.
     """
@@ -83,6 +83,14 @@ def build_engine(model: str, backend: str = "auto", tokenizer_path: Optional[str
         from openrlhf_search.local.offline_assets import build_tiny_qwen2, load_qwen_tokenizer
 
         tok = load_qwen_tokenizer()
+        if tokenizer_path:  # the same vocabulary under another chat template (prompt-rendering checks)
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(tokenizer_path)
+            if len(tok) != len(load_qwen_tokenizer()):
+                raise ValueError(f"--tokenizer {tokenizer_path} does not share the tiny model's Qwen vocabulary")
+            if tok.pad_token is None:
+                tok.pad_token = tok.eos_token
         model = build_tiny_qwen2(tok, seed=seed)
         return HFEngine(model, tok, seed=seed, max_model_len=max_model_len), tok, "hf"
     from transformers import AutoTokenizer

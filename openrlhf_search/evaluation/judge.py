@@ -4,6 +4,14 @@ The judge is asked, given the question, whether the prediction fully matches the
 gold answer, and answers True or False (DESIGN.md section 5). Works with OpenAI, a local vLLM server
 (``vllm serve MODEL`` exposes ``/v1/chat/completions``) or any compatible server.
 
+Two prompts (``JUDGE_PROMPTS``):
+
+- ``"r1searcher"``: R1-Searcher's released judge, ``evaluation/metric_calc_gpt_as_judge.py``: the prompt of lines
+  64-69 (its trailing newline and four spaces included) filled with the question, the gold answer and the prediction
+  (line 86), sent as a single user message (line 90) to gpt-4o-mini (line 91) with ``max_tokens`` 1024 and no
+  temperature, i.e. the server's default (lines 31-38). This is what ``cli.eval`` uses by default.
+- ``"strict"``: this project's earlier prompt (a system turn, "Reply with exactly one word", temperature 0, 8 tokens).
+
 Requests run concurrently (a semaphore caps them), are retried with exponential backoff on connection errors, 429 and
 5xx, and every verdict is cached in an SQLite file keyed by (model, question, golds, prediction), so a rerun or a
 crashed run costs nothing twice.
@@ -25,8 +33,18 @@ from openrlhf_search.evaluation.predictions import parse_judge_label
 
 logger = logging.getLogger(__name__)
 
-JUDGE_PROMPT_VERSION = "v1"
+JUDGE_PROMPT_VERSION = "v1"  # of the "strict" prompt; the cache key also holds the prompt name
 JUDGE_SYSTEM = "You are a strict and fair grader of question answering."
+#: R1-Searcher's judge prompt, evaluation/metric_calc_gpt_as_judge.py:64-69 (verbatim, trailing "\n    " included)
+R1SEARCHER_JUDGE_TEMPLATE = (
+    "Given a Question and its Golden Answer, verify whether the Predicted Answer is correct. The prediction is "
+    "correct if it fully aligns with the meaning and key information of the Golden Answer. Respond with True if the "
+    "prediction is correct and False otherwise.\n\n"
+    "Question: {question}\n"
+    "Golden Answer: {reference}\n"
+    "Predicted Answer: {prediction}\n"
+    "    "
+)
 JUDGE_TEMPLATE = (
     "Given a question, its golden answer(s) and a predicted answer, judge whether the predicted answer fully "
     "matches the meaning and the key information of a golden answer. Differences in wording, case or formatting do "
@@ -57,8 +75,52 @@ class JudgeVerdict:
     cached: bool = False
 
 
-def build_judge_messages(question: str, golds: Sequence[str], prediction: str) -> List[dict]:
-    """Chat messages of the judge prompt (system + user)."""
+@dataclass(frozen=True)
+class JudgePrompt:
+    """How one judge prompt is sent.
+
+    Attributes:
+        name: key in ``JUDGE_PROMPTS``.
+        temperature: sampling temperature sent, or None to send none (the server's default).
+        max_tokens: reply budget sent.
+        source: where it comes from (file:line).
+    """
+
+    name: str
+    temperature: Optional[float]
+    max_tokens: int
+    source: str
+
+
+JUDGE_PROMPTS = {
+    "r1searcher": JudgePrompt("r1searcher", None, 1024,
+                              "R1-Searcher evaluation/metric_calc_gpt_as_judge.py:31-38 (max_tokens 1024, no "
+                              "temperature), :64-69 (prompt), :90 (one user message)"),
+    "strict": JudgePrompt("strict", 0.0, 8, "this project (DESIGN.md sec. 5)"),
+}
+
+
+def _reference(golds: Sequence[str]) -> str:
+    # R1-Searcher formats its single ``answer`` string; a list would be formatted as Python writes it (str(list))
+    return golds[0] if len(golds) == 1 else str(list(golds))
+
+
+def build_judge_messages(question: str, golds: Sequence[str], prediction: str, prompt: str = "strict") -> List[dict]:
+    """Chat messages of the judge prompt.
+
+    Args:
+        question, golds, prediction: the item judged.
+        prompt: "strict" (system + user, golds joined by " | ") or "r1searcher" (one user message, R1-Searcher's
+            text: question and prediction as given, the gold answer as their ``str.format`` writes it).
+    Raises:
+        ValueError: unknown prompt name.
+    """
+    if prompt == "r1searcher":
+        user = R1SEARCHER_JUDGE_TEMPLATE.format(question=question, reference=_reference(golds),
+                                                prediction=prediction or "")
+        return [{"role": "user", "content": user}]
+    if prompt != "strict":
+        raise ValueError(f"unknown judge prompt {prompt!r}; known: {sorted(JUDGE_PROMPTS)}")
     user = JUDGE_TEMPLATE.format(question=question.strip(), golds=" | ".join(g.strip() for g in golds),
                                  prediction=(prediction or "").strip())
     return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
@@ -79,8 +141,9 @@ class JudgeCache:
         self._conn.commit()
 
     @staticmethod
-    def key(model: str, question: str, golds: Sequence[str], prediction: str) -> str:
-        payload = json.dumps([JUDGE_PROMPT_VERSION, model, question, list(golds), prediction], ensure_ascii=False)
+    def key(model: str, question: str, golds: Sequence[str], prediction: str, prompt: str = "strict") -> str:
+        version = [JUDGE_PROMPT_VERSION] if prompt == "strict" else [JUDGE_PROMPT_VERSION, prompt]
+        payload = json.dumps(version + [model, question, list(golds), prediction], ensure_ascii=False)
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
     def get(self, key: str) -> Optional[Tuple[Optional[bool], str]]:
@@ -117,16 +180,20 @@ class JudgeClient:
         backoff_s: first retry delay in seconds, doubled each retry.
         timeout_s: per-request timeout in seconds.
         cache_path: SQLite file for verdicts; None disables caching.
-        max_tokens: reply budget (the verdict is one word).
+        max_tokens: reply budget; None: the prompt's own (``JUDGE_PROMPTS``: 8 strict, 1024 r1searcher).
+        prompt: "strict" or "r1searcher" (``JUDGE_PROMPTS``); sets the messages and the temperature sent.
     Attributes:
         stats: counts of ``requests`` (HTTP calls), ``retries``, ``cache_hits``, ``failures``, ``unparsed``.
     """
 
     def __init__(self, url: str, model: str = "gpt-4o-mini", api_key: Optional[str] = None, concurrency: int = 16,
                  max_retries: int = 4, backoff_s: float = 1.0, timeout_s: float = 60.0,
-                 cache_path: Optional[str] = None, max_tokens: int = 8):
+                 cache_path: Optional[str] = None, max_tokens: Optional[int] = None, prompt: str = "strict"):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"judge url must be http(s), got {url!r}")
+        if prompt not in JUDGE_PROMPTS:
+            raise ValueError(f"unknown judge prompt {prompt!r}; known: {sorted(JUDGE_PROMPTS)}")
+        self.prompt = JUDGE_PROMPTS[prompt]
         if concurrency <= 0:
             raise ValueError(f"judge concurrency must be positive, got {concurrency}")
         base = url.rstrip("/")
@@ -141,7 +208,7 @@ class JudgeClient:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
-        self.max_tokens = max_tokens
+        self.max_tokens = max_tokens if max_tokens is not None else self.prompt.max_tokens
         self.cache = JudgeCache(cache_path) if cache_path else None
         self.concurrency = concurrency
         self._sem: Optional[asyncio.Semaphore] = None
@@ -164,7 +231,9 @@ class JudgeClient:
         return self._client
 
     async def _complete(self, messages: List[dict]) -> str:
-        body = {"model": self.model, "messages": messages, "temperature": 0.0, "max_tokens": self.max_tokens}
+        body = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens}
+        if self.prompt.temperature is not None:
+            body["temperature"] = self.prompt.temperature
         delay = self.backoff_s
         last_error = ""
         for attempt in range(self.max_retries + 1):
@@ -200,7 +269,7 @@ class JudgeClient:
         golds = [str(g) for g in golds]
         if not (prediction or "").strip():
             return JudgeVerdict(False, "(empty prediction)")
-        key = JudgeCache.key(self.model, question, golds, prediction)
+        key = JudgeCache.key(self.model, question, golds, prediction, self.prompt.name)
         if self.cache is not None:
             hit = self.cache.get(key)
             if hit is not None:
@@ -208,7 +277,7 @@ class JudgeClient:
                 return JudgeVerdict(hit[0], hit[1], cached=True)
         self._bind_loop()
         async with self._sem:
-            raw = await self._complete(build_judge_messages(question, golds, prediction))
+            raw = await self._complete(build_judge_messages(question, golds, prediction, self.prompt.name))
         correct = parse_judge_label(raw)
         if correct is None:
             self.stats["unparsed"] += 1

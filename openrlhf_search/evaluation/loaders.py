@@ -6,9 +6,16 @@ Formats read (auto-detected per row):
 - Search-R1 training / test rows (parquet or jsonl): ``prompt`` (chat messages), ``reward_model.ground_truth.target``,
   ``data_source``; the question is taken from ``question`` when present, else from the last "Question:" of the prompt.
 
-Datasets by name: the paper eval sets in the shared data folder (``hotpotqa_500``, ``2wiki_500``, ``musique_500``,
-``bamboogle`` from R1-Searcher; ``flashrag:<name>`` for the FlashRAG test files), else FlashRAG's hub datasets
-(``datasets.load_dataset("RUC-NLPIR/FlashRAG_datasets", name, split=...)``) when online.
+Datasets by name:
+
+- R1-Searcher's eval sets in the shared data folder: ``hotpotqa_500``, ``2wiki_500``, ``musique_500``, ``bamboogle``
+  (all of R1-Searcher's eval questions);
+- a bare FlashRAG name (``nq``, ``triviaqa``, ``popqa``, ``hotpotqa``, ``2wikimultihopqa``, ``musique``): the FULL
+  split Search-R1 evaluates on (test, dev where there is no test split; ``FLASHRAG_EVAL_SETS``), from FlashRAG's hub
+  copy (``datasets.load_dataset("RUC-NLPIR/FlashRAG_datasets", name, split=...)``, network or a warm HF cache);
+  never a local sample;
+- ``flashrag:<name>``: the local 512-question sample ``qa/flashrag/<name>.test.jsonl`` of the shared data folder
+  (offline tests and smoke runs), the hub split when there is no local copy.
 """
 
 import json
@@ -198,15 +205,17 @@ def resolve_dataset_path(name: str, data_dir: Optional[str] = None) -> Optional[
     """Local file of a named dataset, or None when only the hub has it.
 
     Names: a path; an R1-Searcher eval set (``hotpotqa_500``, ``2wiki_500``, ``musique_500``, ``bamboogle``);
-    ``flashrag:<name>`` or a bare FlashRAG name (``nq``, ``triviaqa``, ...) looked up as
-    ``qa/flashrag/<name>.test.jsonl`` under the data folder.
+    ``flashrag:<name>`` looked up as ``qa/flashrag/<name>.test.jsonl`` (or ``.dev.jsonl``) under the data folder.
+    A bare FlashRAG name (``nq``, ...) has no local file: it means the full hub split (Search-R1's eval).
     """
     if os.path.isfile(name):
         return name
     data_dir = data_dir or default_data_dir()
     if name in R1SEARCHER_EVAL_SETS:
         return os.path.join(data_dir, R1SEARCHER_EVAL_SETS[name])
-    flash = name.split(":", 1)[1] if name.startswith("flashrag:") else name
+    if not name.startswith("flashrag:"):
+        return None
+    flash = name.split(":", 1)[1]
     for split in ("test", "dev"):
         path = os.path.join(data_dir, "qa", "flashrag", f"{flash}.{split}.jsonl")
         if os.path.isfile(path):
@@ -216,10 +225,11 @@ def resolve_dataset_path(name: str, data_dir: Optional[str] = None) -> Optional[
 
 def load_eval_dataset(name: str, data_dir: Optional[str] = None, split: Optional[str] = None,
                       limit: Optional[int] = None) -> List[QAExample]:
-    """Load questions by name or path (see ``resolve_dataset_path``), falling back to FlashRAG's hub.
+    """Load questions by name or path (see the module docstring and ``resolve_dataset_path``).
 
     Args:
-        name: dataset name or file path.
+        name: dataset name or file path. A bare FlashRAG name loads the full hub split Search-R1 evaluates on
+            (``scripts/data_process/qa_search_test_merge.py:61-69``: test, else dev), every question.
         data_dir: shared data folder (default ``default_data_dir()``).
         split: hub split (default: the split Search-R1 evaluates on).
         limit: keep the first ``limit`` questions.
@@ -236,7 +246,8 @@ def load_eval_dataset(name: str, data_dir: Optional[str] = None, split: Optional
     if flash in FLASHRAG_EVAL_SETS or name.startswith("flashrag:"):
         return load_flashrag_hub(flash, split or FLASHRAG_EVAL_SETS.get(flash, "test"), limit)
     raise DatasetError(f"unknown dataset {name!r}: not a file, not one of {sorted(R1SEARCHER_EVAL_SETS)} and not a "
-                       f"FlashRAG name {sorted(FLASHRAG_EVAL_SETS)}")
+                       f"FlashRAG name {sorted(FLASHRAG_EVAL_SETS)} (full hub split) or flashrag:<name> (local "
+                       f"sample)")
 
 
 def iter_jsonl(path: str) -> Iterable[Dict[str, Any]]:

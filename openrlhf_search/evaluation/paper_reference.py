@@ -50,7 +50,7 @@ SEARCHR1_SETUP = PaperSetup(
     corpus="Wikipedia 2018 (wiki-18, DPR 100-word passages)",
     retriever="e5-base-v2 (dense)",
     topk=3,
-    eval_set="test (NQ, TQA, PopQA) / dev (HotpotQA, 2Wiki, MuSiQue, Bamboogle), full sets",
+    eval_set="test (NQ, TQA, PopQA, Bamboogle) / dev (HotpotQA, 2Wiki, MuSiQue), full sets",
 )
 
 #: canonical dataset keys used in the tables below

@@ -8,7 +8,10 @@ yields a row with ``error`` set instead of ending the run.
 Row written per question and sample (jsonl)::
 
     {"id", "data_source", "sample", "question", "golds", "prediction", "trajectory", "queries", "searches",
-     "turns", "stop_reason", "em", "f1", "cover_em", "reward", "response_tokens", "retrieval_failed", "error"}
+     "turns", "stop_reason", "em", "f1", "cover_em", "reward", "response_tokens", "retrieval_failed", "error",
+     "prompt"}
+
+``prompt`` is the exact prompt text the policy was given (rendered with its own tokenizer), for parity audits.
 
 ``stop_reason``: "answer" (an answer block), "length" (token budget), "max_turns", "retrieval_failed",
 "no_action" (a turn with neither query nor answer ended the trajectory), "error".
@@ -28,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 ROW_FIELDS = ("id", "data_source", "sample", "question", "golds", "prediction", "trajectory", "queries", "searches",
               "turns", "stop_reason", "em", "f1", "cover_em", "reward", "response_tokens", "retrieval_failed",
-              "error")
+              "error", "prompt")
 
 
 @dataclass
@@ -46,7 +49,10 @@ class EvalSettings:
         max_obs_tokens: tokens of one documents block.
         temperature: 0 = greedy (the papers' eval).
         n_samples: rollouts per question (1 for eval; N for difficulty bucketing).
-        chat: chat template on/off; None = protocol default.
+        chat: chat template on/off; None = the protocol's default for the policy's tokenizer
+            (``Protocol.resolve_chat``: Search-R1 applies the template whenever the tokenizer has one).
+        template: the protocol's prompt variant ("train"; R1-Searcher also "eval", its released eval prompt).
+        top_p: nucleus sampling of each turn (no effect when greedy).
         concurrency: rollouts in flight.
         backend: "auto" | "vllm" | "hf".
         seed: sampling / init seed.
@@ -74,6 +80,37 @@ class EvalSettings:
     gpu_memory_utilization: float = 0.85
     tensor_parallel_size: int = 1
     extra_config: dict = field(default_factory=dict)
+    template: str = "train"
+    top_p: float = 1.0
+
+    def check_template(self) -> None:
+        """Raises ValueError when the protocol has no such prompt template, or asks for chat with one that is plain
+        text by definition (R1-Searcher's eval prompt)."""
+        from openrlhf_search.protocol import get_protocol
+
+        protocol = get_protocol(self.protocol)
+        protocol._check_template(self.template)
+        if self.template == "eval" and self.chat and self.protocol == "r1searcher":
+            raise ValueError("protocol r1searcher: the released eval prompt (base_prompt_v0) is plain text for every "
+                             "model; drop --chat_template or use --template train")
+
+    def resolved_chat(self, tokenizer) -> bool:
+        """Whether prompts get the chat template with this (the policy's) tokenizer. Raises ValueError as
+        ``Protocol.resolve_chat``."""
+        from openrlhf_search.protocol import get_protocol
+
+        return get_protocol(self.protocol).resolve_chat(self.chat, tokenizer)
+
+    def render_prompt(self, question: str, tokenizer) -> str:
+        """The prompt of one question, rendered with the policy's tokenizer (``Protocol.build_prompt``).
+
+        Raises:
+            ValueError: empty question, chat rendering without a tokenizer that has a chat template, bad template.
+        """
+        from openrlhf_search.protocol import get_protocol
+
+        return get_protocol(self.protocol).build_prompt(question, tokenizer=tokenizer, chat=self.chat,
+                                                        template=self.template)
 
     def search_config(self):
         """The ``SearchConfig`` the executor runs with. Raises ConfigError on bad values."""
@@ -90,7 +127,7 @@ class EvalSettings:
         """vLLM ``SamplingParams`` of one turn: stop at the end-of-query / end-of-answer tags, keep the tag."""
         from vllm import SamplingParams
 
-        return SamplingParams(temperature=self.temperature, top_p=1.0, max_tokens=self.max_new_tokens,
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_new_tokens,
                               stop=list(protocol.stop_strings), include_stop_str_in_output=True,
                               seed=self.seed if self.temperature > 0 else None)
 
@@ -116,10 +153,10 @@ def _num(x, default=0.0) -> float:
 
 
 def build_row(example: QAExample, sample: int, out: Optional[dict], protocol, tokenizer, max_turns: int,
-              error: Optional[str] = None) -> dict:
+              error: Optional[str] = None, prompt: str = "") -> dict:
     """One output row from an executor result (``out``) or an error; every ``ROW_FIELDS`` key is present."""
     row = {"id": example.id, "data_source": example.data_source, "sample": sample, "question": example.question,
-           "golds": list(example.golds)}
+           "golds": list(example.golds), "prompt": prompt}
     if out is None:
         row.update({"prediction": "", "trajectory": "", "queries": [], "searches": 0, "turns": 0,
                     "stop_reason": "error", "reward": 0.0, "response_tokens": 0, "retrieval_failed": False,
@@ -171,23 +208,25 @@ async def run_eval(examples: Sequence[QAExample], settings: EvalSettings, engine
     if executor is None:
         client = RetrievalClient.from_config(cfg)
         executor = SearchAgentExecutor(cfg, retrieval_client=client)
-    use_chat = cfg.use_chat_template
     params = settings.sampling_params(protocol)
     sem = asyncio.Semaphore(settings.concurrency)
     jobs = [(ex, s) for ex in examples for s in range(settings.n_samples)]
+    # rendered up front: a rendering error (no policy tokenizer for a chat prompt) is raised once, before any rollout
+    prompts = {id(ex): settings.render_prompt(ex.question, tokenizer) for ex in examples}
 
     async def one(ex: QAExample, s: int) -> dict:
-        prompt = protocol.build_prompt(ex.question, tokenizer=tokenizer if use_chat else None, chat=use_chat)
+        prompt = prompts[id(ex)]
         async with sem:
             try:
                 out = await executor.execute(prompt=prompt, label=json.dumps(ex.golds), sampling_params=params.clone()
                                              if hasattr(params, "clone") else params,
                                              max_length=settings.max_length, hf_tokenizer=tokenizer,
                                              llm_engine=engine)
-                row = build_row(ex, s, out, protocol, tokenizer, cfg.max_turns)
+                row = build_row(ex, s, out, protocol, tokenizer, cfg.max_turns, prompt=prompt)
             except Exception as e:  # one bad rollout must not end a multi-hour eval; the row says what happened
                 logger.exception("rollout failed for question %s", ex.id)
-                row = build_row(ex, s, None, protocol, tokenizer, cfg.max_turns, error=f"{type(e).__name__}: {e}")
+                row = build_row(ex, s, None, protocol, tokenizer, cfg.max_turns, error=f"{type(e).__name__}: {e}",
+                                prompt=prompt)
         if on_row is not None:
             on_row(row)
         return row

@@ -120,6 +120,11 @@ def format_table(summaries: Dict[str, Dict[str, Any]], setup: Dict[str, Any], pa
         for st in used_setups.values():
             judge = f"; judge {st.judge}" if st.judge else ""
             lines.append(f"- {st.paper}: {st.eval_set}; {st.corpus}; {st.retriever}; top-{st.topk}{judge}.")
+    if setup.get("setting"):
+        lines.append(f"- ours: {setup.get('protocol', '?')} {setup['setting']} eval setting (prompt template "
+                     f"{setup.get('template', '?')}, chat template {setup.get('chat_template', '?')}, "
+                     f"{setup.get('max_turns', '?')} turns x {setup.get('max_new_tokens', '?')} tokens, temperature "
+                     f"{setup.get('temperature', '?')}).")
     if setup.get("judge"):
         lines.append(f"- ours: judge {setup['judge']}.")
     return "\n".join(lines)
