@@ -559,8 +559,8 @@ _SEARCHR1_SHORT_TEMPLATE = (
 
 @register_protocol
 class SearchR1ShortProtocol(SearchR1Protocol):
-    """Search-R1's tags, documents block and invalid-action message with a shorter instruction (57 tokens instead
-    of 110 with SmolLM2's tokenizer): every trajectory of the CPU main job re-reads the prompt at each turn and in
+    """Search-R1's tags, documents block, "?" completion and invalid-action message with a shorter instruction (57
+    tokens instead of 110 with SmolLM2's tokenizer): every trajectory of the CPU main job re-reads the prompt at each turn and in
     every log-prob pass, and on 2 CPU cores the prompt is a large share of the step time. Not a paper setting: the
     launchers and the evaluation of the papers' tables use ``searchr1`` (table 1's template, verbatim)."""
 
@@ -569,9 +569,10 @@ class SearchR1ShortProtocol(SearchR1Protocol):
     def instructions(self) -> str:
         return _SEARCHR1_SHORT_TEMPLATE.format(question="").rstrip()
 
-    def build_prompt(self, question: str, tokenizer=None, chat: bool = False) -> str:
-        question = self._check_question(question)
-        content = _SEARCHR1_SHORT_TEMPLATE.format(question=question)
-        if chat:
+    def build_prompt(self, question: str, tokenizer=None, chat: Optional[bool] = False,
+                     template: str = "train") -> str:
+        self._check_template(template)
+        content = _SEARCHR1_SHORT_TEMPLATE.format(question=self.normalize_question(question))
+        if self.resolve_chat(chat, tokenizer):
             return self._apply_chat(tokenizer, [{"role": "user", "content": content}])
         return content
