@@ -149,8 +149,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, argparse.Namespace]:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ray", action="store_true", help="serve as a Ray Serve application (else: the plain server)")
     p.add_argument("--replicas", type=int, default=1, help="Serve replicas, each holding the whole index")
-    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
-                   help="Ray cluster to join (auto, HOST:6379); default RAY_ADDRESS, else a local Ray")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster to join (auto, HOST:6379); default RAY_ADDRESS if set, else a local Ray")
     p.add_argument("--num_cpus", type=int, default=None, help="CPUs of a local Ray (no --address)")
     p.add_argument("--replica_cpus", type=float, default=1.0, help="CPUs reserved per replica")
     p.add_argument("--replica_gpus", type=float, default=0.0, help="GPUs per replica (dense index / encoder)")
@@ -174,6 +174,12 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, argparse.Namespace]:
             p.error(f"--replica_resources is not JSON: {e}")
         if not isinstance(a.replica_resources, dict):
             p.error("--replica_resources must be a JSON object")
+    if a.address is None and os.environ.get("RAY_ADDRESS"):
+        a.address = os.environ["RAY_ADDRESS"]
+    if a.address and a.address.startswith(("http://", "https://")):
+        # the dashboard / job-submission address (OpenRLHF's launchers export it): a driver on a cluster node
+        # joins the cluster through its local raylet instead
+        a.address = "auto"
     if a.detach and not a.address:
         p.error("--detach needs --address (a local Ray ends with this command)")
     if not a.ray and a.replicas != 1:
