@@ -2,7 +2,7 @@
 the CLI's start / stop, the same answers and errors as the plain server through one URL, both replicas used, and a
 replica SIGKILLed in the middle of a load run with nothing lost beyond the client's retries (counted).
 
-Slow: a local Ray and two replicas take ~30 s to come up on this 2-core machine."""
+Slow (all but the first test): a local Ray and two replicas take ~30 s to come up on this 2-core machine."""
 
 import asyncio
 import json
@@ -17,8 +17,6 @@ import pytest
 
 from retriever.index import load_index
 from tests.conftest import REPO_ROOT, shared_path
-
-pytestmark = pytest.mark.slow
 
 APP = "retriever_test"
 
@@ -45,6 +43,7 @@ def test_cli_rejects_bad_input_before_starting_ray(tmp_path):
         assert "Started a local Ray" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_cli_serves_and_stops_cleanly(hotpotqa_bm25_index, tmp_path, questions):
     """``python -m retriever.serve --ray`` with a local Ray: answers like the in-process index, SIGTERM -> status 0,
     and its Ray (raylet, gcs) is gone afterwards."""
@@ -120,6 +119,7 @@ def serve_app(hotpotqa_bm25_index):
             ray.shutdown()
 
 
+@pytest.mark.slow
 def test_same_answers_and_errors_as_the_plain_server(serve_app, hotpotqa_bm25_index, questions):
     index = load_index(hotpotqa_bm25_index)
     expected = index.search(questions[:4], 3)
@@ -152,6 +152,7 @@ def test_same_answers_and_errors_as_the_plain_server(serve_app, hotpotqa_bm25_in
     index.close()
 
 
+@pytest.mark.slow
 def test_replica_killed_during_load_loses_no_request(serve_app, hotpotqa_bm25_index, questions):
     """64 rollout-like workers send 768 searches through ``RetrievalClient``, one query per HTTP request (so about
     64 requests are in flight at any time); after 160 answers one replica is SIGKILLed. Every search must come back
