@@ -145,7 +145,7 @@ def _free_port(host: str) -> int:
 def parse_args(argv=None) -> tuple[argparse.Namespace, argparse.Namespace]:
     """(Serve flags, server flags): the flags below, and everything else parsed by ``retriever.server``'s
     parser (which validates limits and exits with status 2 on a bad one)."""
-    p = argparse.ArgumentParser(prog="python -m retriever.serve", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m retriever.serve", description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ray", action="store_true", help="serve as a Ray Serve application (else: the plain server)")
     p.add_argument("--replicas", type=int, default=1, help="Serve replicas, each holding the whole index")

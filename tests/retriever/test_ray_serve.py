@@ -43,6 +43,31 @@ def test_cli_rejects_bad_input_before_starting_ray(tmp_path):
         assert "Started a local Ray" not in proc.stderr
 
 
+def test_cli_flags(monkeypatch, capsys):
+    """Serve flags are parsed here, every other flag by retriever.server's parser; the dashboard address that
+    the launchers export (RAY_ADDRESS=http://...) becomes ``auto``; contradictory flags exit 2 with a message."""
+    from retriever.serve import parse_args
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    a, s = parse_args(["--ray", "--replicas", "3", "--index_dir", "D", "--port", "0", "--max_topk", "7", "--topk", "2"])
+    assert (a.replicas, a.address, s.index_dir, s.port, s.max_topk, s.topk) == (3, None, "D", 0, 7, 2)
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
+    assert parse_args(["--ray", "--index_dir", "D"])[0].address == "auto"
+    assert parse_args(["--ray", "--index_dir", "D", "--address", "10.0.0.1:6379"])[0].address == "10.0.0.1:6379"
+    a, _ = parse_args(["--ray", "--index_dir", "D", "--replica_resources", '{"retriever": 1}'])
+    assert a.replica_resources == {"retriever": 1}
+    monkeypatch.delenv("RAY_ADDRESS")
+    for argv, msg in ((["--replicas", "2", "--index_dir", "D"], "--replicas needs --ray"),
+                      (["--ray", "--detach", "--index_dir", "D"], "--detach needs --address"),
+                      (["--ray", "--replica_resources", "[1]", "--index_dir", "D"], "JSON object"),
+                      (["--ray", "--index_dir", "D", "--topk", "0"], "--topk must be in"),
+                      (["--ray", "--replicas", "2"], "--index_dir")):
+        with pytest.raises(SystemExit) as e:
+            parse_args(argv)
+        assert e.value.code == 2
+        assert msg in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_cli_serves_and_stops_cleanly(hotpotqa_bm25_index, tmp_path, questions):
     """``python -m retriever.serve --ray`` with a local Ray: answers like the in-process index, SIGTERM -> status 0,
