@@ -44,7 +44,9 @@ def local_ray():
     try:
         yield
     finally:
-        ray.shutdown()
+        from tests.retriever.ray_cleanup import shutdown_ray_and_wait
+
+        shutdown_ray_and_wait()
 
 
 def _chunks(emb_dir):

@@ -17,6 +17,7 @@ import pytest
 
 from retriever.index import load_index
 from tests.conftest import REPO_ROOT, shared_path
+from tests.retriever.ray_cleanup import descendants
 
 APP = "retriever_test"
 
@@ -90,7 +91,7 @@ def test_cli_serves_and_stops_cleanly(hotpotqa_bm25_index, tmp_path, questions):
         index = load_index(hotpotqa_bm25_index)
         assert r.json()["answers"] == [[p["contents"] for p in hits] for hits in index.search(questions[:3], 2)]
         index.close()
-        raylet_pids = _child_pids(proc.pid)
+        raylet_pids = descendants(proc.pid)
         assert raylet_pids, "no Ray processes under the CLI"
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -105,30 +106,10 @@ def test_cli_serves_and_stops_cleanly(hotpotqa_bm25_index, tmp_path, questions):
     assert not alive, f"Ray processes left behind: {alive}"
 
 
-def _child_pids(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (from /proc), e.g. the raylet and gcs_server a local Ray started."""
-    children = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 @pytest.fixture(scope="module")
 def serve_app(hotpotqa_bm25_index):
     """A local Ray (2 CPUs) running the retriever with 2 replicas; torn down (Serve, then Ray) after the module."""
     import ray
-    from ray import serve
 
     from retriever.serve import _free_port, build_application, deploy
 
@@ -138,10 +119,9 @@ def serve_app(hotpotqa_bm25_index):
         url = deploy(app, port=_free_port("127.0.0.1"), app_name=APP)
         yield url
     finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+        from tests.retriever.ray_cleanup import shutdown_ray_and_wait
+
+        shutdown_ray_and_wait()
 
 
 @pytest.mark.slow
