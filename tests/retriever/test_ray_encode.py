@@ -18,7 +18,8 @@ import pytest
 from retriever.index import build_index, load_index
 from tests.conftest import REPO_ROOT, shared_path
 
-pytestmark = pytest.mark.slow
+# slow, and on a shared 2-core machine (load ~10) one test took 600 s with its fixture: above pytest.ini's timeout
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 N, CHUNK = 40, 8
 
