@@ -5,6 +5,9 @@
 
 Dense encoding is resumable: rerun the same command after an interruption and finished embedding chunks are
 skipped. See ``retriever.index.build_index`` for the meaning of every option.
+
+``--ray`` encodes with Ray Data over every GPU (or CPU) of a Ray cluster (``retriever.ray_encode``): same chunks,
+same resumability, same index types; ``--ray_address auto`` joins a running cluster, else a local Ray is started.
 """
 
 from __future__ import annotations
@@ -41,19 +44,42 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--passage_prefix", default=None, help="override the preset's passage prefix")
     p.add_argument("--max_seq_length", type=int, default=None)
     p.add_argument("--overwrite", action="store_true", help="replace an existing complete index")
-    return p.parse_args(argv)
+    r = p.add_argument_group("Ray (distributed encoding, retriever/ray_encode.py)")
+    r.add_argument("--ray", action="store_true", help="encode with Ray Data actors over the Ray cluster")
+    r.add_argument("--ray_address", default=None, help="cluster to join (auto, HOST:6379); default: a local Ray")
+    r.add_argument("--ray_workers", type=int, default=None, help="encoder actors (default: one per GPU, else per CPU)")
+    r.add_argument("--ray_gpus_per_worker", type=float, default=None, help="default 1 with GPUs in the cluster, else 0")
+    r.add_argument("--ray_cpus_per_worker", type=float, default=1.0)
+    a = p.parse_args(argv)
+    if a.ray_workers is not None and a.ray_workers < 1:
+        p.error(f"--ray_workers must be >= 1, got {a.ray_workers}")
+    if (a.ray_gpus_per_worker or 0) < 0 or a.ray_cpus_per_worker < 0:
+        p.error("--ray_gpus_per_worker / --ray_cpus_per_worker must be >= 0")
+    return a
 
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     a = parse_args(argv)
+    encode_fn = None
+    if a.ray:
+        if a.encoder == "bm25":
+            logging.getLogger("retriever.build_index").warning("--ray: bm25 has nothing to encode; building here")
+        else:
+            import functools
+
+            from .ray_encode import encode_corpus_ray
+
+            encode_fn = functools.partial(encode_corpus_ray, address=a.ray_address, workers=a.ray_workers,
+                                          gpus_per_worker=a.ray_gpus_per_worker, cpus_per_worker=a.ray_cpus_per_worker,
+                                          device=a.device)
     try:
         manifest = build_index(a.corpus, a.index_dir, encoder=a.encoder, index_type=a.index_type, limit=a.limit,
                                embeddings_dir=a.embeddings_dir, chunk_size=a.chunk_size, batch_size=a.batch_size,
                                device=a.device, hnsw_m=a.hnsw_m, ef_construction=a.ef_construction,
                                ef_search=a.ef_search, nlist=a.nlist, pq_m=a.pq_m, nprobe=a.nprobe,
                                query_prefix=a.query_prefix, passage_prefix=a.passage_prefix,
-                               max_seq_length=a.max_seq_length, overwrite=a.overwrite)
+                               max_seq_length=a.max_seq_length, overwrite=a.overwrite, encode_fn=encode_fn)
     except (RetrieverIndexError, ValueError, OSError) as e:  # OSError: a corpus that is a folder, an index_dir that is a file
         print(f"build_index: error: {e}", file=sys.stderr)
         return 2

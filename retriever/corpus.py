@@ -127,6 +127,7 @@ class PassageStore:
 
         import numpy as np
 
+        self.jsonl_path, self.offsets_path = jsonl_path, offsets_path  # for workers that open their own store
         self.offsets = np.load(offsets_path, mmap_mode="r")
         self._f = open(jsonl_path, "rb")
         size = os.fstat(self._f.fileno()).st_size

@@ -99,52 +99,81 @@ def _factory_string(index_type: str, n: int, dim: int, hnsw_m: int, nlist: int |
     raise ValueError(f"unknown dense index type {index_type!r}; choose from flat, hnsw, ivfpq")
 
 
-def encode_corpus(store: PassageStore, encoder: DenseEncoder, emb_dir: str, chunk_size: int = 10000) -> int:
-    """Encode every passage's ``contents`` into ``emb_dir/chunk_XXXXXX.npy`` ([rows, dim] float32 each).
-
-    Resumable: a chunk file that exists with the expected shape is skipped; each chunk is written under a
-    temporary name and renamed, so a killed run never leaves a truncated chunk. ``emb_dir/meta.json``
-    pins the encoder, passage count and chunk size; reusing a folder made with others raises RetrieverIndexError.
-    Returns the embedding dimension.
-    """
-    from tqdm import tqdm
-
-    os.makedirs(emb_dir, exist_ok=True)
+def embeddings_meta(store: PassageStore, spec: EncoderSpec, dim: int, chunk_size: int) -> dict:
+    """What ``emb_dir/meta.json`` pins: encoder spec, passage count, chunk size, dim, first and last passage id."""
     n = len(store)
-    meta = {"encoder": encoder.spec.to_dict(), "count": n, "chunk_size": chunk_size, "dim": encoder.dim,
+    return {"encoder": spec.to_dict(), "count": n, "chunk_size": chunk_size, "dim": dim,
             "first_id": store.get(0)["id"], "last_id": store.get(n - 1)["id"]}
+
+
+def claim_embeddings_dir(emb_dir: str, meta: dict) -> None:
+    """Create ``emb_dir`` and write ``meta.json``, or check that an existing one equals ``meta``.
+
+    Raises RetrieverIndexError when the folder holds embeddings of another corpus/encoder/chunking.
+    """
+    os.makedirs(emb_dir, exist_ok=True)
     meta_path = os.path.join(emb_dir, "meta.json")
     if os.path.exists(meta_path):
         with open(meta_path) as f:
             old = json.load(f)
         if old != meta:
             raise RetrieverIndexError(f"{emb_dir} holds embeddings of another corpus/encoder/chunking "
-                              f"({old}); use a fresh --embeddings_dir")
+                                      f"({old}); use a fresh --embeddings_dir")
     else:
         with open(meta_path, "w") as f:
             json.dump(meta, f)
-    n_chunks = (n + chunk_size - 1) // chunk_size
+
+
+def chunk_path(emb_dir: str, c: int) -> str:
+    """``emb_dir/chunk_XXXXXX.npy``: rows ``[c * chunk_size, min(n, (c + 1) * chunk_size))``."""
+    return os.path.join(emb_dir, f"chunk_{c:06d}.npy")
+
+
+def chunk_ranges(n: int, chunk_size: int) -> list[tuple[int, int, int]]:
+    """(chunk number, first row, end row) of every chunk of ``n`` rows."""
+    return [(c, c * chunk_size, min(n, (c + 1) * chunk_size)) for c in range((n + chunk_size - 1) // chunk_size)]
+
+
+def chunk_done(emb_dir: str, c: int, rows: int, dim: int) -> bool:
+    """True when chunk ``c`` exists with shape [rows, dim] (chunks are renamed into place only when complete)."""
+    path = chunk_path(emb_dir, c)
+    return os.path.exists(path) and np.load(path, mmap_mode="r").shape == (rows, dim)
+
+
+def save_chunk(emb_dir: str, c: int, emb: np.ndarray) -> None:
+    """Write chunk ``c`` under a temporary name, then rename: a killed writer never leaves a truncated chunk."""
+    path = chunk_path(emb_dir, c)
+    tmp = path[:-4] + f".tmp{os.getpid()}.npy"
+    np.save(tmp, emb)
+    os.replace(tmp, path)
+
+
+def encode_corpus(store: PassageStore, encoder: DenseEncoder, emb_dir: str, chunk_size: int = 10000) -> int:
+    """Encode every passage's ``contents`` into ``emb_dir/chunk_XXXXXX.npy`` ([rows, dim] float32 each).
+
+    Resumable: a chunk file that exists with the expected shape is skipped; each chunk is written under a
+    temporary name and renamed, so a killed run never leaves a truncated chunk. ``emb_dir/meta.json``
+    pins the encoder, passage count and chunk size; reusing a folder made with others raises RetrieverIndexError.
+    Returns the embedding dimension. (``retriever.ray_encode.encode_corpus_ray`` is the same over a Ray cluster.)
+    """
+    from tqdm import tqdm
+
+    n = len(store)
+    claim_embeddings_dir(emb_dir, embeddings_meta(store, encoder.spec, encoder.dim, chunk_size))
     bar = tqdm(total=n, desc="encoding", unit="p", mininterval=1)
-    for c in range(n_chunks):
-        start, end = c * chunk_size, min(n, (c + 1) * chunk_size)
-        path = os.path.join(emb_dir, f"chunk_{c:06d}.npy")
-        if os.path.exists(path):
-            arr = np.load(path, mmap_mode="r")
-            if arr.shape == (end - start, encoder.dim):
-                bar.update(end - start)
-                continue
+    # Progress per group of encoder batches, not per chunk: a 10,000-passage chunk is ~5 minutes of MiniLM on 2 CPU
+    # cores, which must not pass in silence.
+    step = max(1, 4 * int(getattr(encoder, "batch_size", 64) or 64))
+    for c, start, end in chunk_ranges(n, chunk_size):
+        if chunk_done(emb_dir, c, end - start, encoder.dim):
+            bar.update(end - start)
+            continue
         texts = [store.get(i)["contents"] for i in range(start, end)]
-        # Progress per group of encoder batches, not per chunk: a 10,000-passage chunk is ~5 minutes of MiniLM on
-        # 2 CPU cores, which must not pass in silence.
-        step = max(1, 4 * int(getattr(encoder, "batch_size", 64) or 64))
         parts = []
         for b in range(0, len(texts), step):
             parts.append(encoder.encode_passages(texts[b: b + step]))
             bar.update(len(texts[b: b + step]))
-        emb = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        tmp = path[:-4] + ".tmp.npy"
-        np.save(tmp, emb)
-        os.replace(tmp, path)
+        save_chunk(emb_dir, c, np.concatenate(parts) if len(parts) > 1 else parts[0])
     bar.close()
     return encoder.dim
 
@@ -172,7 +201,7 @@ def build_index(corpus_path: str, index_dir: str, encoder: str = "bm25", index_t
                 ef_construction: int = 200, ef_search: int = 128, nlist: int | None = None,
                 pq_m: int | None = None, nprobe: int | None = None, query_prefix: str | None = None,
                 passage_prefix: str | None = None, max_seq_length: int | None = None,
-                overwrite: bool = False) -> dict:
+                overwrite: bool = False, encode_fn=None) -> dict:
     """Build a self-contained index directory and return its manifest.
 
     Args:
@@ -185,6 +214,8 @@ def build_index(corpus_path: str, index_dir: str, encoder: str = "bm25", index_t
         embeddings_dir: where the resumable embedding chunks go (share it to build several index types
             from one encoding); default ``index_dir/embeddings``.
         chunk_size: passages per embedding chunk file.
+        encode_fn: ``(store, encoder, emb_dir, chunk_size) -> dim`` writing the embedding chunks; default
+            ``encode_corpus`` (this process); ``retriever.ray_encode`` gives one encoding over a Ray cluster.
     Raises:
         ValueError: unknown index type, or an encoder/index-type mismatch.
         RetrieverIndexError: existing index without ``overwrite``; embeddings folder made with something else.
@@ -228,7 +259,7 @@ def build_index(corpus_path: str, index_dir: str, encoder: str = "bm25", index_t
         else:
             emb_dir = embeddings_dir or os.path.join(index_dir, "embeddings")
             t_enc = time.time()
-            dim = encode_corpus(store, enc, emb_dir, chunk_size)
+            dim = (encode_fn or encode_corpus)(store, enc, emb_dir, chunk_size)
             manifest["encode_seconds"] = round(time.time() - t_enc, 2)
             t_idx = time.time()
             params = _build_faiss(emb_dir, n, chunk_size, dim, index_type, index_dir, hnsw_m,

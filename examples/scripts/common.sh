@@ -10,6 +10,10 @@
 #                     every node (examples/scripts/cluster_node_setup.sh), reached at http://127.0.0.1:$RETRIEVER_PORT
 #                     from each node's own rollout actors: one retriever per node, no cross-node retrieval traffic.
 #   RETRIEVER_URLS    comma-separated retriever URLs; when set no retriever is started.
+#   RETRIEVER_MODE    node (default): start_retriever.sh, one retriever per node; serve: start_retriever_serve.sh, one
+#                     Ray Serve application (RETRIEVER_REPLICAS replicas) on this node's Ray cluster, started here
+#                     also with SUBMIT=1 and reached by every node at http://$RETRIEVER_SERVE_IP:$RETRIEVER_PORT
+#                     (default: this node's first IP).
 #   RETRIEVER_PORT    port of the retriever started here (default 8000). The retriever itself is configured by
 #                     start_retriever.sh's variables (RETRIEVER_CORPUS, RETRIEVER_SOURCE, RETRIEVER_ENCODER,
 #                     RETRIEVER_INDEX_TYPE, RETRIEVER_INDEX_DIR); each training script sets its paper's encoder
@@ -87,11 +91,15 @@ start_retrievers() {
     fi
     RETRIEVER_URLS="http://127.0.0.1:${RETRIEVER_PORT}"
     local cmd=(bash "$SCRIPT_DIR/start_retriever.sh" --port "$RETRIEVER_PORT")
+    if [[ "${RETRIEVER_MODE:-node}" == "serve" ]]; then  # one Serve application for the whole cluster
+        RETRIEVER_URLS="http://${RETRIEVER_SERVE_IP:-$(hostname -I 2>/dev/null | awk '{print $1}')}:${RETRIEVER_PORT}"
+        cmd=(bash "$SCRIPT_DIR/start_retriever_serve.sh" --port "$RETRIEVER_PORT")
+    fi
     if [[ "$DRY_RUN" != "0" ]]; then
         log "dry run: would start RETRIEVER_ENCODER=${RETRIEVER_ENCODER:-default} ${cmd[*]}"
         return 0
     fi
-    if [[ "$SUBMIT" == "1" ]]; then
+    if [[ "$SUBMIT" == "1" && "${RETRIEVER_MODE:-node}" != "serve" ]]; then
         log "cluster job: each node serves its own retriever at $RETRIEVER_URLS (cluster_node_setup.sh)"
         return 0
     fi
