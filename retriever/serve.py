@@ -78,7 +78,7 @@ def _replica_app_builder(index_dir: str, limits: dict, batcher: dict, load_kwarg
 def build_application(index_dir: str, replicas: int = 1, limits: Limits | None = None, window_ms: float = 2.0,
                       max_batch_queries: int = 512, max_wait_ms: float = 50.0, load_kwargs: dict | None = None,
                       replica_cpus: float = 1.0, replica_gpus: float = 0.0, replica_resources: dict | None = None,
-                      max_ongoing_requests: int = 256, health_check_period_s: float = 2.0):
+                      max_ongoing_requests: int = 256, health_check_period_s: float = 2.0, batching: bool = True):
     """The Ray Serve ``Application`` (not yet running) serving ``index_dir`` with ``replicas`` replicas.
 
     Args:
@@ -86,7 +86,8 @@ def build_application(index_dir: str, replicas: int = 1, limits: Limits | None =
             replica. Checked here (its manifest) so a wrong path fails before anything is deployed.
         replicas: number of replicas (>= 1); each loads the whole index (a GPU-sharded faiss index loads onto the
             replica's GPUs: give ``replica_gpus``).
-        limits, window_ms, max_batch_queries, max_wait_ms: as ``retriever.server.create_app``.
+        limits, window_ms, max_batch_queries, max_wait_ms, batching: as ``retriever.server.create_app``
+            (``batching=False``: ``--no_batching``, one search per request).
         load_kwargs: ``load_index`` options (``device``, ``faiss_gpu``, ``nprobe``, ``ef_search``).
         replica_cpus / replica_gpus / replica_resources: Ray resources each replica reserves.
         max_ongoing_requests: requests Serve lets into one replica at once. Serve's default (5) would starve
@@ -108,7 +109,7 @@ def build_application(index_dir: str, replicas: int = 1, limits: Limits | None =
     read_manifest(index_dir)  # RetrieverIndexError now rather than N replicas failing to start
     limits = limits or Limits()
     builder = _replica_app_builder(os.path.abspath(index_dir), dict(limits.__dict__),
-                                   {"window_ms": window_ms, "max_batch_queries": max_batch_queries,
+                                   {"window_ms": window_ms, "max_batch_queries": max_batch_queries, "batching": batching,
                                     "max_wait_ms": max_wait_ms}, dict(load_kwargs or {}))
     actor_options = {"num_cpus": replica_cpus, "num_gpus": replica_gpus}
     if replica_resources:
@@ -207,7 +208,8 @@ def main(argv=None) -> int:
         app = build_application(s.index_dir, replicas=a.replicas, limits=limits, window_ms=s.batch_window_ms,
                                 max_batch_queries=s.max_batch_queries, max_wait_ms=s.batch_max_wait_ms,
                                 load_kwargs=load_kwargs, replica_cpus=a.replica_cpus, replica_gpus=a.replica_gpus,
-                                replica_resources=a.replica_resources, max_ongoing_requests=a.max_ongoing_requests)
+                                replica_resources=a.replica_resources, max_ongoing_requests=a.max_ongoing_requests,
+                                batching=not s.no_batching)
     except (RetrieverIndexError, ValueError) as e:
         print(f"retriever.serve: error: {e}", file=sys.stderr)
         return 2
