@@ -48,9 +48,9 @@ PRESETS = {
         "--warmstart.sft_steps", "40", "--warmstart.lr", "2e-4", "--warmstart.batch_size", "4",
         "--warmstart.num_examples", "48", "--warmstart.teach_answers", "true",
         "--algo.advantage.estimator", "group_norm", "--algo.kl.init_coef", "0.001",
-        "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "8", "--rollout.temperature", "1.0",
-        "--actor.adam.lr", "1e-4", "--train.max_steps", "8", "--train.micro_batch_size", "8",
-        "--ckpt.save_steps", "4", "--eval.max_samples", "64",
+        "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "4", "--rollout.temperature", "0.7",
+        "--actor.adam.lr", "1e-4", "--train.max_epochs", "2", "--train.max_steps", "8",
+        "--train.micro_batch_size", "8", "--ckpt.save_steps", "4", "--eval.max_samples", "64",
     ],
     "tiny": [
         "--actor.model_name_or_path", "tiny",
