@@ -39,9 +39,9 @@ class Row:
     reason: str = ""
 
 
-def launcher_argv(script: str, setting: Optional[str] = None, env: Optional[Dict[str, str]] = None
-                  ) -> Tuple[List[str], Dict[str, str]]:
-    """Run ``examples/scripts/<script>`` with ``DRY_RUN=argv``: (trainer argv, retriever settings).
+def launcher_argv(script: str, setting: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+                  extra_args: Optional[List[str]] = None) -> Tuple[List[str], Dict[str, str]]:
+    """Run ``examples/scripts/<script> [extra_args]`` with ``DRY_RUN=argv``: (trainer argv, retriever settings).
 
     Raises:
         RuntimeError: the script failed (its stderr in the message).
@@ -54,7 +54,8 @@ def launcher_argv(script: str, setting: Optional[str] = None, env: Optional[Dict
     if setting:
         run_env["SETTING"] = setting
     run_env.update(env or {})
-    res = subprocess.run(["bash", os.path.join(SCRIPTS, script)], env=run_env, capture_output=True, timeout=120)
+    res = subprocess.run(["bash", os.path.join(SCRIPTS, script), *(extra_args or [])], env=run_env,
+                         capture_output=True, timeout=120)
     if res.returncode != 0:
         raise RuntimeError(f"{script} (SETTING={setting}) failed: {res.stderr.decode()[-2000:]}")
     parts = [a.decode() for a in res.stdout.split(b"\0") if a]
@@ -100,11 +101,13 @@ def same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def compare_launcher(launcher: Launcher, setting: str, env: Optional[Dict[str, str]] = None) -> List[Row]:
-    """Resolve ``launcher`` under ``setting`` and compare every applicable reference row."""
+def compare_launcher(launcher: Launcher, setting: str, env: Optional[Dict[str, str]] = None,
+                     extra_args: Optional[List[str]] = None) -> List[Row]:
+    """Resolve ``launcher`` under ``setting`` (plus ``extra_args`` appended to its flags, as a user would) and
+    compare every applicable reference row."""
     from openrlhf_search.cli import train as cli
 
-    argv, retriever = launcher_argv(launcher.script, setting, env)
+    argv, retriever = launcher_argv(launcher.script, setting, env, extra_args)
     args, cfg = cli.parse_args(argv)
     rows = []
     for ref in references_for(launcher, setting):

@@ -103,13 +103,26 @@ def render(rows: List[Row]) -> str:
                 if r.reason:
                     reasons.setdefault(setting, r.reason)
             who = _launcher_set([(r.launcher, r.setting_name) for r in members], paper)
-            ref_text = f"{ref}" + (f" ({note})" if note else "")
+            ref_text = f"{ref}" + (f" ({note})".replace("|", "\\|") if note else "")
             lines.append(f"| `{setting}` | {who} | {ref_text} | `{source}` | {ours_text} | "
                          f"{status} |")
         if reasons:
             lines += ["", "Documented differences:", ""]
             for setting, reason in reasons.items():
                 lines.append(f"- `{setting}`: {reason.replace('|', chr(92) + '|')}.")
+        lines.append("")
+    lines += ["## Per launcher", "",
+              "What each launcher resolves to, in counts of the rows above (README's table links here).", ""]
+    for name in sorted(LAUNCHERS):
+        launcher = LAUNCHERS[name]
+        lines += [f"### {_short(name)}", ""]
+        for setting in launcher.settings:
+            mine = [r for r in rows if r.launcher == name and r.setting_name == setting]
+            documented = sorted({r.setting for r in mine if r.status == "documented"})
+            matched = sum(r.status == "match" for r in mine)
+            default = " (default)" if setting == launcher.default_setting else ""
+            lines.append(f"- `SETTING={setting}`{default}: {matched} of {len(mine)} settings match; documented "
+                         f"differences: {', '.join(f'`{d}`' for d in documented) or 'none'}.")
         lines.append("")
     return "\n".join(lines)
 
