@@ -114,6 +114,10 @@ class StepCapTrainerMixin:
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self._init_step_cap()
+
+    def _init_step_cap(self) -> None:
+        """Read the cap from ``self.args`` and wrap ``self.samples_generator`` (after the base ``__init__``)."""
         validate_schedule_args(self.args)
         self.step_cap: Optional[int] = getattr(self.args.train, "max_steps", None)
         self._steps_done = 0
