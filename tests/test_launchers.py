@@ -104,7 +104,7 @@ def test_settings_select_the_source():
     released, _ = cli.parse_args(_argv("r1searcher_llama8b_instruct_stage1.sh"))
     paper, _ = cli.parse_args(_argv("r1searcher_llama8b_instruct_stage1.sh", SETTING="paper"))
     assert released.algo.advantage.estimator == "group_norm" and released.search.reward_scheme == \
-        "r1searcher_released_stage1"
+        "r1searcher_released_llama_stage1"
     assert paper.algo.advantage.estimator == "reinforce_baseline" and paper.search.reward_scheme == "r1searcher_stage1"
     for script, setting, message in [("r1searcher_qwen7b_base_stage1.sh", "released", "single"),
                                      ("r1searcher_qwen7b_base_single.sh", "paper", "two stages"),

@@ -9,9 +9,11 @@
 #                                   stage-2 reward (train/reward_server_qwen_zero.py), reinforce_baseline,
 #                                   64 prompts x 16 samples per step, updates of 256, KL 0;
 #             llama8b-instruct 1  = scripts/llama_reinforce_plus_train_stage1.sh: group_norm, 15 prompts x 16,
-#                                   updates of 60, KL 1e-4 (k1 in the reward), released stage-1 reward;
+#                                   updates of 60, KL 1e-4 (k1 in the reward), released stage-1 reward
+#                                   (r1searcher_released_llama_stage1: +-1 Cover-EM, +0.5 retrieval, +0.5 format);
 #             llama8b-instruct 2  = scripts/llama_reinforce_plus_train_stage2.sh: reinforce_baseline, 65 x 16,
-#                                   updates of 260, from the stage-1 checkpoint (STAGE1_CKPT), released stage-2 reward.
+#                                   updates of 260, from the stage-1 checkpoint (STAGE1_CKPT), released stage-2 reward
+#                                   (r1searcher_released_llama_stage2: F1, -1 format).
 #             All: lr 2e-6 constant (cosine to 10% over 10,000 episodes, no warm-up: flat for any real run; they
 #             stop by hand, so no step cap unless you pass --train.max_steps), AdamW betas (0.9, 0.95), no weight
 #             decay, clip 0.2, loss averaged per sequence then over sequences, temperature 1 and top_p 0.95,
@@ -66,9 +68,9 @@ esac
 STAGE1_FROM=""
 case "$STAGE" in
     single) MODEL="${MODEL:-$BASE_MODEL}"; SCHEME=r1searcher_released_stage2 ;;
-    1) MODEL="${MODEL:-$BASE_MODEL}"; SCHEME=r1searcher_released_stage1 ;;
+    1) MODEL="${MODEL:-$BASE_MODEL}"; SCHEME=r1searcher_released_llama_stage1 ;;
     2) STAGE1_FROM="${STAGE1_CKPT:-$OUTPUT_ROOT/r1searcher_${MODEL_KEY}_stage1}"; MODEL="$STAGE1_FROM"
-       SCHEME=r1searcher_released_stage2 ;;
+       SCHEME=r1searcher_released_llama_stage2 ;;
 esac
 if [[ "$SETTING" == "paper" ]]; then
     ESTIMATOR=reinforce_baseline

@@ -341,11 +341,6 @@ DOCUMENTED: Dict[Tuple[str, str, Optional[str]], str] = {
         "openrlhf_search/experience_maker.py (issue 10's file); the sign and ranking of advantages are unchanged",
     ("r1searcher", "eval.steps", None):
         "ours evaluates on the eval file every 20 steps (a monitoring addition; it does not change training)",
-    ("r1searcher", "search.reward_scheme", "llama"):
-        "the exact Llama reward servers (reward_server_llama_stage{1,2}.py) are not implemented yet: the launcher "
-        "uses r1searcher_released_stage1 (reconstruction: +-1 Cover-EM, +0.5 retrieval only when the format "
-        "checks pass, no separate +0.5 format term) and r1searcher_released_stage2 (-2, not -1, and the stricter "
-        "Qwen checks); rewards.py belongs to the reward owner",
 }
 
 
