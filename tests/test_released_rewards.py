@@ -61,3 +61,44 @@ def test_llama_stage2_is_not_the_qwen_server():
 def test_searchr1_tags_are_refused():
     with pytest.raises(ValueError, match="r1searcher protocol"):
         compute_reward("r1searcher_released_llama_stage1", "<answer> x </answer>", ["x"], "searchr1")
+
+
+def test_released_rollout_does_not_stop_at_the_answer(qwen_tokenizer):
+    """--search.stop_at_answer false (R1-Searcher's released loop stops only at <|end_of_query|>): the engine is
+    asked for that stop string alone, the text the policy writes after </answer> stays in the trajectory and the
+    released format checks score it."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from vllm import SamplingParams
+
+    from openrlhf_search.agent import SearchAgentExecutor
+    from openrlhf_search.config import SearchConfig
+
+    turn = " So it is done. </think>\n\n<answer> Paris </answer> and more <answer> Lyon </answer>"
+    ids = qwen_tokenizer(turn, add_special_tokens=False).input_ids
+
+    class Engine:
+        def __init__(self):
+            self.stops = []
+
+        async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+            self.stops.append(list(sampling_params.stop))
+            out = SimpleNamespace(token_ids=ids, text=turn, finish_reason="stop", stop_reason=None, logprobs=None)
+            return SimpleNamespace(outputs=[out])
+
+    results = {}
+    for stop in (True, False):
+        cfg = SearchConfig(protocol="r1searcher", stop_at_answer=stop, reward_scheme="r1searcher_released_llama_stage2",
+                           retriever_urls=["http://127.0.0.1:9"])
+        ex = SearchAgentExecutor(config=cfg, retrieval_client=object())
+        engine = Engine()
+        res = asyncio.run(ex.execute("User: where?\nAssistant: <think>", "Paris", SamplingParams(max_tokens=64), 512,
+                                     qwen_tokenizer, engine))
+        results[stop] = (engine.stops, res)
+    assert results[True][0] == [["<|end_of_query|>", "</answer>"]]
+    assert results[False][0] == [["<|end_of_query|>"]]
+    # two answer blocks after the first </answer>: the released checks punish (-1) and the last answer (Lyon) counts
+    assert results[False][1]["reward"] == pytest.approx(-1.0)
+    with pytest.raises(Exception, match="stop_at_answer"):
+        SearchConfig(stop_at_answer="no")

@@ -17,7 +17,8 @@
 #             All: lr 2e-6 constant (cosine to 10% over 10,000 episodes, no warm-up: flat for any real run; they
 #             stop by hand, so no step cap unless you pass --train.max_steps), AdamW betas (0.9, 0.95), no weight
 #             decay, clip 0.2, loss averaged per sequence then over sequences, temperature 1 and top_p 0.95,
-#             512 tokens per generation call, top-3, at most 8 retrievals (9 calls), context 1,024 + 29,000.
+#             512 tokens per generation call, no stop at </answer> (only at <|end_of_query|>), top-3, at most
+#             8 retrievals (9 calls), context 1,024 + 29,000.
 #   paper     the paper's recipe where it differs: two stages for both models (stage 1 reward = 0.5 retrieval +
 #             0.5 format, stage 2 = answer F1 with a -2 format penalty), REINFORCE++ (reinforce_baseline) in both
 #             stages; every other value as released. qwen7b-base stages 1 and 2 exist only in this setting (the
@@ -109,7 +110,7 @@ launch \
     --train.num_episodes 10000 --train.max_epochs 1 \
     --search.protocol r1searcher --search.chat_template "$CHAT" \
     --search.reward_scheme "$SCHEME" \
-    --search.topk 3 --search.max_turns 9 \
+    --search.topk 3 --search.max_turns 9 --search.stop_at_answer false \
     --search.max_new_tokens_per_turn 512 --search.max_obs_tokens 500 \
     --ckpt.output_dir "$OUTPUT_ROOT/$RUN" --ckpt.path "$OUTPUT_ROOT/$RUN/ckpt" --ckpt.save_steps "$SAVE_STEPS" \
     --ckpt.max_num "$MAX_CKPT" --ckpt.save_hf \

@@ -304,8 +304,8 @@ BEHAVIOUR: Dict[str, Callable[[Any, Any], Any]] = {
     # the DeepSpeed engine steps the scheduler at every optimizer step
     "behaviour.lr_scheduler_steps_per": lambda a, c: "optimizer update",
     "behaviour.advantage_whitening": _uses_whitening,
-    # the executor stops generation at the protocol's stop strings, </answer> included
-    "behaviour.stop_at_answer": lambda a, c: True,
+    # the executor stops a turn at </answer> unless --search.stop_at_answer false
+    "behaviour.stop_at_answer": lambda a, c: c.stop_at_answer,
 }
 
 # ------------------------------------------------------------------------------------ documented differences
@@ -331,10 +331,6 @@ DOCUMENTED: Dict[Tuple[str, str, Optional[str]], str] = {
     ("r1searcher", "retriever.corpus", None):
         "the corpus is not shipped: the launcher requires RETRIEVER_CORPUS (HotpotQA 2017 abstracts for training "
         "parity) or RETRIEVER_URLS and prints what it will serve",
-    ("r1searcher", "behaviour.stop_at_answer", None):
-        "our executor (openrlhf_search/agent.py, protocol.stop_strings) ends a turn at </answer>; not stopping "
-        "there needs an executor option, left to the executor's owner (text after </answer> is what R1-Searcher's "
-        "format checks penalise, so ours can only score higher on those checks)",
     ("r1searcher", "behaviour.advantage_whitening", None):
         "OpenRLHF 0.11.2 whitens reinforce_baseline advantages over the batch (experience_maker.py "
         "compute_advantages_and_returns); the vendored code did not. Turning it off needs a change in "
