@@ -15,7 +15,8 @@ What OpenRLHF 0.11.2 already has (read from ``openrlhf/cli/train_ppo_ray.py`` an
 * entropy bonus (``--actor.entropy_coef``), AdamW betas / weight decay (``--actor.adam.betas``,
   ``--actor.adam.weight_decay``), per-sequence loss averaging (``--actor.loss_agg_mode seq-mean-token-mean``).
 
-What it lacks, added here: a **step cap** (``--train.max_steps N``). OpenRLHF stops only when the prompt loader
+What it lacks, added here: an evaluation before the first step (``--eval.before_training``, Search-R1's
+``val_before_train``) and a **step cap** (``--train.max_steps N``). OpenRLHF stops only when the prompt loader
 has been read ``--train.num_episodes`` times, and sizes the learning-rate schedule to that horizon
 (``PPOTrainer.get_max_steps`` -> ``train()`` -> ``init_model_from_pretrained(max_steps)``). Search-R1 instead
 stops after ``trainer.total_training_steps=1005`` steps and sizes its warm-up to those steps
@@ -40,14 +41,17 @@ MAX_STEPS_FLAG = "--train.max_steps"
 
 
 def add_schedule_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add ``--train.max_steps`` (default None: OpenRLHF's own episode-based length). Returns ``parser``.
+    """Add ``--train.max_steps`` (default None: OpenRLHF's own episode-based length) and
+    ``--eval.before_training`` (default off). Returns ``parser``.
 
     Raises:
-        argparse.ArgumentError: the parser already has the flag (a newer OpenRLHF added it: use theirs).
+        argparse.ArgumentError: the parser already has a flag (a newer OpenRLHF added it: use theirs).
     """
     parser.add_argument(MAX_STEPS_FLAG, type=int, default=None,
                         help="stop after this many training steps (rollout batch + update) and size the LR "
                              "schedule to them (openrlhf_search.schedules; Search-R1 total_training_steps)")
+    parser.add_argument("--eval.before_training", action="store_true", default=False,
+                        help="evaluate once at step 0 before training (Search-R1 val_before_train); not on resume")
     return parser
 
 
@@ -102,7 +106,8 @@ def warmup_updates(args, horizon: int, who: str = "actor") -> int:
 
 
 class StepCapTrainerMixin:
-    """Mixin for OpenRLHF's plain ``PPOTrainer`` class (before ``ray.remote``): stop after ``--train.max_steps``.
+    """Mixin for OpenRLHF's plain ``PPOTrainer`` class (before ``ray.remote``): stop after ``--train.max_steps``,
+    and evaluate at step 0 with ``--eval.before_training``.
 
     Put it first in the bases: ``class T(StepCapTrainerMixin, SomePPOTrainer.__ray_actor_class__)``.
     ``get_max_steps`` returns :func:`scheduler_horizon`; ``train_step`` records the step; the sample generator's
@@ -156,6 +161,13 @@ class StepCapTrainerMixin:
     def init_checkpoint_states(self):
         states = super().init_checkpoint_states()
         self._steps_done = int(states.get("global_step", 0))  # a resumed run counts the steps already made
+        if getattr(self.args.eval, "before_training", False) and self._steps_done == 0 and self.eval_dataloader:
+            # Search-R1's val_before_train (ray_trainer.py:665): the untrained policy's eval numbers at step 0.
+            # Here, because OpenRLHF's fit() calls this right before its loop; a resumed run skips it.
+            kwargs = dict(self.generate_kwargs)
+            kwargs["temperature"] = self.args.eval.temperature
+            kwargs["n_samples_per_prompt"] = self.args.eval.n_samples_per_prompt
+            self.evaluate(0, **kwargs)
         return states
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:

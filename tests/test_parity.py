@@ -67,11 +67,11 @@ def test_a_changed_value_is_caught():
 
 def test_a_difference_needs_a_reason(monkeypatch):
     launcher = LAUNCHERS["searchr1_ppo_qwen2.5-3b_base.sh"]
-    key = ("searchr1", "behaviour.eval_before_training", None)
+    key = ("searchr1", "behaviour.weight_decay_on_norms_and_biases", None)
     assert reference.documented_reason("searchr1", key[1], launcher.tags)
     monkeypatch.delitem(reference.DOCUMENTED, key)
     rows = check.compare_launcher(launcher, "released")
-    assert [r.setting for r in check.undocumented(rows)] == ["behaviour.eval_before_training"]
+    assert [r.setting for r in check.undocumented(rows)] == ["behaviour.weight_decay_on_norms_and_biases"]
 
 
 def test_paper_setting_overrides_only_where_the_sources_disagree():

@@ -163,6 +163,20 @@ def test_bad_cap_is_refused_by_the_cli():
     assert args.train.max_steps == 7
 
 
+def test_eval_before_training_runs_once_at_step_0_and_not_on_resume():
+    for resume, expected in [(0, [0]), (2, [])]:
+        args = _args(max_steps=3)
+        args.eval = SimpleNamespace(steps=float("inf"), before_training=True, temperature=0.0, n_samples_per_prompt=1)
+        t = _Capped(args)
+        t.eval_dataloader = ["batch"]
+        t.resume_step = resume
+        seen = []
+        t.evaluate = lambda step, **kw: seen.append((step, kw["temperature"], kw["n_samples_per_prompt"]))
+        t.fit()
+        assert [s for s, _, _ in seen] == expected
+        assert all(temp == 0.0 and n == 1 for _, temp, n in seen)
+
+
 def test_with_step_cap_puts_the_mixin_first():
     cls = with_step_cap(_StubTrainer)
     assert cls.__mro__[1] is StepCapTrainerMixin and cls.__mro__[2] is _StubTrainer

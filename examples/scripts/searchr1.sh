@@ -12,7 +12,8 @@
 #   (PPO 2 per step, GRPO 512 x 5 / 256 = 10); AdamW betas (0.9, 0.999), weight decay 0.01; entropy bonus 0.001;
 #   PPO: GAE gamma = lambda = 1, KL 0.001 as a k1 penalty in the reward; GRPO: group 5, KL 0.001 as a k3 loss,
 #   top_p 0.95 (yaml default; PPO sets 1.0); clip 0.2; 4096 tokens of context, 500 per turn, 500 per retrieved
-#   block, top-3, 4 searches + the answering turn; EM reward; eval and checkpoint every 100 steps.
+#   block, top-3, 4 searches + the answering turn; EM reward; eval before training and every 100 steps,
+#   checkpoint every 100 steps.
 # Data: prompts rendered with the policy's own chat template, base models included (Search-R1's rl_dataset.py), so
 # base and instruct files differ; build them with prepare_data and the policy's tokenizer, e.g.
 #   python -m openrlhf_search.cli.prepare_data --input nq_hotpotqa_train.jsonl --protocol searchr1 \
@@ -68,7 +69,7 @@ launch \
     --actor.model_name_or_path "$MODEL" \
     --data.prompt_dataset "$TRAIN_DATA_FILE" \
     --data.input_key prompt --data.label_key label \
-    --eval.dataset "$EVAL_DATA_FILE" --eval.steps 100 \
+    --eval.dataset "$EVAL_DATA_FILE" --eval.steps 100 --eval.before_training \
     --eval.n_samples_per_prompt 1 --eval.temperature 0.0 \
     --rollout.batch_size 512 --train.batch_size 256 \
     --rollout.micro_batch_size 8 --train.micro_batch_size 2 \

@@ -174,7 +174,7 @@ SEARCHR1: List[Ref] = [
     Ref("eval.steps", 100, f"{_PPO}:78", "test_freq"),
     Ref("eval.temperature", 0.0, f"{_RT}:478", "do_sample False"),
     Ref("ckpt.save_steps", 100, f"{_PPO}:77", "save_freq"),
-    Ref("behaviour.eval_before_training", True, f"{_PPO}:73", "val_before_train=true"),
+    Ref("behaviour.eval_before_training", True, f"{_PPO}:73, {_RT}:665", "val_before_train=true"),
     Ref("behaviour.weight_decay_on_norms_and_biases", True, f"{_FSDP}:229", "AdamW over all parameters"),
     Ref("behaviour.lr_scheduler_steps_per", "training step", f"{_FSDP}:381",
         "actor_lr_scheduler.step() once per update_actor call"),
@@ -297,8 +297,8 @@ def _uses_whitening(args, cfg) -> bool:
 
 BEHAVIOUR: Dict[str, Callable[[Any, Any], Any]] = {
     "behaviour.critic_from_actor_model": lambda a, c: a.critic.model_name_or_path == a.actor.model_name_or_path,
-    # OpenRLHF's PPOTrainer.fit evaluates after training steps only (global_step % eval.steps == 0)
-    "behaviour.eval_before_training": lambda a, c: False,
+    # OpenRLHF's fit evaluates after steps only; --eval.before_training (openrlhf_search.schedules) adds step 0
+    "behaviour.eval_before_training": lambda a, c: bool(getattr(a.eval, "before_training", False)),
     # OpenRLHF's get_optimizer_grouped_parameters exempts biases and norm weights from weight decay
     "behaviour.weight_decay_on_norms_and_biases": lambda a, c: False,
     # the DeepSpeed engine steps the scheduler at every optimizer step
@@ -312,9 +312,6 @@ BEHAVIOUR: Dict[str, Callable[[Any, Any], Any]] = {
 
 # (paper, setting, tag or None) -> reason. A tag restricts the reason to launchers carrying it.
 DOCUMENTED: Dict[Tuple[str, str, Optional[str]], str] = {
-    ("searchr1", "behaviour.eval_before_training", None):
-        "OpenRLHF's fit loop evaluates only after steps; the step-0 numbers come from examples/scripts/eval.sh on "
-        "the untrained model (same eval path, same sets)",
     ("searchr1", "behaviour.weight_decay_on_norms_and_biases", None):
         "OpenRLHF groups parameters and exempts biases and norm weights from weight decay; changing it means "
         "copying its optimiser setup (wd 0.01 at lr 1e-6 moves a weight by 1e-8 per step)",
