@@ -197,13 +197,14 @@ def resolved_schedule(args) -> dict:
     except ValueError as e:
         return {**out, "error": str(e)}
     out["updates_per_step"] = ups
+    models = ["actor"] + (["critic"] if getattr(getattr(args, "critic", None), "model_name_or_path", None) else [])
     if out["max_steps"] is not None:
         horizon = out["max_steps"] * ups
         out["horizon_updates"] = horizon
-        for who in ("actor", "critic"):
+        for who in models:
             w = warmup_updates(args, horizon, who)
             out[f"{who}_warmup_updates"] = w
             out[f"{who}_warmup_steps"] = w / ups
-    for who in ("actor", "critic"):
+    for who in models:
         out[f"{who}_lr_scheduler"] = getattr(args, who).lr_scheduler
     return out

@@ -278,12 +278,12 @@ def built_index(tmp_path_factory):
 
 
 def test_retriever_wait_notices_a_dead_child_at_once(tmp_path):
-    """A retriever that dies (here: an unknown encoder fails the index build) ends the wait with its log tail,
-    instead of polling /health for RETRIEVER_WAIT_S (an hour)."""
+    """A retriever that dies (here: an index type build_index refuses at once) ends the wait with its log tail,
+    instead of polling /health for RETRIEVER_WAIT_S (an hour: the subprocess timeout would fire first)."""
     corpus = tmp_path / "c.jsonl"
     corpus.write_text(json.dumps({"id": "1", "title": "T", "text": "some text"}) + "\n")
-    res = _common("start_retrievers; echo STARTED", timeout=120, RETRIEVER_PORT=str(_free_port()),
-                  RETRIEVER_CORPUS=str(corpus), RETRIEVER_ENCODER="no-such-encoder-xyz",
+    res = _common("start_retrievers; echo STARTED", timeout=300, RETRIEVER_PORT=str(_free_port()),
+                  RETRIEVER_CORPUS=str(corpus), RETRIEVER_ENCODER="bm25", RETRIEVER_INDEX_TYPE="bogus",
                   RETRIEVER_INDEX_DIR=str(tmp_path / "idx"), OUTPUT_ROOT=str(tmp_path), RETRIEVER_WAIT_S="3600")
     assert res.returncode == 1 and "STARTED" not in res.stdout
     assert "exited (code" in res.stderr and "before answering" in res.stderr
