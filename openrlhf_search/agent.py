@@ -116,7 +116,8 @@ class SearchAgentExecutor(AgentExecutorBase):
             prompt: the rendered prompt text (``protocol.build_prompt``).
             label: gold answer(s): a string, a JSON list string, a list, or ``{"target": [...]}``.
             sampling_params: ``vllm.SamplingParams`` of the run (temperature, top_p, logprobs...); per turn a copy
-                gets ``stop = protocol.stop_strings``, ``include_stop_str_in_output=True`` and
+                gets ``stop = protocol.stop_strings`` (only the end-of-query tag with ``config.stop_at_answer``
+                false), ``include_stop_str_in_output=True`` and
                 ``max_tokens = min(max_new_tokens_per_turn, max_length - tokens so far)``.
             max_length: total token budget (prompt + every action and observation).
             hf_tokenizer: the policy's tokenizer.
@@ -166,7 +167,7 @@ class SearchAgentExecutor(AgentExecutorBase):
             # A shallow copy is enough: only top-level fields are rebound here, and engines copy what they mutate
             # (RolloutRayActor.generate and HFEngine.generate both deepcopy the params they are given).
             params = copy(sampling_params)
-            params.stop = list(proto.stop_strings)
+            params.stop = list(proto.stop_strings) if cfg.stop_at_answer else [proto.query_close]
             params.include_stop_str_in_output = True
             params.output_text_buffer_length = 0  # derived field: no buffering when stop strings are kept
             params.max_tokens = min(cfg.max_new_tokens_per_turn, remaining)

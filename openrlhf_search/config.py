@@ -58,6 +58,10 @@ class SearchConfig:
         max_batch_queries: most queries in one HTTP request. Default 256.
         reward_scheme: name of the reward function in ``openrlhf_search.rewards.REWARD_SCHEMES``.
         answer_max_words: R1-Searcher's format rule: an answer longer than this many words is a format error.
+        stop_at_answer: True (default): a turn also stops at the answer's closing tag (``protocol.stop_strings``).
+            False: only at the end-of-query tag, as R1-Searcher's released rollout loop does
+            (``OpenRLHF-RAG/openrlhf/trainer/ppo_utils/experience_maker.py:1087,1105``): the policy may write on
+            after ``</answer>`` until EOS or the turn's token cap, and the released format checks score that text.
     """
 
     protocol: str = "r1searcher"
@@ -75,6 +79,7 @@ class SearchConfig:
     max_batch_queries: int = 256
     reward_scheme: str = "r1searcher_stage2"
     answer_max_words: int = 10
+    stop_at_answer: bool = True
 
     def __post_init__(self):
         self.validate()
@@ -97,6 +102,8 @@ class SearchConfig:
         if not isinstance(self.retrieval_max_retries, int) or isinstance(self.retrieval_max_retries, bool) \
                 or self.retrieval_max_retries < 0:
             raise ConfigError(f"search config: retrieval_max_retries must be >= 0, got {self.retrieval_max_retries!r}")
+        if not isinstance(self.stop_at_answer, bool):
+            raise ConfigError(f"search config: stop_at_answer must be true or false, got {self.stop_at_answer!r}")
         if self.chat_template is not None and not isinstance(self.chat_template, bool):  # "false" is truthy
             raise ConfigError(f"search config: chat_template must be true, false or null, got {self.chat_template!r}")
         if isinstance(self.retriever_urls, str):

@@ -13,6 +13,8 @@ Schemes (``REWARD_SCHEMES``):
 ``r1searcher_stage2``            arXiv 2503.05592 sec. 3.2 (stage 2): F1 + (0 | -2 format penalty)
 ``r1searcher_released_stage1``   R1-Searcher's released reward server, stage 1 (see its docstring)
 ``r1searcher_released_stage2``   R1-Searcher's released reward server, stage 2 (``train/reward_server_*.py``)
+``r1searcher_released_llama_stage1``  the released Llama stage-1 server, exactly (end of this file)
+``r1searcher_released_llama_stage2``  the released Llama stage-2 server, exactly (end of this file)
 ``searchr1_em``                  arXiv 2503.09516 sec. 3.4 eq. (4): EM of the extracted answer
 ``searchr1_format``              arXiv 2505.15117 sec. 3 (format reward): EM + structure + retrieval terms
 ===============================  ============================================================================
@@ -509,3 +511,87 @@ def compute_reward(scheme: str, response_text: str, golds, protocol, **kw) -> Re
     if not isinstance(response_text, str):
         raise TypeError(f"response_text must be a string, got {type(response_text).__name__}")
     return fn(response_text, parse_golds(golds), get_protocol(protocol), **kw)
+
+
+# ------------------------------------------------------------------ R1-Searcher's released Llama reward servers
+# Read from RUCAIBox/R1-Searcher@631167c train/reward_server_llama_stage{1,2}.py (``MathRuleProxy.get_reward``);
+# the launchers r1searcher_llama8b_instruct_stage{1,2}.sh use them under SETTING=released (docs/parity.md).
+
+
+def _released_tag_counts(solution: str, proto: Protocol) -> List[int]:
+    d_o, d_c = proto.doc_open_tag, proto.doc_close_tag
+    return [solution.count(d_o + "\n"), solution.count(d_c + "\n\n"), solution.count(proto.query_open),
+            solution.count(proto.query_close), solution.count(d_o), solution.count(d_c),
+            solution.count(d_o + "\n(1)")]
+
+
+def _released_think_answer_ok(solution: str, proto: Protocol) -> bool:
+    return (solution.count(proto.think_open) == 0
+            and solution.count(proto.think_close) == solution.count(proto.answer_open)
+            == solution.count(proto.answer_close) == 1)
+
+
+def r1searcher_released_llama_stage1(response_text: str, golds: List[str], protocol,
+                                     answer_max_words: int = 10) -> RewardResult:
+    """R1-Searcher's released Llama stage-1 reward (``train/reward_server_llama_stage1.py:155-198``), exactly.
+
+    - answer term: +1 when an answer block exists and the text after the last ``<answer>`` (up to the next
+      ``</answer>``) covers a gold answer (Cover-EM, R1-Searcher normalisation), else -1 (lines 157-173);
+    - +0.5 when the seven query/documents tag counts are all equal and at least 1, i.e. at least one well-formed
+      retrieval (lines 175-190);
+    - +0.5 when there is no ``<think>`` and exactly one ``</think>``, ``<answer>`` and ``</answer>`` (lines 192-198).
+
+    Range [-1, 2]. ``answer_max_words`` is accepted for the common signature and not used (the server has no length
+    check). Differs from the paper's stage 1 (``r1searcher_stage1``: 0.5 + 0.5, no answer term).
+    """
+    proto = get_protocol(protocol)
+    _require_r1_tags(proto, "r1searcher_released_llama_stage1")
+    solution = strip_end_of_turn(response_text or "").strip()
+    finished, pred = _released_answer(solution, proto)
+    covered = finished and cover_em(pred, golds) > 0
+    answer_term = 1.0 if covered else -1.0
+    counts = _released_tag_counts(solution, proto)
+    r_ret = 0.5 if (len(set(counts)) == 1 and counts[0] >= 1) else 0.0
+    think_ok = _released_think_answer_ok(solution, proto)
+    r_fmt = 0.5 if think_ok else 0.0
+    _, _, _, _, comps = _base_components(response_text, golds, proto, answer_max_words)
+    comps.update(answer_reward=answer_term, retrieval_reward=r_ret, format_reward=r_fmt,
+                 released_format_ok=float(think_ok), score=float(covered))
+    reason = "" if think_ok else "think/answer tag counts"
+    return RewardResult(answer_term + r_ret + r_fmt, comps, reason)
+
+
+def r1searcher_released_llama_stage2(response_text: str, golds: List[str], protocol,
+                                     answer_max_words: int = 10) -> RewardResult:
+    """R1-Searcher's released Llama stage-2 reward (``train/reward_server_llama_stage2.py:182-227``), exactly.
+
+    Answer F1 (R1-Searcher normalisation, "True"/"False" as yes/no, the yes/no/noanswer rule), 0 without an
+    ``<answer>``/``</answer>`` pair; then -1 when the seven query/documents tag counts differ (lines 197-208), when
+    the think/answer counts are not (0, 1, 1, 1) (lines 211-219), or when a CJK character appears outside the
+    documents (lines 221-224). Range [-1, 1]. Unlike ``r1searcher_released_stage2`` (the Qwen server): -1 not -2, no
+    role-word check, no answer-length check, no check for tags inside the answer. ``answer_max_words`` unused.
+    """
+    proto = get_protocol(protocol)
+    _require_r1_tags(proto, "r1searcher_released_llama_stage2")
+    solution = strip_end_of_turn(response_text or "").strip()
+    finished, pred = _released_answer(solution, proto)
+    f1 = f1_score(pred, golds, normalizer=r1searcher_normalize) if finished else 0.0
+    reason = ""
+    counts = _released_tag_counts(solution, proto)
+    if len(set(counts)) != 1:
+        reason = f"query/documents tag counts differ: {counts}"
+    elif not _released_think_answer_ok(solution, proto):
+        reason = "think/answer tag counts"
+    else:
+        outside = re.sub(re.escape(proto.doc_open_tag) + ".*?" + re.escape(proto.doc_close_tag), "", solution,
+                         flags=re.DOTALL)
+        if _CJK.search(outside):
+            reason = "Chinese characters outside documents"
+    penalty = -1.0 if reason else 0.0
+    _, _, _, _, comps = _base_components(response_text, golds, proto, answer_max_words)
+    comps.update(released_f1=f1, released_format_ok=float(not reason), format_reward=penalty, score=f1)
+    return RewardResult(f1 + penalty, comps, reason)
+
+
+register_reward_scheme("r1searcher_released_llama_stage1", r1searcher_released_llama_stage1)
+register_reward_scheme("r1searcher_released_llama_stage2", r1searcher_released_llama_stage2)

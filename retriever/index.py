@@ -17,6 +17,7 @@ In-process API: ``load_index(dir).search(queries, topk)`` -> per query, a list o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -40,6 +41,21 @@ class RetrieverIndexError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------- building
+
+
+FINGERPRINT_FIELDS = ("format_version", "index_type", "encoder", "count", "dim", "limit", "params")
+
+
+def manifest_fingerprint(manifest: dict) -> str:
+    """Identity of what an index serves, 16 hex chars (sha256), reported by ``GET /health`` as ``fingerprint``.
+
+    Hashes the manifest fields that decide the results (:data:`FINGERPRINT_FIELDS`) and the corpus file's base
+    name; build times and absolute paths are left out, so the same corpus indexed the same way on two nodes (or
+    under two mount points) gets the same fingerprint. Launchers compare it across retriever URLs before a job.
+    """
+    core = {k: manifest.get(k) for k in FINGERPRINT_FIELDS}
+    core["corpus"] = os.path.basename(manifest.get("corpus_path") or "")
+    return hashlib.sha256(json.dumps(core, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _store_marker(index_dir: str) -> str:
@@ -376,7 +392,8 @@ class _BaseIndex:
         m = self.manifest
         return {"index_dir": os.path.abspath(self.index_dir), "index_type": m["index_type"],
                 "encoder": m["encoder"].get("name"), "count": m["count"], "dim": m.get("dim"),
-                "corpus_path": m.get("corpus_path"), "params": m.get("params", {})}
+                "corpus_path": m.get("corpus_path"), "params": m.get("params", {}),
+                "fingerprint": manifest_fingerprint(m)}
 
     def search(self, queries: list[str], topk: int) -> list[list[dict]]:  # pragma: no cover - abstract
         raise NotImplementedError

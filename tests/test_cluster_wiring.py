@@ -111,13 +111,22 @@ def test_run_injects_classes_and_starts_ray_with_runtime_env(grpo_args, monkeypa
     monkeypatch.setattr(module, "train", fake_train)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: seen.update(ray_init=kw))
+    # the retriever check runs after ray.init and before train()
+    monkeypatch.setattr(cli, "check_retrievers_before_training",
+                        lambda a, c: seen.update(checked=("ray_init" in seen and "args" not in seen, c)))
     monkeypatch.delenv(ENV_VAR, raising=False)
     try:
         cli.run(args, cfg)
     finally:
         ppo_trainer.PPOTrainer, module.PolicyModelActor, module.CriticModelActor = saved
+    from openrlhf_search.schedules import StepCapTrainerMixin
+
     assert seen["args"] is args
-    assert seen["trainer"] is SearchPPOTrainer and seen["policy"] is SearchPolicyModelActor
+    assert seen["checked"] == (True, cfg)
+    # the trainer train() builds: SearchPPOTrainer's class with the step cap in front
+    assert seen["trainer"] is cli.scheduled_trainer_class()
+    assert seen["trainer"].__ray_actor_class__.__mro__[1:3] == (StepCapTrainerMixin, _SearchPPOTrainer)
+    assert seen["policy"] is SearchPolicyModelActor
     assert seen["critic"] is SearchCriticModelActor
     assert SearchPPOTrainer.__ray_actor_class__ is _SearchPPOTrainer
     assert issubclass(_SearchPPOTrainer, saved[0].__ray_actor_class__)

@@ -5,11 +5,15 @@
 #   workers: HEAD_ADDRESS=HEAD_IP:6379 bash examples/scripts/cluster_node_setup.sh [start_retriever.sh flags]
 #
 # The retriever is configured like start_retriever.sh (RETRIEVER_CORPUS, RETRIEVER_ENCODER, RETRIEVER_INDEX_DIR,
-# ... or its flags), e.g. RETRIEVER_ENCODER=e5-base-v2 RETRIEVER_CORPUS=/shared/wiki-18.jsonl
+# ... or its flags; the corpus is required), e.g. RETRIEVER_ENCODER=e5-base-v2 RETRIEVER_CORPUS=/shared/wiki-18.jsonl
 # RETRIEVER_INDEX_DIR=/shared/wiki18_e5_flat; a prebuilt index on shared storage is reused, not rebuilt.
 #
 # One retriever per node (DESIGN.md sec. 8: users need the retriever on every node): rollout actors reach it at
 # http://127.0.0.1:$RETRIEVER_PORT, so retrieval traffic never crosses nodes and a slow node does not slow others.
+# Before training, the job's driver checks on every GPU node that its retriever answers and that all nodes serve
+# the same index (openrlhf_search.retriever_check, --search.check_retrievers).
+# The retriever wait (RETRIEVER_WAIT_S, default 3600 s for index building) ends at once if the retriever process
+# dies. Ray is the project's own: "$PYTHON -m ray.scripts.scripts" (PYTHON: the checkout's .venv if present).
 # DRY_RUN=1 prints the commands instead of running them.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -18,25 +22,47 @@ if [[ -z "${PYTHON:-}" ]]; then  # the checkout's .venv (make setup) when presen
 fi
 RETRIEVER_PORT="${RETRIEVER_PORT:-8000}"
 DRY_RUN="${DRY_RUN:-0}"
+export PYTHONPATH="$(cd "$HERE/../.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 run() {
     if [[ "$DRY_RUN" != "0" ]]; then echo "+ $*"; else "$@"; fi
 }
 
+RAY=("$PYTHON" -m ray.scripts.scripts)
 if [[ "${HEAD:-0}" == "1" ]]; then
-    RAY_CMD=(ray start --head --port 6379 --dashboard-host 0.0.0.0)
+    RAY_CMD=("${RAY[@]}" start --head --port 6379 --dashboard-host 0.0.0.0)
 else
-    RAY_CMD=(ray start --address "${HEAD_ADDRESS:?set HEAD=1 on the head node or HEAD_ADDRESS=ip:6379 on workers}")
+    RAY_CMD=("${RAY[@]}" start --address "${HEAD_ADDRESS:?set HEAD=1 on the head node or HEAD_ADDRESS=ip:6379 on workers}")
 fi
 
 RETRIEVER_CMD=(bash "$HERE/start_retriever.sh" --port "$RETRIEVER_PORT" "$@")
+URL="http://127.0.0.1:${RETRIEVER_PORT}"
 if [[ "$DRY_RUN" != "0" ]]; then
     echo "+ nohup ${RETRIEVER_CMD[*]} &"
 else
+    config="$("${RETRIEVER_CMD[@]}" --print_config)" || exit 2
+    index_dir="$(sed -n 's/^index_dir=//p' <<< "$config")"
+    echo "[cluster_node_setup] $(tr '\n' ' ' <<< "$config")" >&2
+    if "$PYTHON" -m openrlhf_search.retriever_check --urls "$URL" >/dev/null 2>&1; then
+        # something already serves the port: keep it only if it serves this node's index
+        if [[ -f "$index_dir/manifest.json" ]] \
+            && "$PYTHON" -m openrlhf_search.retriever_check --urls "$URL" --index_dir "$index_dir" >/dev/null; then
+            echo "[cluster_node_setup] $URL already serves $index_dir; not starting another" >&2
+            run "${RAY_CMD[@]}"
+            exit 0
+        fi
+        echo "cluster_node_setup.sh: port $RETRIEVER_PORT already serves another index (or $index_dir is not built): stop it or set RETRIEVER_PORT" >&2
+        exit 2
+    fi
     nohup "${RETRIEVER_CMD[@]}" > "retriever_${RETRIEVER_PORT}.log" 2>&1 &
+    pid=$!
     healthy=0
     for _ in $(seq "${RETRIEVER_WAIT_S:-3600}"); do
-        if "$PYTHON" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
-            "http://127.0.0.1:${RETRIEVER_PORT}/health" 2>/dev/null; then
+        if ! kill -0 "$pid" 2>/dev/null; then
+            echo "retriever process $pid exited before answering; see retriever_${RETRIEVER_PORT}.log:" >&2
+            tail -n 20 "retriever_${RETRIEVER_PORT}.log" >&2 || true
+            exit 1
+        fi
+        if "$PYTHON" -m openrlhf_search.retriever_check --urls "$URL" --index_dir "$index_dir" >/dev/null 2>&1; then
             healthy=1
             break
         fi

@@ -9,7 +9,8 @@
 #                     http://127.0.0.1:8265) instead of running the driver here. Retrievers are then expected on
 #                     every node (examples/scripts/cluster_node_setup.sh), reached at http://127.0.0.1:$RETRIEVER_PORT
 #                     from each node's own rollout actors: one retriever per node, no cross-node retrieval traffic.
-#   RETRIEVER_URLS    comma-separated retriever URLs; when set no retriever is started.
+#   RETRIEVER_URLS    comma-separated retriever URLs; when set no retriever is started (they are checked:
+#                     healthy and serving one index, that of RETRIEVER_INDEX_DIR when given).
 #   RETRIEVER_MODE    node (default): start_retriever.sh, one retriever per node; serve: start_retriever_serve.sh, one
 #                     Ray Serve application (RETRIEVER_REPLICAS replicas) on this node's Ray cluster, started here
 #                     also with SUBMIT=1 and reached by every node at http://$RETRIEVER_SERVE_IP:$RETRIEVER_PORT
@@ -17,9 +18,19 @@
 #   RETRIEVER_PORT    port of the retriever started here (default 8000). The retriever itself is configured by
 #                     start_retriever.sh's variables (RETRIEVER_CORPUS, RETRIEVER_SOURCE, RETRIEVER_ENCODER,
 #                     RETRIEVER_INDEX_TYPE, RETRIEVER_INDEX_DIR); each training script sets its paper's encoder
-#                     as the default.
+#                     as the default. There is no default corpus: give RETRIEVER_CORPUS (or RETRIEVER_INDEX_DIR of a
+#                     built index, or RETRIEVER_URLS). A service already answering on the port is used only when its
+#                     /health names the expected index (fingerprint of RETRIEVER_INDEX_DIR's manifest).
+#   RETRIEVER_WAIT_S  seconds to wait for the started retriever to answer /health (default 3600: index building);
+#                     a retriever process that dies stops the wait at once.
+#   SETTING           released (default for most scripts) or paper: which source the hyper-parameters follow
+#                     (docs/parity.md lists every value and its source line).
+#   TRAIN_DATA, EVAL_DATA, MODEL, STAGE1_CKPT   must exist (a MODEL of the form org/name is a hub name); the
+#                     dry run fails with one line naming the missing one.
 #   NNODES, GPUS_PER_NODE, VLLM_TP   cluster layout (default 1 node, 8 GPUs, tensor parallel 1).
-#   PYTHON            interpreter (default: the checkout's .venv/bin/python if present, else python3).
+#   PYTHON            interpreter (default: the checkout's .venv/bin/python if present, else python3); `ray` is
+#                     run as "$PYTHON -m ray.scripts.scripts" so that it is the project's Ray.
+#   JOB_PYTHON        interpreter of the submitted job's driver on the head node (default: $PYTHON).
 #   OUTPUT_ROOT       checkpoints and logs (default ./checkpoints).
 # Any extra script arguments are passed to the trainer after the script's own flags (the last value wins).
 
@@ -68,47 +79,135 @@ layout_args() {
     )
 }
 
+die() { log "error: $*"; exit 2; }
+
+# A model argument: a local path must exist; "org/name" that is not a local path is a hub name (fine).
+require_model() {
+    local what="$1" path="$2"
+    if [[ -e "$path" ]]; then return 0; fi
+    if [[ "$path" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$ ]]; then return 0; fi
+    die "$what $path does not exist"
+}
+
+require_file() {
+    local what="$1" path="$2"
+    [[ -f "$path" ]] || die "$what $path does not exist"
+}
+
+# Check the launcher's inputs before anything starts (dry runs included; not in DRY_RUN=argv, a test hook).
+check_inputs() {
+    [[ "$DRY_RUN" == "argv" ]] && return 0
+    require_file "TRAIN_DATA" "$TRAIN_DATA_FILE"
+    [[ -n "${EVAL_DATA_FILE:-}" ]] && require_file "EVAL_DATA" "$EVAL_DATA_FILE"
+    if [[ -n "${STAGE1_FROM:-}" ]]; then
+        [[ -e "$STAGE1_FROM" ]] || die "stage-1 checkpoint $STAGE1_FROM does not exist (set STAGE1_CKPT)"
+    fi
+    require_model "model" "$MODEL"
+    return 0
+}
+
+retriever_health_fp() {  # fingerprint served at URL, empty when nothing answers
+    "$PYTHON" - "$1" 2>/dev/null <<'PY' || true
+import json, sys, urllib.request
+try:
+    print(json.load(urllib.request.urlopen(sys.argv[1] + "/health", timeout=2)).get("fingerprint") or "?")
+except Exception:
+    pass
+PY
+}
+
+# Wait for URL/health while the process PID lives; a dead process ends the wait at once with its log tail.
 wait_for_retriever() {
-    local url="$1" tries="${2:-600}"
+    local url="$1" pid="$2" logfile="$3" tries="${4:-3600}"
     for _ in $(seq "$tries"); do
-        if "$PYTHON" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" \
-            "$url" 2>/dev/null; then
+        if ! kill -0 "$pid" 2>/dev/null; then
+            local code=0
+            wait "$pid" 2>/dev/null || code=$?
+            log "retriever process $pid exited (code $code) before answering at $url; log $logfile:"
+            tail -n 20 "$logfile" >&2 || true
+            return 1
+        fi
+        if [[ -n "$(retriever_health_fp "$url")" ]]; then
             return 0
         fi
         sleep 1
     done
-    log "retriever at $url not healthy after ${tries}s"
+    log "retriever at $url not healthy after ${tries}s (log $logfile)"
     return 1
 }
 
-# Start the retriever of this node (start_retriever.sh belongs to the retriever service; it builds the index when
-# missing) unless URLs are given, the job is submitted to a cluster (one retriever per node, started by
-# cluster_node_setup.sh), or in a dry run.
+# What this node's retriever would serve: start_retriever.sh --print_config (checks the corpus exists).
+retriever_config() {
+    local out
+    out="$(bash "$SCRIPT_DIR/start_retriever.sh" --port "$RETRIEVER_PORT" --print_config)" || exit 2
+    R_CORPUS="$(sed -n 's/^corpus=//p' <<< "$out")"
+    R_INDEX_DIR="$(sed -n 's/^index_dir=//p' <<< "$out")"
+    R_INDEX_STATE="$(sed -n 's/^index_state=//p' <<< "$out")"
+    R_ENCODER="$(sed -n 's/^encoder=//p' <<< "$out")"
+    R_INDEX_TYPE="$(sed -n 's/^index_type=//p' <<< "$out")"
+}
+
+check_retriever_urls() {  # every URL healthy and serving one index (that of $1 when given), else exit 1
+    local expect=()
+    [[ -n "${1:-}" ]] && expect=(--index_dir "$1")
+    "$PYTHON" -m openrlhf_search.retriever_check --urls "$RETRIEVER_URLS" "${expect[@]}" >/dev/null \
+        || { log "retriever check failed: the job does not start"; exit 1; }
+    log "retrievers healthy and serving one index: $RETRIEVER_URLS"
+}
+
+# Start the retriever of this node (start_retriever.sh builds the index when missing) unless URLs are given, the
+# job is submitted to a cluster (one retriever per node, started by cluster_node_setup.sh; the driver checks every
+# node before training), or in a dry run. Prints the corpus, index and URL it uses.
 start_retrievers() {
+    if [[ "$DRY_RUN" == "argv" ]]; then
+        RETRIEVER_URLS="${RETRIEVER_URLS:-http://127.0.0.1:${RETRIEVER_PORT}}"
+        return 0
+    fi
     if [[ -n "${RETRIEVER_URLS:-}" ]]; then
-        log "using retrievers at $RETRIEVER_URLS"
+        local expect_dir=""
+        if [[ -n "${RETRIEVER_INDEX_DIR:-}" ]]; then
+            [[ -f "$RETRIEVER_INDEX_DIR/manifest.json" ]] || die "RETRIEVER_INDEX_DIR $RETRIEVER_INDEX_DIR holds no built index"
+            expect_dir="$RETRIEVER_INDEX_DIR"
+        fi
+        log "corpus: served by $RETRIEVER_URLS | index: ${expect_dir:-whatever they serve (must be one)} | retriever: $RETRIEVER_URLS"
+        [[ "$DRY_RUN" != "0" ]] && return 0
+        check_retriever_urls "$expect_dir"
         return 0
     fi
     RETRIEVER_URLS="http://127.0.0.1:${RETRIEVER_PORT}"
-    local cmd=(bash "$SCRIPT_DIR/start_retriever.sh" --port "$RETRIEVER_PORT")
+    local start_script="$SCRIPT_DIR/start_retriever.sh"
     if [[ "${RETRIEVER_MODE:-node}" == "serve" ]]; then  # one Serve application for the whole cluster
         RETRIEVER_URLS="http://${RETRIEVER_SERVE_IP:-$(hostname -I 2>/dev/null | awk '{print $1}')}:${RETRIEVER_PORT}"
-        cmd=(bash "$SCRIPT_DIR/start_retriever_serve.sh" --port "$RETRIEVER_PORT")
+        start_script="$SCRIPT_DIR/start_retriever_serve.sh"
     fi
+    retriever_config
+    log "corpus: $R_CORPUS | index: $R_INDEX_DIR ($R_INDEX_STATE, $R_ENCODER $R_INDEX_TYPE) | retriever: $RETRIEVER_URLS"
     if [[ "$DRY_RUN" != "0" ]]; then
-        log "dry run: would start RETRIEVER_ENCODER=${RETRIEVER_ENCODER:-default} ${cmd[*]}"
+        log "dry run: would start RETRIEVER_ENCODER=$R_ENCODER bash $start_script --port $RETRIEVER_PORT"
         return 0
     fi
     if [[ "$SUBMIT" == "1" && "${RETRIEVER_MODE:-node}" != "serve" ]]; then
-        log "cluster job: each node serves its own retriever at $RETRIEVER_URLS (cluster_node_setup.sh)"
+        log "cluster job: each node serves its own retriever at $RETRIEVER_URLS (cluster_node_setup.sh); the driver checks all nodes serve one index"
+        return 0
+    fi
+    local busy
+    busy="$(retriever_health_fp "$RETRIEVER_URLS")"
+    if [[ -n "$busy" ]]; then
+        [[ "$R_INDEX_STATE" == "built" ]] || die "port $RETRIEVER_PORT already serves index $busy; the index for $R_CORPUS is not built yet: stop that service or set RETRIEVER_PORT"
+        local want
+        want="$("$PYTHON" -c 'import sys; from openrlhf_search.retriever_check import expected_fingerprint as f; print(f(sys.argv[1]))' "$R_INDEX_DIR")"
+        [[ "$busy" == "$want" ]] || die "port $RETRIEVER_PORT already serves index $busy, not $R_INDEX_DIR ($want): stop it or set RETRIEVER_PORT"
+        log "using the retriever already serving $R_INDEX_DIR on port $RETRIEVER_PORT"
         return 0
     fi
     mkdir -p "$OUTPUT_ROOT"
-    "${cmd[@]}" > "$OUTPUT_ROOT/retriever_${RETRIEVER_PORT}.log" 2>&1 &
+    local logfile="$OUTPUT_ROOT/retriever_${RETRIEVER_PORT}.log"
+    bash "$start_script" --port "$RETRIEVER_PORT" > "$logfile" 2>&1 &
     RETRIEVER_PID=$!
     trap 'kill "$RETRIEVER_PID" 2>/dev/null || true' EXIT
-    log "retriever starting (pid $RETRIEVER_PID, log $OUTPUT_ROOT/retriever_${RETRIEVER_PORT}.log)"
-    wait_for_retriever "$RETRIEVER_URLS" "${RETRIEVER_WAIT_S:-3600}"
+    log "retriever starting (pid $RETRIEVER_PID, log $logfile)"
+    wait_for_retriever "$RETRIEVER_URLS" "$RETRIEVER_PID" "$logfile" "${RETRIEVER_WAIT_S:-3600}" || exit 1
+    check_retriever_urls "$R_INDEX_DIR"
 }
 
 # Run (or submit, or dry-run) python -m openrlhf_search.cli.train with the given flags + the script's extra args.
@@ -116,11 +215,14 @@ launch() {
     local full=("$@" --search.retriever_urls "$RETRIEVER_URLS" "${EXTRA_ARGS[@]}")
     if [[ "$DRY_RUN" == "argv" ]]; then
         printf '%s\0' "${full[@]}"
+        # what the retriever of this launcher would be (read by openrlhf_search.parity.check)
+        printf '%s\0' "__retriever__" "encoder=${RETRIEVER_ENCODER:-}" "index_type=${RETRIEVER_INDEX_TYPE:-}" \
+            "corpus=${RETRIEVER_CORPUS:-}" "setting=${SETTING:-}"
         return 0
     fi
-    local submit=(ray job submit --address "$RAY_ADDRESS" --working-dir "$REPO_ROOT"
+    local submit=("$PYTHON" -m ray.scripts.scripts job submit --address "$RAY_ADDRESS" --working-dir "$REPO_ROOT"
                   --runtime-env-json '{"excludes": [".git", ".venv", "checkpoints", "data", "*.pt", "*.safetensors"]}'
-                  -- python3 -m openrlhf_search.cli.train)
+                  -- "${JOB_PYTHON:-$PYTHON}" -m openrlhf_search.cli.train)
     if [[ "$DRY_RUN" != "0" ]]; then
         if [[ "$SUBMIT" == "1" ]]; then
             log "dry run: would submit: ${submit[*]} ${full[*]}"

@@ -1,64 +1,117 @@
 #!/usr/bin/env bash
-# R1-Searcher (arXiv 2503.05592) two-stage RL from a base or instruct model, on OpenRLHF + our search agent.
+# R1-Searcher (arXiv 2503.05592) RL on OpenRLHF + our search agent.
 #
-#   bash examples/scripts/r1searcher.sh {qwen7b-base|llama8b-instruct} {1|2} [extra trainer flags]
+#   bash examples/scripts/r1searcher.sh {qwen7b-base|llama8b-instruct} {1|2|single} [extra trainer flags]
 #
-# Paper settings: REINFORCE++ with a group baseline (`reinforce_baseline`; ESTIMATOR=group_norm for the GRPO
-# variant), 16 rollouts per question, lr 2e-6, KL 1e-4 (0 for Qwen-2.5-7B-Base), top-k 3 passages, up to 8
-# retrievals (max_turns 9 = 8 retrievals + the answering turn). Stage 1 rewards retrieval + format
-# (r1searcher_stage1), stage 2 answer F1 + format (r1searcher_stage2) and starts from the stage-1 checkpoint
-# (STAGE1_CKPT), as in the paper. Single-run alternative: add
-#   --search.stage2_reward_scheme r1searcher_stage2 --search.stage2_start_step N
-# to a stage-1 run. Data (prompt/label jsonl) from python -m openrlhf_search.cli.prepare_data, e.g.
+# Settings (SETTING=released|paper; docs/parity.md lists every value with its source file:line):
+#   released  the released scripts of RUCAIBox/R1-Searcher with the values their rollout loop hard-codes:
+#             qwen7b-base single  = scripts/qwen_reinforce_plus_train.sh: ONE run from the base model on the
+#                                   stage-2 reward (train/reward_server_qwen_zero.py), reinforce_baseline,
+#                                   64 prompts x 16 samples per step, updates of 256, KL 0;
+#             llama8b-instruct 1  = scripts/llama_reinforce_plus_train_stage1.sh: group_norm, 15 prompts x 16,
+#                                   updates of 60, KL 1e-4 (k1 in the reward), released stage-1 reward
+#                                   (r1searcher_released_llama_stage1: +-1 Cover-EM, +0.5 retrieval, +0.5 format);
+#             llama8b-instruct 2  = scripts/llama_reinforce_plus_train_stage2.sh: reinforce_baseline, 65 x 16,
+#                                   updates of 260, from the stage-1 checkpoint (STAGE1_CKPT), released stage-2 reward
+#                                   (r1searcher_released_llama_stage2: F1, -1 format).
+#             All: lr 2e-6 constant (cosine to 10% over 10,000 episodes, no warm-up: flat for any real run; they
+#             stop by hand, so no step cap unless you pass --train.max_steps), AdamW betas (0.9, 0.95), no weight
+#             decay, clip 0.2, loss averaged per sequence then over sequences, temperature 1 and top_p 0.95,
+#             512 tokens per generation call, no stop at </answer> (only at <|end_of_query|>), top-3, at most
+#             8 retrievals (9 calls), context 1,024 + 29,000.
+#   paper     the paper's recipe where it differs: two stages for both models (stage 1 reward = 0.5 retrieval +
+#             0.5 format, stage 2 = answer F1 with a -2 format penalty), REINFORCE++ (reinforce_baseline) in both
+#             stages; every other value as released. qwen7b-base stages 1 and 2 exist only in this setting (the
+#             released Qwen recipe is the single run).
+# Data (prompt/label jsonl from python -m openrlhf_search.cli.prepare_data with the policy's tokenizer, e.g.
 #   python -m openrlhf_search.cli.prepare_data --input ../shared/data/qa/r1searcher/stage_1.jsonl \
-#       --protocol r1searcher --bucket --mix 0:2:1.5 --out data/r1searcher_stage1.jsonl
-# Not from the paper (our choices, change freely): batch sizes, max length 8192, 500 tokens per turn and per
-# documents block, eval every 20 steps.
+#       --protocol r1searcher --tokenizer meta-llama/Llama-3.1-8B-Instruct --bucket --mix 0:2:1.5 \
+#       --out data/r1searcher_stage1_llama8b-instruct.jsonl
+# ): TRAIN_DATA default $DATA_DIR/r1searcher_<stage>_<model>.jsonl (base and chat renderings differ), EVAL_DATA
+# default $DATA_DIR/r1searcher_eval_<model>.jsonl. Retriever: bge-large-en-v1.5 Flat; training corpus = the
+# HotpotQA 2017 abstracts (train/wiki_corpus_load.py); RETRIEVER_CORPUS is required (no default) or RETRIEVER_URLS.
+# Not from the released scripts (ours): eval every 20 steps on EVAL_DATA, layout (common.sh).
 
-USAGE="usage: r1searcher.sh qwen7b-base|llama8b-instruct 1|2 [flags]"
+USAGE="usage: r1searcher.sh qwen7b-base|llama8b-instruct 1|2|single [flags]"
 MODEL_KEY="${1:?$USAGE}"
 STAGE="${2:?$USAGE}"
 shift 2
+ESTIMATOR_ENV="${ESTIMATOR:-}"  # ESTIMATOR=... overrides the setting's estimator
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-case "$MODEL_KEY" in
-    qwen7b-base) BASE_MODEL="${BASE_MODEL:-Qwen/Qwen2.5-7B}"; KL=0; CHAT=false ;;
-    llama8b-instruct) BASE_MODEL="${BASE_MODEL:-meta-llama/Llama-3.1-8B-Instruct}"; KL=1e-4; CHAT=true ;;
-    *) log "unknown model $MODEL_KEY"; exit 2 ;;
+case "$MODEL_KEY/$STAGE" in
+    qwen7b-base/single) DEFAULT_SETTING=released ;;
+    qwen7b-base/1|qwen7b-base/2) DEFAULT_SETTING=paper ;;
+    llama8b-instruct/1|llama8b-instruct/2) DEFAULT_SETTING=released ;;
+    */1|*/2|*/single) log "unknown model $MODEL_KEY"; exit 2 ;;
+    *) log "stage must be 1, 2 or single (qwen7b-base)"; exit 2 ;;
 esac
-case "$STAGE" in
-    1) MODEL="$BASE_MODEL"; SCHEME=r1searcher_stage1 ;;
-    2) MODEL="${STAGE1_CKPT:-$OUTPUT_ROOT/r1searcher_${MODEL_KEY}_stage1}"; SCHEME=r1searcher_stage2 ;;
-    *) log "stage must be 1 or 2"; exit 2 ;;
+SETTING="${SETTING:-$DEFAULT_SETTING}"
+case "$MODEL_KEY/$STAGE/$SETTING" in
+    qwen7b-base/single/released|qwen7b-base/[12]/paper|llama8b-instruct/[12]/released|llama8b-instruct/[12]/paper) ;;
+    qwen7b-base/single/paper) die "the paper's Qwen recipe has two stages: use r1searcher_qwen7b_base_stage{1,2}.sh" ;;
+    qwen7b-base/[12]/released) die "the released Qwen recipe is one run: use r1searcher_qwen7b_base_single.sh" ;;
+    *) die "SETTING must be released or paper, got $SETTING" ;;
 esac
-RUN="r1searcher_${MODEL_KEY}_stage${STAGE}"
-# R1-Searcher's retriever: BGE-large-en-v1.5 over KILT's 2019 Wikipedia in 100-word passages
-# (RETRIEVER_SOURCE=kilt_knowledgesource.json, see start_retriever.sh).
-export RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-bge-large-en-v1.5}"
-ESTIMATOR="${ESTIMATOR:-reinforce_baseline}"
 
+case "$MODEL_KEY" in
+    qwen7b-base)  # scripts/qwen_reinforce_plus_train.sh
+        BASE_MODEL="${BASE_MODEL:-Qwen/Qwen2.5-7B}"; CHAT=false; KL=0.0
+        ROLLOUT_BS=64; TRAIN_BS=256; ESTIMATOR=reinforce_baseline; SAVE_STEPS=20; MAX_CKPT=3 ;;
+    llama8b-instruct)
+        BASE_MODEL="${BASE_MODEL:-meta-llama/Llama-3.1-8B-Instruct}"; CHAT=true; KL=1e-4
+        if [[ "$STAGE" == "1" ]]; then  # scripts/llama_reinforce_plus_train_stage1.sh
+            ROLLOUT_BS=15; TRAIN_BS=60; ESTIMATOR=group_norm; SAVE_STEPS=10; MAX_CKPT=2
+        else                             # scripts/llama_reinforce_plus_train_stage2.sh
+            ROLLOUT_BS=65; TRAIN_BS=260; ESTIMATOR=reinforce_baseline; SAVE_STEPS=20; MAX_CKPT=4
+        fi ;;
+esac
+STAGE1_FROM=""
+case "$STAGE" in
+    single) MODEL="${MODEL:-$BASE_MODEL}"; SCHEME=r1searcher_released_stage2 ;;
+    1) MODEL="${MODEL:-$BASE_MODEL}"; SCHEME=r1searcher_released_llama_stage1 ;;
+    2) STAGE1_FROM="${STAGE1_CKPT:-$OUTPUT_ROOT/r1searcher_${MODEL_KEY}_stage1}"; MODEL="$STAGE1_FROM"
+       SCHEME=r1searcher_released_llama_stage2 ;;
+esac
+if [[ "$SETTING" == "paper" ]]; then
+    ESTIMATOR=reinforce_baseline
+    [[ "$STAGE" == "1" ]] && SCHEME=r1searcher_stage1 || SCHEME=r1searcher_stage2
+fi
+ESTIMATOR="${ESTIMATOR_ENV:-$ESTIMATOR}"
+RUN="r1searcher_${MODEL_KEY}_stage${STAGE}"
+[[ "$STAGE" == "single" ]] && RUN="r1searcher_${MODEL_KEY}_single"
+TRAIN_DATA_FILE="${TRAIN_DATA:-$DATA_DIR/r1searcher_$([[ "$STAGE" == "single" ]] && echo stage2 || echo "stage$STAGE")_${MODEL_KEY}.jsonl}"
+EVAL_DATA_FILE="${EVAL_DATA:-$DATA_DIR/r1searcher_eval_${MODEL_KEY}.jsonl}"
+# R1-Searcher's retriever: BGE-large-en-v1.5, Flat inner product (train/wiki_corpus_load.py,
+# wiki_corpus_index_bulid/build_corpus_index.py).
+export RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-bge-large-en-v1.5}" RETRIEVER_INDEX_TYPE="${RETRIEVER_INDEX_TYPE:-flat}"
+
+check_inputs
 layout_args
 start_retrievers
+log "setting: $SETTING | model: $MODEL | data: $TRAIN_DATA_FILE ($([[ $CHAT == true ]] && echo "chat-rendered with $BASE_MODEL's template" || echo "base prompt")) | eval: $EVAL_DATA_FILE"
 launch \
     "${LAYOUT_ARGS[@]}" \
     --actor.model_name_or_path "$MODEL" \
-    --data.prompt_dataset "${TRAIN_DATA:-$DATA_DIR/r1searcher_stage${STAGE}.jsonl}" \
-    --data.input_key prompt --data.label_key label \
-    --eval.dataset "${EVAL_DATA:-$DATA_DIR/r1searcher_eval.jsonl}" --eval.steps 20 \
+    --data.prompt_dataset "$TRAIN_DATA_FILE" \
+    --data.input_key prompt --data.label_key label --data.max_samples 100000 \
+    --eval.dataset "$EVAL_DATA_FILE" --eval.steps 20 \
     --eval.n_samples_per_prompt 1 --eval.temperature 0.0 --search.eval_reward_scheme r1searcher_stage2 \
     --algo.advantage.estimator "$ESTIMATOR" \
     --rollout.n_samples_per_prompt 16 \
-    --rollout.batch_size 64 --train.batch_size 256 \
+    --rollout.batch_size "$ROLLOUT_BS" --train.batch_size "$TRAIN_BS" \
     --rollout.micro_batch_size 4 --train.micro_batch_size 1 \
-    --rollout.temperature 1.0 --rollout.top_p 1.0 \
-    --actor.adam.lr 2e-6 \
-    --algo.kl.init_coef "$KL" \
-    --data.max_len 8192 --rollout.max_new_tokens 500 \
-    --train.num_episodes 1 --train.max_epochs 1 \
+    --rollout.temperature 1.0 --rollout.top_p 0.95 \
+    --actor.adam.lr 2e-6 --actor.lr_scheduler cosine_with_min_lr --actor.lr_warmup_ratio 0.0 --actor.min_lr_ratio 0.1 \
+    --actor.adam.betas 0.9 0.95 --actor.adam.weight_decay 0.0 --actor.eps_clip 0.2 \
+    --actor.loss_agg_mode seq-mean-token-mean \
+    --algo.kl.init_coef "$KL" --algo.kl.estimator k1 \
+    --data.max_len 30024 \
+    --train.num_episodes 10000 --train.max_epochs 1 \
     --search.protocol r1searcher --search.chat_template "$CHAT" \
     --search.reward_scheme "$SCHEME" \
-    --search.topk 3 --search.max_turns 9 \
-    --search.max_new_tokens_per_turn 500 --search.max_obs_tokens 500 \
-    --ckpt.output_dir "$OUTPUT_ROOT/$RUN" --ckpt.path "$OUTPUT_ROOT/$RUN/ckpt" --ckpt.save_steps 20 \
-    --ckpt.save_hf \
+    --search.topk 3 --search.max_turns 9 --search.stop_at_answer false \
+    --search.max_new_tokens_per_turn 512 --search.max_obs_tokens 500 \
+    --ckpt.output_dir "$OUTPUT_ROOT/$RUN" --ckpt.path "$OUTPUT_ROOT/$RUN/ckpt" --ckpt.save_steps "$SAVE_STEPS" \
+    --ckpt.max_num "$MAX_CKPT" --ckpt.save_hf \
     --logger.tensorboard_dir "$OUTPUT_ROOT/$RUN/tensorboard"

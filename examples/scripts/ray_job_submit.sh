@@ -9,6 +9,10 @@
 # uploads this checkout as its working dir; the driver (python -m openrlhf_search.cli.train) adds the search config
 # to the job's runtime env, so every rollout actor on every node gets it and queries the retriever of its own node
 # at http://127.0.0.1:$RETRIEVER_PORT. Set the layout of the cluster with NNODES and GPUS_PER_NODE.
+# Ray's CLI is run as "$PYTHON -m ray.scripts.scripts" (the project's Ray, not whatever `ray` is on PATH); the job's
+# driver runs "$JOB_PYTHON -m openrlhf_search.cli.train" (default: the same interpreter path, i.e. the checkout's
+# .venv at the same path on the head node). Before train() the driver checks, on every GPU node, that the node's
+# retriever answers and that all serve one index; otherwise the job exits 1 without training.
 set -euo pipefail
 SCRIPT="${1:?usage: ray_job_submit.sh TRAINING_SCRIPT [trainer flags]}"
 shift

@@ -3,12 +3,23 @@
 #
 #   bash examples/scripts/searchr1.sh {ppo|grpo} {qwen2.5-3b|qwen2.5-7b} {base|instruct} [extra trainer flags]
 #
-# Paper settings (sec. 4 / appendix): actor lr 1e-6, critic lr 1e-5, 512 prompts per batch, mini-batch 256
-# (prompts; x5 samples for GRPO), KL 0.001 as a loss (low-variance k3), clip 0.2, GAE gamma = lambda = 1,
-# GRPO group 5, max length 4096, 500 new tokens per turn, 500 tokens per retrieved block, top-k 3, max_turns 4
-# searches (+1 answering turn = 5 model turns), EM reward, NQ + HotpotQA training data. Data from
-#   python -m openrlhf_search.cli.prepare_data --input ../shared/data/qa/searchr1/nq_hotpotqa_train_sample.jsonl \
-#       --protocol searchr1 --out data/searchr1_train.jsonl
+# Setting: SETTING=released (default) reproduces the paper's run as released, scripts/nq_hotpotqa/v0.2/
+# train_{ppo,grpo}.sh of PeterGriffinJin/Search-R1 (its docs/experiment_log.md names v0.2 as the paper's) with the
+# defaults of verl/trainer/config/ppo_trainer.yaml. SETTING=paper is accepted and identical: every value the paper
+# states agrees with those scripts. docs/parity.md lists each value, its source file:line and ours.
+#   actor lr 1e-6, constant after a linear warm-up over 28.5% of the steps (critic 1e-5, 1.5%); 1,005 steps
+#   (--train.max_steps, openrlhf_search/schedules.py); 512 prompts per step; updates of 256 samples
+#   (PPO 2 per step, GRPO 512 x 5 / 256 = 10); AdamW betas (0.9, 0.999), weight decay 0.01; entropy bonus 0.001;
+#   PPO: GAE gamma = lambda = 1, KL 0.001 as a k1 penalty in the reward; GRPO: group 5, KL 0.001 as a k3 loss,
+#   top_p 0.95 (yaml default; PPO sets 1.0); clip 0.2; 4096 tokens of context, 500 per turn, 500 per retrieved
+#   block, top-3, 4 searches + the answering turn; EM reward; eval before training and every 100 steps,
+#   checkpoint every 100 steps.
+# Data: prompts rendered with the policy's own chat template, base models included (Search-R1's rl_dataset.py), so
+# base and instruct files differ; build them with prepare_data and the policy's tokenizer, e.g.
+#   python -m openrlhf_search.cli.prepare_data --input nq_hotpotqa_train.jsonl --protocol searchr1 \
+#       --tokenizer Qwen/Qwen2.5-7B --out data/searchr1_train_qwen2.5_base.jsonl
+# (defaults: TRAIN_DATA=$DATA_DIR/searchr1_train_qwen2.5_<variant>.jsonl, EVAL_DATA=..._eval_...). Retriever:
+# e5-base-v2 Flat over wiki-18: RETRIEVER_CORPUS=wiki-18.jsonl (required; no default) or RETRIEVER_URLS.
 
 USAGE="usage: searchr1.sh ppo|grpo qwen2.5-3b|qwen2.5-7b base|instruct [flags]"
 ALGO="${1:?$USAGE}"
@@ -17,45 +28,58 @@ VARIANT="${3:?$USAGE}"
 shift 3
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
+SETTING="${SETTING:-released}"
+case "$SETTING" in
+    released|paper) ;;  # identical for Search-R1 (docs/parity.md)
+    *) die "SETTING must be released or paper, got $SETTING" ;;
+esac
 case "$SIZE" in
     qwen2.5-3b) HF=Qwen/Qwen2.5-3B ;;
     qwen2.5-7b) HF=Qwen/Qwen2.5-7B ;;
     *) log "unknown model size $SIZE"; exit 2 ;;
 esac
 case "$VARIANT" in
-    base) MODEL="${MODEL:-$HF}"; CHAT=false ;;
-    instruct) MODEL="${MODEL:-$HF-Instruct}"; CHAT=true ;;
+    base) MODEL="${MODEL:-$HF}" ;;
+    instruct) MODEL="${MODEL:-$HF-Instruct}" ;;
     *) log "variant must be base or instruct"; exit 2 ;;
 esac
 case "$ALGO" in
     ppo) ALGO_ARGS=(--algo.advantage.estimator gae --algo.advantage.gamma 1.0 --algo.advantage.lambd 1.0
-                    --critic.adam.lr 1e-5 --rollout.n_samples_per_prompt 1 --train.batch_size 256) ;;
-    grpo) ALGO_ARGS=(--algo.advantage.estimator group_norm --rollout.n_samples_per_prompt 5
-                     --train.batch_size 1280) ;;
+                    --rollout.n_samples_per_prompt 1 --rollout.top_p 1.0
+                    --algo.kl.init_coef 0.001 --algo.kl.estimator k1
+                    --critic.adam.lr 1e-5 --critic.lr_scheduler constant_with_warmup --critic.lr_warmup_ratio 0.015
+                    --critic.adam.betas 0.9 0.999 --critic.adam.weight_decay 0.01 --critic.value_clip 0.5) ;;
+    grpo) ALGO_ARGS=(--algo.advantage.estimator group_norm --rollout.n_samples_per_prompt 5 --rollout.top_p 0.95
+                     --algo.kl.init_coef 0.001 --algo.kl.use_loss --algo.kl.estimator k3) ;;
     *) log "algorithm must be ppo or grpo"; exit 2 ;;
 esac
 RUN="searchr1_${ALGO}_${SIZE}_${VARIANT}"
-# Search-R1's retriever: e5-base-v2, flat inner-product index over wiki-18 (RETRIEVER_CORPUS=wiki-18.jsonl).
+TRAIN_DATA_FILE="${TRAIN_DATA:-$DATA_DIR/searchr1_train_qwen2.5_${VARIANT}.jsonl}"
+EVAL_DATA_FILE="${EVAL_DATA:-$DATA_DIR/searchr1_eval_qwen2.5_${VARIANT}.jsonl}"
+# Search-R1's retriever: e5-base-v2, flat inner-product index over wiki-18 (retrieval_launch.sh).
 export RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-e5-base-v2}" RETRIEVER_INDEX_TYPE="${RETRIEVER_INDEX_TYPE:-flat}"
 
+check_inputs
 layout_args
 start_retrievers
+log "setting: $SETTING | model: $MODEL | data: $TRAIN_DATA_FILE (prompts rendered with $MODEL's chat template) | eval: $EVAL_DATA_FILE"
 launch \
     "${LAYOUT_ARGS[@]}" \
     "${ALGO_ARGS[@]}" \
     --actor.model_name_or_path "$MODEL" \
-    --data.prompt_dataset "${TRAIN_DATA:-$DATA_DIR/searchr1_train.jsonl}" \
+    --data.prompt_dataset "$TRAIN_DATA_FILE" \
     --data.input_key prompt --data.label_key label \
-    --eval.dataset "${EVAL_DATA:-$DATA_DIR/searchr1_eval.jsonl}" --eval.steps 50 \
+    --eval.dataset "$EVAL_DATA_FILE" --eval.steps 100 --eval.before_training \
     --eval.n_samples_per_prompt 1 --eval.temperature 0.0 \
-    --rollout.batch_size 512 \
+    --rollout.batch_size 512 --train.batch_size 256 \
     --rollout.micro_batch_size 8 --train.micro_batch_size 2 \
-    --rollout.temperature 1.0 --rollout.top_p 1.0 \
-    --actor.adam.lr 1e-6 --actor.eps_clip 0.2 \
-    --algo.kl.init_coef 0.001 --algo.kl.use_loss --algo.kl.estimator k3 \
+    --rollout.temperature 1.0 \
+    --actor.adam.lr 1e-6 --actor.lr_scheduler constant_with_warmup --actor.lr_warmup_ratio 0.285 \
+    --actor.adam.betas 0.9 0.999 --actor.adam.weight_decay 0.01 \
+    --actor.eps_clip 0.2 --actor.entropy_coef 0.001 --actor.loss_agg_mode token-mean \
     --data.max_len 4096 --rollout.max_new_tokens 500 \
-    --train.num_episodes 1 --train.max_epochs 1 \
-    --search.protocol searchr1 --search.chat_template "$CHAT" \
+    --train.max_steps 1005 --train.num_episodes 15 --train.max_epochs 1 \
+    --search.protocol searchr1 --search.chat_template true \
     --search.reward_scheme searchr1_em \
     --search.topk 3 --search.max_turns 5 \
     --search.max_new_tokens_per_turn 500 --search.max_obs_tokens 500 \

@@ -1,3 +1,4 @@
 #!/usr/bin/env bash
-# Search-R1 PPO, Qwen2.5-7B instruct (paper settings; see searchr1.sh). DRY_RUN=1 or --dry_run validates only.
+# Search-R1 PPO, Qwen2.5-7b instruct. Setting: released (SETTING=paper is identical; see searchr1.sh and
+# docs/parity.md). DRY_RUN=1 or --dry_run validates only.
 exec bash "$(dirname "$0")/searchr1.sh" ppo qwen2.5-7b instruct "$@"

@@ -4,12 +4,16 @@
 # Usage:
 #   examples/scripts/start_retriever.sh [--source DUMP.jsonl] [--corpus CORPUS.jsonl] [--index_dir DIR]
 #       [--encoder bm25|e5-base-v2|bge-large-en-v1.5|minilm|PATH] [--index_type bm25|flat|hnsw|ivfpq]
-#       [--host 127.0.0.1] [--port 8000] [--limit N] [-- extra server flags]
+#       [--host 127.0.0.1] [--port 8000] [--limit N] [--print_config] [-- extra server flags]
+#
+# --print_config prints what would be served (corpus=, index_dir=, index_state=built|to_build, encoder=,
+# index_type=, url=, one per line) after checking that the corpus (or its source) exists, and exits.
 #
 # Every flag has an environment variable (flags win):
 #   RETRIEVER_SOURCE      raw dump (KILT pages / wiki-18 / {id,title,text}); when given and CORPUS is missing,
 #                         python -m retriever.prepare_corpus writes CORPUS from it (KILT -> 100-word passages)
-#   RETRIEVER_CORPUS      passage jsonl ({id,contents} or {id,title,text}); default: the shared HotpotQA paragraphs
+#   RETRIEVER_CORPUS      passage jsonl ({id,contents} or {id,title,text}); required unless --index_dir names a
+#                         built index (no default: a corpus taken from eval data would leak the answers)
 #   RETRIEVER_ENCODER     default bm25 (CPU-friendly); the Search-R1 setup is e5-base-v2 with flat (GPU advised)
 #   RETRIEVER_INDEX_TYPE  default: bm25 for the bm25 encoder, else flat
 #   RETRIEVER_INDEX_DIR   default: runs/retriever/<corpus name>_<encoder>_<index type>
@@ -29,13 +33,14 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 
 SOURCE="${RETRIEVER_SOURCE:-}"
-CORPUS="${RETRIEVER_CORPUS:-$ROOT/../shared/data/wiki/hotpotqa_dev500_paragraphs.jsonl}"
+CORPUS="${RETRIEVER_CORPUS:-}"
 ENCODER="${RETRIEVER_ENCODER:-bm25}"
 INDEX_TYPE="${RETRIEVER_INDEX_TYPE:-}"
 INDEX_DIR="${RETRIEVER_INDEX_DIR:-}"
 HOST="${RETRIEVER_HOST:-127.0.0.1}"
 PORT="${RETRIEVER_PORT:-8000}"
 LIMIT="${RETRIEVER_LIMIT:-}"
+PRINT_CONFIG=0
 EXTRA=()
 
 while [[ $# -gt 0 ]]; do
@@ -48,7 +53,8 @@ while [[ $# -gt 0 ]]; do
     --host) HOST="$2"; shift 2 ;;
     --port) PORT="$2"; shift 2 ;;
     --limit) LIMIT="$2"; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    --print_config) PRINT_CONFIG=1; shift ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "start_retriever.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -60,7 +66,23 @@ fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 [[ -z "$INDEX_TYPE" ]] && { [[ "$ENCODER" == "bm25" ]] && INDEX_TYPE=bm25 || INDEX_TYPE=flat; }
 
-if [[ ! -f "$CORPUS" ]]; then
+if [[ -z "$CORPUS" ]]; then
+  if [[ -n "$INDEX_DIR" && -f "$INDEX_DIR/manifest.json" ]]; then  # a built index: its manifest names the corpus
+    CORPUS="$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1])).get("corpus_path", ""))' \
+      "$INDEX_DIR/manifest.json")"
+  else
+    echo "start_retriever.sh: no corpus: give --corpus (RETRIEVER_CORPUS) or --index_dir of a built index" >&2
+    exit 2
+  fi
+elif [[ ! -f "$CORPUS" && "$PRINT_CONFIG" == "1" && ! ( -n "$INDEX_DIR" && -f "$INDEX_DIR/manifest.json" ) ]]; then
+  if [[ -z "$SOURCE" ]]; then
+    echo "start_retriever.sh: corpus $CORPUS not found (give --corpus, or --source to prepare it)" >&2
+    exit 2
+  elif [[ ! -f "$SOURCE" ]]; then
+    echo "start_retriever.sh: corpus $CORPUS not found and its source $SOURCE not found either" >&2
+    exit 2
+  fi
+elif [[ ! -f "$CORPUS" && ! ( -n "$INDEX_DIR" && -f "$INDEX_DIR/manifest.json" ) ]]; then
   if [[ -n "$SOURCE" ]]; then
     echo "[start_retriever] preparing $CORPUS from $SOURCE"
     "$PYTHON" -m retriever.prepare_corpus --input "$SOURCE" --output "$CORPUS"
@@ -73,6 +95,14 @@ fi
 if [[ -z "$INDEX_DIR" ]]; then
   name="$(basename "$CORPUS" .jsonl)_$(basename "$ENCODER")_${INDEX_TYPE}${LIMIT:+_$LIMIT}"
   INDEX_DIR="$ROOT/runs/retriever/$name"
+fi
+
+if [[ "$PRINT_CONFIG" == "1" ]]; then
+  state=to_build
+  [[ -f "$INDEX_DIR/manifest.json" ]] && state=built
+  printf 'corpus=%s\nindex_dir=%s\nindex_state=%s\nencoder=%s\nindex_type=%s\nurl=http://%s:%s\n' \
+    "$CORPUS" "$INDEX_DIR" "$state" "$ENCODER" "$INDEX_TYPE" "$HOST" "$PORT"
+  exit 0
 fi
 
 if [[ ! -f "$INDEX_DIR/manifest.json" ]]; then

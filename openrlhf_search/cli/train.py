@@ -22,7 +22,11 @@ config, reward schedule, runtime env) as JSON and exits 0 without Ray or a GPU.
 Search options (``--search.<field>`` for every :class:`SearchConfig` field; unset ones keep its defaults):
 ``--search.retriever_urls`` takes comma-separated URLs, ``--search.chat_template`` true/false/auto. Schedule and
 safety options: ``--search.stage2_reward_scheme``, ``--search.stage2_start_step`` (-1: one stage),
-``--search.eval_reward_scheme``, ``--search.max_failed_fraction`` (default 0.5).
+``--search.eval_reward_scheme``, ``--search.max_failed_fraction`` (default 0.5). Retriever check:
+``--search.check_retrievers`` (default true: before ``train()``, every GPU node must reach every URL and all must
+serve one index, ``openrlhf_search.retriever_check``), ``--search.retriever_fingerprint`` (the index they must
+serve). Training length: ``--train.max_steps`` (``openrlhf_search.schedules``: stop after N steps and size the LR
+schedule to them); the trainer class injected is ``SearchPPOTrainer``'s class with that step cap.
 """
 
 import argparse
@@ -38,12 +42,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 from openrlhf_search.config import ENV_VAR, ConfigError, SearchConfig
+from openrlhf_search.schedules import add_schedule_arguments, resolved_schedule, validate_schedule_args
 
 OPENRLHF_TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(PACKAGE_DIR)
 DEFAULT_AGENT_PATH = os.path.join(PACKAGE_DIR, "agent.py")
-SCHEDULE_OPTIONS = ("stage2_reward_scheme", "stage2_start_step", "eval_reward_scheme", "max_failed_fraction")
+SCHEDULE_OPTIONS = ("stage2_reward_scheme", "stage2_start_step", "eval_reward_scheme", "max_failed_fraction",
+                    "check_retrievers", "retriever_fingerprint")
 
 
 class _OpenRLHFMain:
@@ -180,6 +186,12 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                        help="reward scheme of eval rollouts; default: the training scheme of that step")
     group.add_argument("--search.max_failed_fraction", type=float, default=0.5,
                        help="stop when more than this fraction of a batch had a failed retrieval")
+    group.add_argument("--search.check_retrievers", type=_parse_bool_or_auto, default=True,
+                       help="before training, check on every GPU node that all retriever URLs answer /health "
+                            "and serve one index (openrlhf_search.retriever_check); default true")
+    group.add_argument("--search.retriever_fingerprint", type=str, default=None,
+                       help="index fingerprint the retrievers must serve (GET /health 'fingerprint')")
+    add_schedule_arguments(parser)  # --train.max_steps (openrlhf_search.schedules)
     parser.add_argument("--dry_run", action="store_true", default=False,
                         help="parse and validate every flag, print the resolved config as JSON, exit 0")
     parser.set_defaults(**{"train.agent_func_path": DEFAULT_AGENT_PATH})
@@ -214,6 +226,10 @@ def validate_search(args, cfg: SearchConfig) -> None:
         raise ConfigError(f"--search.max_failed_fraction must be in [0, 1], got {args.search.max_failed_fraction}")
     if not os.path.isfile(args.train.agent_func_path):
         raise ConfigError(f"--train.agent_func_path {args.train.agent_func_path!r} is not a file")
+    try:
+        validate_schedule_args(args)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     if args.train.async_enable:
         raise ConfigError("--train.async_enable is not supported: OpenRLHF's async trainer bypasses the search "
                           "experience maker (masked GAE, failure handling)")
@@ -311,6 +327,7 @@ def resolved_config(args, cfg: SearchConfig) -> Dict[str, Any]:
         "openrlhf_args": _to_jsonable(args),
         "search_config": dataclasses.asdict(cfg),
         "reward_schedule": dataclasses.asdict(RewardSchedule.from_args(args)),
+        "lr_schedule": resolved_schedule(args),
         "runtime_env": build_runtime_env(cfg),
         "classes": {"trainer": "openrlhf_search.trainer.SearchPPOTrainer",
                     "experience_maker": "openrlhf_search.experience_maker.SearchExperienceMaker",
@@ -322,25 +339,56 @@ def inject_classes() -> Dict[str, Any]:
     """Put our classes where OpenRLHF's ``train()`` looks them up; returns what was replaced (for restoring)."""
     import openrlhf.trainer.ppo_trainer as ppo_trainer
 
-    from openrlhf_search.trainer import SearchCriticModelActor, SearchPolicyModelActor, SearchPPOTrainer
+    from openrlhf_search.trainer import SearchCriticModelActor, SearchPolicyModelActor
 
     module = openrlhf_main().module
     saved = {"PPOTrainer": ppo_trainer.PPOTrainer, "PolicyModelActor": module.PolicyModelActor,
              "CriticModelActor": module.CriticModelActor}
-    ppo_trainer.PPOTrainer = SearchPPOTrainer
+    ppo_trainer.PPOTrainer = scheduled_trainer_class()
     module.PolicyModelActor = SearchPolicyModelActor
     module.CriticModelActor = SearchCriticModelActor
     return saved
 
 
+_SCHEDULED_TRAINER = None
+
+
+def scheduled_trainer_class():
+    """``SearchPPOTrainer`` with the step cap of :mod:`openrlhf_search.schedules` (a Ray actor class, built once).
+
+    ``openrlhf_search.trainer`` stays as it is: the cap is a mixin composed here."""
+    global _SCHEDULED_TRAINER
+    if _SCHEDULED_TRAINER is None:
+        import ray
+
+        from openrlhf_search.schedules import with_step_cap
+        from openrlhf_search.trainer import _SearchPPOTrainer
+
+        _SCHEDULED_TRAINER = ray.remote(with_step_cap(_SearchPPOTrainer))
+    return _SCHEDULED_TRAINER
+
+
+def check_retrievers_before_training(args, cfg: SearchConfig) -> Optional[str]:
+    """Every GPU node reaches every retriever URL and all serve one index; returns its fingerprint.
+
+    Skipped (None) with ``--search.check_retrievers false``. Raises ``RetrieverCheckError`` (one line)."""
+    if args.search.check_retrievers is False:
+        return None
+    from openrlhf_search.retriever_check import check_on_ray_nodes
+
+    return check_on_ray_nodes(cfg.retriever_urls, args.search.retriever_fingerprint)
+
+
 def run(args, cfg: SearchConfig) -> None:
-    """Start Ray with the search runtime env (unless already started), inject our classes, call OpenRLHF's train."""
+    """Start Ray with the search runtime env (unless already started), check the retrievers on every node, inject
+    our classes, call OpenRLHF's train."""
     import ray
 
     os.environ[ENV_VAR] = cfg.to_json()  # the driver-side trainer code reads it too
     inject_classes()
     if not ray.is_initialized():
         ray.init(runtime_env=build_runtime_env(cfg))
+    check_retrievers_before_training(args, cfg)
     openrlhf_main().module.train(args)
 
 
@@ -359,7 +407,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if resolved is not None:
         print(json.dumps(resolved, indent=2, sort_keys=True, default=str), file=stdout)
         return 0
-    run(args, cfg)
+    from openrlhf_search.retriever_check import RetrieverCheckError
+
+    try:
+        run(args, cfg)
+    except RetrieverCheckError as e:
+        print(f"error: {e} (the job does not start)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,0 +1,162 @@
+"""Before a training job starts: every retriever URL answers ``GET /health`` and serves the same index.
+
+``GET /health`` of ``retriever.server`` reports the index's ``fingerprint`` (``retriever.index.manifest_fingerprint``:
+a hash of encoder, index type, passage count, build parameters and corpus file name). A job whose rollout actors
+query two different indexes, or an index other than the one the launcher meant (a stale service left on the port),
+would train on mixed or wrong evidence without any error; this module refuses to start it.
+
+    python -m openrlhf_search.retriever_check --urls http://127.0.0.1:8000,http://10.0.0.2:8000 \
+        [--index_dir DIR | --fingerprint HEX] [--timeout 5]
+
+exits 0 and prints the common fingerprint, or exits 1 with one line naming the URL and what is wrong.
+"""
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from typing import Dict, List, Optional
+
+from openrlhf_search.config import _is_http_url
+
+
+class RetrieverCheckError(RuntimeError):
+    """A retriever URL is down, is not our retriever service, or serves another index; the message is one line."""
+
+
+def fetch_health(url: str, timeout: float = 5.0) -> Dict:
+    """``GET url/health`` as JSON.
+
+    Raises:
+        RetrieverCheckError: no answer, an HTTP error, a body that is not a JSON object, or no ``fingerprint``.
+    """
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as r:
+            body = json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise RetrieverCheckError(f"retriever {url}: /health did not answer ({e})") from e
+    if not isinstance(body, dict):
+        raise RetrieverCheckError(f"retriever {url}: /health is not a JSON object")
+    if not body.get("fingerprint"):
+        raise RetrieverCheckError(f"retriever {url}: /health names no index fingerprint (not retriever.server, "
+                                  "or one older than the fingerprint field)")
+    return body
+
+
+def expected_fingerprint(index_dir: str) -> str:
+    """Fingerprint of the index in ``index_dir`` (its ``manifest.json``).
+
+    Raises:
+        RetrieverCheckError: no readable manifest there.
+    """
+    from retriever.index import MANIFEST, manifest_fingerprint
+
+    path = os.path.join(index_dir, MANIFEST)
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise RetrieverCheckError(f"index {index_dir}: no readable {MANIFEST} ({e})") from e
+    if not isinstance(manifest, dict):
+        raise RetrieverCheckError(f"index {index_dir}: {MANIFEST} is not a JSON object")
+    return manifest_fingerprint(manifest)
+
+
+def _describe(h: Dict) -> str:
+    return (f"{h.get('fingerprint')} ({h.get('encoder')} {h.get('index_type')}, {h.get('count')} passages of "
+            f"{os.path.basename(str(h.get('corpus_path') or '?'))})")
+
+
+def check_retrievers(urls: List[str], expected: Optional[str] = None, timeout: float = 5.0) -> str:
+    """Check that every URL is healthy and all serve one index (``expected`` when given).
+
+    Args:
+        urls: retriever base URLs (``http://host:port``).
+        expected: fingerprint they must serve, or None to only require that they agree.
+        timeout: seconds per ``/health`` request.
+
+    Returns:
+        The common fingerprint.
+
+    Raises:
+        RetrieverCheckError: empty list, a bad URL, a URL down, or a fingerprint that differs (one line).
+    """
+    if not urls:
+        raise RetrieverCheckError("no retriever URL to check")
+    bad = [u for u in urls if not _is_http_url(u)]
+    if bad:
+        raise RetrieverCheckError(f"not an http(s) URL: {bad[0]!r}")
+    first_url, first = None, None
+    for url in urls:
+        h = fetch_health(url, timeout)
+        fp = h["fingerprint"]
+        if expected is not None and fp != expected:
+            raise RetrieverCheckError(f"retriever {url} serves index {_describe(h)}, expected {expected}")
+        if first is not None and fp != first["fingerprint"]:
+            raise RetrieverCheckError(f"retrievers disagree: {first_url} serves {_describe(first)}, {url} serves "
+                                      f"{_describe(h)}")
+        if first is None:
+            first_url, first = url, h
+    return first["fingerprint"]
+
+
+def check_on_ray_nodes(urls: List[str], expected: Optional[str] = None, timeout: float = 5.0) -> str:
+    """:func:`check_retrievers` run on every alive Ray node that has GPUs (every node when none has), so that
+    loopback URLs (one retriever per node, ``http://127.0.0.1:PORT``) are checked where the rollout actors will
+    query them. All nodes must agree on one fingerprint. Needs ``ray.init`` done.
+
+    Raises:
+        RetrieverCheckError: a node failed its check (its message, prefixed with the node address), or two nodes
+            serve different indexes.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    gpu_nodes = [n for n in nodes if n.get("Resources", {}).get("GPU", 0) > 0]
+    targets = gpu_nodes or nodes
+
+    @ray.remote(num_cpus=0)
+    def _probe():
+        try:
+            return True, check_retrievers(urls, expected, timeout)
+        except RetrieverCheckError as e:
+            return False, str(e)
+
+    refs = [_probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+            for n in targets]
+    results = ray.get(refs)
+    seen = {}
+    for node, (ok, value) in zip(targets, results):
+        where = node.get("NodeManagerAddress", node["NodeID"])
+        if not ok:
+            raise RetrieverCheckError(f"node {where}: {value}")
+        seen[where] = value
+    if len(set(seen.values())) > 1:
+        raise RetrieverCheckError(f"nodes serve different indexes: {seen}")
+    return next(iter(seen.values()))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--urls", required=True, help="comma-separated retriever base URLs")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--index_dir", help="the index they must serve (its manifest.json)")
+    group.add_argument("--fingerprint", help="the fingerprint they must serve")
+    p.add_argument("--timeout", type=float, default=5.0)
+    a = p.parse_args(argv)
+    urls = [u.strip() for u in a.urls.split(",") if u.strip()]
+    try:
+        expected = expected_fingerprint(a.index_dir) if a.index_dir else a.fingerprint
+        fp = check_retrievers(urls, expected, a.timeout)
+    except RetrieverCheckError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(fp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Training-length cap for the cluster trainer, added to OpenRLHF 0.11.2 by subclassing (nothing copied).
+
+What OpenRLHF 0.11.2 already has (read from ``openrlhf/cli/train_ppo_ray.py`` and
+``openrlhf/utils/deepspeed/deepspeed.py``) and is therefore only *configured* by the launchers:
+
+* a constant learning rate after a linear warm-up: ``--actor.lr_scheduler constant_with_warmup`` (and
+  ``--critic.*``) is passed to ``transformers.get_scheduler`` with ``num_warmup_steps =
+  ceil(scheduler_steps * lr_warmup_ratio)`` (``deepspeed.py`` ``_ds_init_train_model``). This is verl's
+  ``get_constant_schedule_with_warmup`` that Search-R1 uses (``verl/workers/fsdp_workers.py:240``).
+* the KL penalty inside the reward: ``--algo.kl.use_loss`` off (the default) with ``--algo.kl.estimator k1``
+  puts ``-coef * (log pi - log pi_ref)`` on every action token of the reward
+  (``experience_maker.py`` ``compute_approx_kl`` + ``models/utils.py`` ``compute_reward``), which is Search-R1's
+  PPO ``apply_kl_penalty`` with ``kl_penalty: kl`` (``verl/trainer/ppo/ray_trainer.py:91-121``). Our
+  :class:`openrlhf_search.experience_maker.SearchExperienceMaker` keeps that path and masks the KL to action tokens.
+* entropy bonus (``--actor.entropy_coef``), AdamW betas / weight decay (``--actor.adam.betas``,
+  ``--actor.adam.weight_decay``), per-sequence loss averaging (``--actor.loss_agg_mode seq-mean-token-mean``).
+
+What it lacks, added here: an evaluation before the first step (``--eval.before_training``, Search-R1's
+``val_before_train``) and a **step cap** (``--train.max_steps N``). OpenRLHF stops only when the prompt loader
+has been read ``--train.num_episodes`` times, and sizes the learning-rate schedule to that horizon
+(``PPOTrainer.get_max_steps`` -> ``train()`` -> ``init_model_from_pretrained(max_steps)``). Search-R1 instead
+stops after ``trainer.total_training_steps=1005`` steps and sizes its warm-up to those steps
+(``verl/trainer/ppo/ray_trainer.py:422-434, 845``). With ``--train.max_steps N``:
+
+* training stops after N rollout/update steps (:class:`StepCapTrainerMixin`), whatever ``num_episodes`` allows;
+* the scheduler horizon is N steps times the optimizer updates one step makes
+  (:func:`updates_per_step`), so a warm-up ratio means the same fraction of training as in verl.
+
+Units: a *step* is one rollout batch and its policy update (OpenRLHF's ``global_step``; verl's
+``global_steps``); an *update* is one optimizer step (what the DeepSpeed scheduler counts).
+"""
+
+import argparse
+import logging
+import math
+from typing import Any, Optional, Tuple
+
+logger = logging.getLogger(__name__)
+
+MAX_STEPS_FLAG = "--train.max_steps"
+
+
+def add_schedule_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``--train.max_steps`` (default None: OpenRLHF's own episode-based length) and
+    ``--eval.before_training`` (default off). Returns ``parser``.
+
+    Raises:
+        argparse.ArgumentError: the parser already has a flag (a newer OpenRLHF added it: use theirs).
+    """
+    parser.add_argument(MAX_STEPS_FLAG, type=int, default=None,
+                        help="stop after this many training steps (rollout batch + update) and size the LR "
+                             "schedule to them (openrlhf_search.schedules; Search-R1 total_training_steps)")
+    parser.add_argument("--eval.before_training", action="store_true", default=False,
+                        help="evaluate once at step 0 before training (Search-R1 val_before_train); not on resume")
+    return parser
+
+
+def validate_schedule_args(args) -> None:
+    """Raise ValueError (one line) on a cap that is not a positive integer."""
+    cap = getattr(args.train, "max_steps", None)
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0):
+        raise ValueError(f"{MAX_STEPS_FLAG} must be a positive integer, got {cap!r}")
+
+
+def updates_per_step(args) -> int:
+    """Optimizer updates one training step makes: ``rollout.batch_size * n_samples_per_prompt // train.batch_size``
+    mini-batches, ``train.max_epochs`` times (OpenRLHF's ``prepare_datasets`` counts the same way).
+
+    Raises:
+        ValueError: a rollout batch smaller than one training batch (OpenRLHF would make 0 updates).
+    """
+    samples = args.rollout.batch_size * args.rollout.n_samples_per_prompt
+    per_epoch = samples // args.train.batch_size
+    if per_epoch < 1:
+        raise ValueError(f"rollout batch of {samples} samples is smaller than --train.batch_size "
+                         f"{args.train.batch_size}: no update would run")
+    return per_epoch * args.train.max_epochs
+
+
+def scheduler_horizon(args, data_updates: int) -> Tuple[int, Optional[str]]:
+    """Updates the LR scheduler is sized to, and a warning when the data cannot reach the cap.
+
+    Args:
+        args: nested OpenRLHF args (``args.train.max_steps`` may be None).
+        data_updates: OpenRLHF's own horizon (``prepare_datasets``' ``max_steps``: prompts x samples //
+            train batch x episodes x epochs), in updates.
+
+    Returns:
+        (horizon in updates, warning or None). Without a cap: ``(data_updates, None)``.
+    """
+    cap = getattr(args.train, "max_steps", None)
+    if cap is None:
+        return data_updates, None
+    horizon = cap * updates_per_step(args)
+    warning = None
+    if data_updates < horizon:
+        warning = (f"{MAX_STEPS_FLAG} {cap} needs {horizon} updates but the data gives {data_updates} "
+                   f"({args.train.num_episodes} episode(s)); training ends when the data does: raise "
+                   "--train.num_episodes")
+    return horizon, warning
+
+
+def warmup_updates(args, horizon: int, who: str = "actor") -> int:
+    """Warm-up updates DeepSpeed's scheduler will use: ``ceil(horizon * lr_warmup_ratio)`` (OpenRLHF 0.11.2)."""
+    return math.ceil(horizon * getattr(args, who).lr_warmup_ratio)
+
+
+class StepCapTrainerMixin:
+    """Mixin for OpenRLHF's plain ``PPOTrainer`` class (before ``ray.remote``): stop after ``--train.max_steps``,
+    and evaluate at step 0 with ``--eval.before_training``.
+
+    Put it first in the bases: ``class T(StepCapTrainerMixin, SomePPOTrainer.__ray_actor_class__)``.
+    ``get_max_steps`` returns :func:`scheduler_horizon`; ``train_step`` records the step; the sample generator's
+    ``generate_samples`` is wrapped so that once the cap is reached it reports an exhausted loader, which ends
+    OpenRLHF's ``fit`` loops (every remaining episode sees an empty, exhausted loader at once). Nothing else of
+    ``fit`` changes. The step at which the cap is reached is checkpointed even when it is not a multiple of
+    ``--ckpt.save_steps`` (unless saving is off).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_step_cap()
+
+    def _init_step_cap(self) -> None:
+        """Read the cap from ``self.args`` and wrap ``self.samples_generator`` (after the base ``__init__``)."""
+        validate_schedule_args(self.args)
+        self.step_cap: Optional[int] = getattr(self.args.train, "max_steps", None)
+        self._steps_done = 0
+        if self.step_cap is not None:
+            self._wrap_generator()
+
+    def _wrap_generator(self) -> None:
+        generator = self.samples_generator
+        original = generator.generate_samples
+
+        def generate_samples(**kwargs):
+            if self.cap_reached:
+                return [], None, 0, True
+            return original(**kwargs)
+
+        generator.generate_samples = generate_samples
+
+    @property
+    def cap_reached(self) -> bool:
+        return self.step_cap is not None and self._steps_done >= self.step_cap
+
+    def get_max_steps(self):
+        horizon, warning = scheduler_horizon(self.args, super().get_max_steps())
+        if warning:
+            logger.warning(warning)
+        return horizon
+
+    def train_step(self, rollout_samples, global_step: int):
+        status, next_step = super().train_step(rollout_samples, global_step)
+        self._steps_done = next_step
+        if self.cap_reached:
+            status["train/step_cap_reached"] = 1.0
+            logger.info(f"{MAX_STEPS_FLAG} {self.step_cap} reached at step {next_step}: stopping")
+        return status, next_step
+
+    def init_checkpoint_states(self):
+        states = super().init_checkpoint_states()
+        self._steps_done = int(states.get("global_step", 0))  # a resumed run counts the steps already made
+        if getattr(self.args.eval, "before_training", False) and self._steps_done == 0 and self.eval_dataloader:
+            # Search-R1's val_before_train (ray_trainer.py:665): the untrained policy's eval numbers at step 0.
+            # Here, because OpenRLHF's fit() calls this right before its loop; a resumed run skips it.
+            kwargs = dict(self.generate_kwargs)
+            kwargs["temperature"] = self.args.eval.temperature
+            kwargs["n_samples_per_prompt"] = self.args.eval.n_samples_per_prompt
+            self.evaluate(0, **kwargs)
+        return states
+
+    def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
+        ckpt = self.args.ckpt
+        final = self.step_cap is not None and global_step == self.step_cap
+        if final and math.isfinite(ckpt.save_steps) and global_step % ckpt.save_steps != 0:
+            saved = ckpt.save_steps
+            ckpt.save_steps = global_step  # this call saves; the next never comes
+            try:
+                return super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+            finally:
+                ckpt.save_steps = saved
+        return super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+
+
+def with_step_cap(trainer_cls: type) -> type:
+    """``trainer_cls`` (a plain PPOTrainer class) with :class:`StepCapTrainerMixin` in front."""
+    return type(f"StepCapped{trainer_cls.__name__.lstrip('_')}", (StepCapTrainerMixin, trainer_cls),
+                {"__module__": __name__, "__doc__": trainer_cls.__doc__})
+
+
+def resolved_schedule(args) -> dict:
+    """What the schedule will be, for ``--dry_run``: cap, updates per step, warm-up (in steps) per model."""
+    out: dict[str, Any] = {"max_steps": getattr(args.train, "max_steps", None)}
+    try:
+        ups = updates_per_step(args)
+    except ValueError as e:
+        return {**out, "error": str(e)}
+    out["updates_per_step"] = ups
+    models = ["actor"] + (["critic"] if getattr(getattr(args, "critic", None), "model_name_or_path", None) else [])
+    if out["max_steps"] is not None:
+        horizon = out["max_steps"] * ups
+        out["horizon_updates"] = horizon
+        for who in models:
+            w = warmup_updates(args, horizon, who)
+            out[f"{who}_warmup_updates"] = w
+            out[f"{who}_warmup_steps"] = w / ups
+    for who in models:
+        out[f"{who}_lr_scheduler"] = getattr(args, who).lr_scheduler
+    return out
