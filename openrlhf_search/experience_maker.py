@@ -283,9 +283,14 @@ class SearchExperienceMaker(RemoteExperienceMaker):
             if failed.any():
                 exp.action_mask = exp.action_mask.clone()
                 exp.action_mask[failed.to(exp.action_mask.device)] = 0
+            # per-sample KL logs of samples without action tokens (failed, or cut away by max_len) are 0/0 = NaN
+            # in the parent's masked_mean: 0 instead (issue 10 item 3)
+            empty = (exp.action_mask.reshape(len(exp.action_mask), -1).sum(-1) == 0).cpu() | failed
+            if empty.any():
                 for key in ("kl", "logprobs_diff"):
-                    if key in exp.info and torch.is_tensor(exp.info[key]) and exp.info[key].numel() == len(failed):
-                        exp.info[key] = torch.where(failed, torch.zeros_like(exp.info[key]), exp.info[key])
+                    value = exp.info.get(key)
+                    if torch.is_tensor(value) and value.numel() == len(empty):
+                        exp.info[key] = torch.where(empty.to(value.device), torch.zeros_like(value), value)
             if exp.kl is not None:
                 exp.kl = exp.kl * exp.action_mask.to(exp.kl.dtype)
         return experiences
