@@ -32,8 +32,9 @@ from openrlhf_search.retrieval_client import RetrievalClient, RetrievalError, st
 logger = logging.getLogger(__name__)
 
 # Keys of ``extra_logs`` written by the executor itself (reward components are added next to them).
-ROLLOUT_LOG_KEYS = ("turns", "valid_searches", "queries", "answer_present", "truncated", "retrieval_failures",
-                    "retrieval_failed", "response_tokens", "obs_tokens", "invalid_actions", "retrieval_failovers")
+ROLLOUT_LOG_KEYS = ("turns", "valid_searches", "queries", "answer_present", "truncated", "context_full",
+                    "retrieval_failures", "retrieval_failed", "response_tokens", "obs_tokens", "invalid_actions",
+                    "retrieval_failovers")
 
 
 class SearchAgentExecutor(AgentExecutorBase):
@@ -129,8 +130,10 @@ class SearchAgentExecutor(AgentExecutorBase):
             ``observation_tokens`` (list[int], length L <= max_length), ``action_ranges`` (list of (start, end)
             token spans the policy sampled), ``rollout_log_probs`` (list[float] of length L: sampled log-probs on
             action tokens, 0.0 elsewhere; None when ``sampling_params.logprobs`` is None), ``reward`` and ``scores``
-            (floats), ``truncated`` (bool), ``extra_logs`` (dict of floats, keys ``ROLLOUT_LOG_KEYS`` + reward
-            components), plus ``response_text`` (decoded text after the prompt).
+            (floats), ``truncated`` (bool: the last generation call ended on a token budget, finish_reason
+            "length"; a documents block that did not fit is ``extra_logs["context_full"]`` instead), ``extra_logs``
+            (dict of floats, keys ``ROLLOUT_LOG_KEYS`` + reward components), plus ``response_text`` (decoded text
+            after the prompt).
         Raises:
             ValueError: images given, unreadable label, or a prompt that leaves no room to generate.
         """
@@ -155,14 +158,15 @@ class SearchAgentExecutor(AgentExecutorBase):
         action_ranges: List[Tuple[int, int]] = []
         logs = dict.fromkeys(ROLLOUT_LOG_KEYS, 0.0)
         trace = start_retrieval_trace()  # counts failovers of this sample's requests (RetrievalClient only)
-        truncated = False
+        truncated = False  # the policy's last turn was cut by a token budget (finish_reason "length")
+        context_full = False  # an environment block did not fit (the policy itself stopped properly)
         failed = False
         obs_tokens = 0
 
         for turn in range(cfg.max_turns):
             remaining = max_length - len(tokens)
-            if remaining <= 0:
-                truncated = True
+            if remaining <= 0:  # the last environment block filled the context exactly
+                context_full = True
                 break
             # A shallow copy is enough: only top-level fields are rebound here, and engines copy what they mutate
             # (RolloutRayActor.generate and HFEngine.generate both deepcopy the params they are given).
@@ -213,7 +217,9 @@ class SearchAgentExecutor(AgentExecutorBase):
                     break  # no generation call left to read the message: it would only cost context
                 env_ids = self._encode_cached(hf_tokenizer, message)
             if len(tokens) + len(env_ids) > max_length:
-                truncated = True  # a partial block would teach the model a context it never sees in full
+                # A partial block would teach the model a context it never sees in full. Not ``truncated``: the
+                # policy stopped properly, so OpenRLHF's stop-properly penalty must not see it (issue 10 item 2).
+                context_full = True
                 break
             tokens.extend(env_ids)
             obs_tokens += len(env_ids)
@@ -232,6 +238,7 @@ class SearchAgentExecutor(AgentExecutorBase):
         logs.update(
             answer_present=float(bool(proto.extract_answers(response_text))),
             truncated=float(truncated),
+            context_full=float(context_full),
             retrieval_failed=float(failed),
             response_tokens=float(sum(e - s for s, e in action_ranges)),
             obs_tokens=float(obs_tokens),

@@ -15,6 +15,15 @@ What changes against OpenRLHF 0.11.2 (everything else, model forwards included, 
   excluded from its group's baseline statistics (``group_baseline_rewards(valid=...)``) and from the search
   statistics. If more than ``--search.max_failed_fraction`` of a batch failed, training stops with an error instead
   of learning from a broken environment.
+* **Trajectory length = tokens the policy sampled** (issue 10 item 2): OpenRLHF measures ``response_length`` from
+  the first to the last action token, so retrieved passages between them count; here it is the action-mask sum,
+  set on every sample before the length penalties (``--reward.overlong_buffer_len``) and the
+  ``rollout/response_length_mean`` log read it (:func:`sampled_lengths`).
+* **Dynamic filtering on the training reward's spread** (:class:`SearchSamplesGenerator`): a prompt group is kept
+  when at least two of its samples have a successful retrieval and their training rewards differ; failed samples
+  never enter the decision.
+* **Reward-stage switch**: samples buffered under stage 1 are dropped when stage 2 starts
+  (:meth:`SearchSamplesGenerator.discard_buffer`).
 * **Search statistics**: the executor's ``extra_logs`` (turns, valid_searches, answer_present, em, f1, ...) arrive
   in ``Experience.info`` (``SamplesGenerator._process_response_into_experience``); every sample is given every key
   (so micro-batches concatenate) and :func:`search_rollout_stats` turns them into ``search/*`` curves.
@@ -30,6 +39,7 @@ from openrlhf.models.utils import compute_reward
 from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
+from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from openrlhf.utils.logging_utils import init_logger
 
 from openrlhf_search.advantages import group_baseline_rewards, masked_gae, masked_whiten
@@ -70,6 +80,131 @@ def fill_missing_info(samples: List[Experience], default: float = 0.0) -> List[s
                 s.info[k] = torch.full((n,), default)
                 missing.add(k)
     return sorted(missing)
+
+
+def sampled_lengths(experience: Experience) -> torch.Tensor:
+    """[B] long: tokens the policy sampled per sample (the action-mask sum), the length of a search trajectory.
+
+    OpenRLHF 0.11.2 (``samples_generator._process_response_into_experience``) takes last minus first action
+    position + 1, which counts every documents block in between: 70 sampled tokens around one 500-token block are
+    570 there and 70 here.
+    """
+    if experience.action_mask is None:
+        raise ValueError("sampled_lengths: the experience has no action_mask")
+    return experience.action_mask.reshape(len(experience.action_mask), -1).long().sum(-1).cpu()
+
+
+def valid_rollout_stats(experiences: List[Experience]) -> Dict[str, float]:
+    """OpenRLHF's ``rollout/*`` statistics (``PPOTrainer._compute_rollout_stats``) over samples whose retrieval
+    did not fail: ``rollout/reward_mean``, ``reward_std``, ``response_length_mean`` (tokens the policy sampled),
+    ``truncated_rate`` and ``num_samples`` (the number of samples trained on). Returns {} when no sample is valid
+    or there is no reward."""
+    if not experiences or not all("reward" in e.info for e in experiences):
+        return {}
+    keep = torch.cat([~failed_mask(e) for e in experiences])
+    rewards = torch.cat([torch.as_tensor(e.info["reward"]).reshape(-1).float().cpu() for e in experiences])[keep]
+    if rewards.numel() == 0:
+        return {"rollout/num_samples": 0.0}
+    stats = {
+        "rollout/reward_mean": rewards.mean().item(),
+        "rollout/reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
+        "rollout/num_samples": float(rewards.numel()),
+    }
+    if all(e.response_length is not None for e in experiences):
+        lengths = torch.cat([e.response_length.reshape(-1).float().cpu() for e in experiences])[keep]
+        stats["rollout/response_length_mean"] = lengths.mean().item()
+    if all(e.truncated is not None for e in experiences):
+        truncated = torch.cat([e.truncated.reshape(-1).float().cpu() for e in experiences])[keep]
+        stats["rollout/truncated_rate"] = truncated.mean().item()
+    return stats
+
+
+def group_has_signal(group: List[Experience], min_spread: float = 1e-6) -> bool:
+    """Dynamic-filtering rule for one prompt group (DAPO's dynamic sampling, arXiv 2503.14476 sec. 3.2, on the
+    reward that is trained on): True when at least two samples have a successful retrieval and their training
+    rewards (``Experience.rewards``, the executor's reward of the active scheme) differ by more than
+    ``min_spread``. Samples whose retrieval failed are left out. A group with no spread has zero advantage under
+    every group baseline, so it carries no signal; the answer score (``Experience.scores``) is not used: in
+    R1-Searcher's stage 1 it is 0 for most samples while the retrieval/format reward varies.
+    """
+    rewards = []
+    for exp in group:
+        failed = failed_mask(exp)
+        for i in range(len(failed)):
+            if not failed[i]:
+                rewards.append(float(torch.as_tensor(exp.rewards).reshape(-1)[i]))
+    return len(rewards) >= 2 and max(rewards) - min(rewards) > min_spread
+
+
+class SearchSamplesGenerator(SamplesGenerator):
+    """OpenRLHF's ``SamplesGenerator`` with the search trajectory length and the search dynamic filter.
+
+    * every sample's ``response_length`` is :func:`sampled_lengths` (also what eval logs read);
+    * with ``--algo.dynamic_filtering_enable`` a prompt group is kept by :func:`group_has_signal` (training-reward
+      spread over samples whose retrieval succeeded) instead of OpenRLHF's mean answer score inside
+      ``--algo.dynamic_filtering_range`` (that range is not read). Filtered prompts are replaced by new ones, as
+      OpenRLHF does: the parent's generation runs again (without its own filter) for as many prompts as were
+      dropped, until enough groups pass or the data runs out.
+    """
+
+    _stop_after_discard = False
+
+    def discard_buffer(self) -> int:
+        """Drop the samples generated but not yet trained on (``_sample_buffer``, filled when
+        ``--rollout.vllm_generate_batch_size`` exceeds ``--rollout.batch_size``); returns how many.
+
+        Called when the reward stage switches (issue 10 item 5): those samples were scored, and dynamically
+        filtered, under the previous stage's reward. They are dropped rather than re-scored: re-scoring would need
+        the executor's decoding and reward configuration in the trainer process and would also have to redo the
+        group filter; the switch happens once per run and costs at most one generation batch. When the prompt
+        iterator was already exhausted, the next :meth:`generate_samples` call reports the end of the episode
+        (the parent would otherwise start the data over inside the same episode).
+        """
+        buffer = getattr(self, "_sample_buffer", None) or []
+        n = len(buffer)
+        if n:
+            self._sample_buffer = []
+            if getattr(self, "_dataloader_iter", None) is None:
+                self._stop_after_discard = True
+        return n
+
+    def generate_samples(self, **generate_kwargs):
+        if self._stop_after_discard:
+            self._stop_after_discard = False
+            return [], None, 0, True
+        return super().generate_samples(**generate_kwargs)
+
+    def _process_response_into_experience(self, response, **generate_kwargs) -> Experience:
+        experience = super()._process_response_into_experience(response, **generate_kwargs)
+        experience.response_length = sampled_lengths(experience)
+        return experience
+
+    def _group_size(self, generate_kwargs) -> int:
+        return int(generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
+
+    def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
+        if not dynamic_filtering:
+            return super()._generate_vllm(dataloader_iter, num_prompts, False, **generate_kwargs)
+        n = self._group_size(generate_kwargs)
+        accepted: List[Experience] = []
+        consumed, kept, exhausted = 0, 0, False
+        while kept < num_prompts and not exhausted:
+            experiences, used, exhausted = super()._generate_vllm(
+                dataloader_iter, num_prompts - kept, False, **generate_kwargs)
+            consumed += used
+            if len(experiences) % n:
+                raise RuntimeError(f"dynamic filtering: {len(experiences)} samples are not groups of {n}")
+            for start in range(0, len(experiences), n):
+                group = experiences[start:start + n]
+                if group_has_signal(group):
+                    accepted.extend(group)
+                    kept += 1
+                else:
+                    logger.info("Filtered out a group without training-reward spread: rewards="
+                                f"{[round(float(e.rewards.reshape(-1)[0]), 3) for e in group]}")
+            if used == 0:
+                break
+        return accepted, consumed, exhausted
 
 
 def search_rollout_stats(experiences: List[Experience]) -> Dict[str, float]:
@@ -125,6 +260,9 @@ class SearchExperienceMaker(RemoteExperienceMaker):
         Raises:
             RuntimeError: more than ``max_failed_fraction`` of the samples had a failed retrieval.
         """
+        for sample in rollout_samples:  # before the length penalties read it (issue 10 item 2)
+            if sample.action_mask is not None:
+                sample.response_length = sampled_lengths(sample)
         if rollout_samples:
             failed = torch.cat([failed_mask(s) for s in rollout_samples])
             frac = failed.float().mean().item()
@@ -145,9 +283,14 @@ class SearchExperienceMaker(RemoteExperienceMaker):
             if failed.any():
                 exp.action_mask = exp.action_mask.clone()
                 exp.action_mask[failed.to(exp.action_mask.device)] = 0
+            # per-sample KL logs of samples without action tokens (failed, or cut away by max_len) are 0/0 = NaN
+            # in the parent's masked_mean: 0 instead (issue 10 item 3)
+            empty = (exp.action_mask.reshape(len(exp.action_mask), -1).sum(-1) == 0).cpu() | failed
+            if empty.any():
                 for key in ("kl", "logprobs_diff"):
-                    if key in exp.info and torch.is_tensor(exp.info[key]) and exp.info[key].numel() == len(failed):
-                        exp.info[key] = torch.where(failed, torch.zeros_like(exp.info[key]), exp.info[key])
+                    value = exp.info.get(key)
+                    if torch.is_tensor(value) and value.numel() == len(empty):
+                        exp.info[key] = torch.where(empty.to(value.device), torch.zeros_like(value), value)
             if exp.kl is not None:
                 exp.kl = exp.kl * exp.action_mask.to(exp.kl.dtype)
         return experiences

@@ -8,7 +8,6 @@ format verdict (``format_ok``), ``answer_present``, ``valid_searches`` and ``sco
 
 Schemes (``REWARD_SCHEMES``):
 
-===============================  ============================================================================
 ``r1searcher_stage1``            arXiv 2503.05592 sec. 3.2 (stage 1): 0.5 retrieval + 0.5 format, no answer term
 ``r1searcher_stage2``            arXiv 2503.05592 sec. 3.2 (stage 2): F1 + (0 | -2 format penalty)
 ``r1searcher_released_stage1``   R1-Searcher's released reward server, stage 1 (see its docstring)
@@ -18,6 +17,17 @@ Schemes (``REWARD_SCHEMES``):
 ``searchr1_em``                  arXiv 2503.09516 sec. 3.4 eq. (4): EM of the extracted answer
 ``searchr1_format``              arXiv 2505.15117 sec. 3 (format reward): EM + structure + retrieval terms
 ===============================  ============================================================================
+=======
+====================================  ===============================================================================
+``r1searcher_stage1``                 arXiv 2503.05592 sec. 3.2 (stage 1): 0.5 retrieval + 0.5 format, no answer term
+``r1searcher_stage2``                 arXiv 2503.05592 sec. 3.2 (stage 2): F1 + (0 | -2 format penalty)
+``r1searcher_released_stage1``        released ``train/reward_server_llama_stage1.py``: +-1 Cover-EM + 0.5 + 0.5
+``r1searcher_released_stage2``        released ``train/reward_server_qwen_zero.py``: F1 + (0 | -2)
+``r1searcher_released_llama_stage1``  the same server as ``r1searcher_released_stage1`` (end of this file)
+``r1searcher_released_llama_stage2``  released ``train/reward_server_llama_stage2.py``: F1 + (0 | -1)
+``searchr1_em``                       arXiv 2503.09516 sec. 3.4 eq. (4): EM of the extracted answer
+``searchr1_format``                   arXiv 2505.15117 sec. 3 (format reward): EM + structure + retrieval terms
+====================================  ===============================================================================
 """
 
 from __future__ import annotations
@@ -311,14 +321,13 @@ def r1searcher_stage2(response_text: str, golds: List[str], protocol, answer_max
 
 
 def _released_format_punishment(solution: str, proto: Protocol, answer_max_words: int) -> Tuple[bool, str]:
-    """The format checks of R1-Searcher's released reward server, on the R1-Searcher tag set, verbatim in effect.
+    """The format checks of R1-Searcher's released Qwen reward server (``train/reward_server_qwen_zero.py``
+    l. 198-246), on the R1-Searcher tag set, verbatim in effect.
 
     ``solution`` is the response as their server sees it (documents included). Returns (punished, reason).
     """
     d_o, d_c = proto.doc_open_tag, proto.doc_close_tag
-    counts = [solution.count(d_o + "\n"), solution.count(d_c + "\n\n"), solution.count(proto.query_open),
-              solution.count(proto.query_close), solution.count(d_o), solution.count(d_c),
-              solution.count(d_o + "\n(1)")]
+    counts = _released_doc_counts(solution, proto)
     if len(set(counts)) != 1:
         return True, f"query/documents tag counts differ: {counts}"
     # Their role check counts the word anywhere in the solution, retrieved documents included.
@@ -354,17 +363,19 @@ def _require_r1_tags(proto: Protocol, scheme: str) -> None:
 
 def r1searcher_released_stage2(response_text: str, golds: List[str], protocol, answer_max_words: int = 10,
                                format_penalty: float = -2.0) -> RewardResult:
-    """R1-Searcher's released stage-2 reward (``train/reward_server_qwen_zero.py``, ``get_reward``), for parity.
+    """R1-Searcher's released Qwen stage-2 reward, for parity: ``train/reward_server_qwen_zero.py``
+    (RUCAIBox/R1-Searcher, ``MathRuleProxy.get_reward``, lines 163-268).
 
-    Reproduced exactly: the answer is the text after the last ``<answer>`` up to the next ``</answer>``; the
-    answer reward is token F1 under R1-Searcher's normalisation ("True"/"False" -> yes/no, ``_`` and punctuation
-    replaced by spaces), max over golds, and 0 when ``<answer>`` or ``</answer>`` is missing; then -2 when any of
-    these holds: the counts of ``<|begin_of_documents|>\\n``, ``<|end_of_documents|>\\n\\n``, query open/close,
-    documents open/close and ``<|begin_of_documents|>\\n(1)`` are not all equal; "Assistant"/"assistant"
-    appears anywhere (documents included); not exactly zero ``<think>`` and one ``</think>``; not exactly one
-    answer block; a query/documents tag inside the answer; an answer longer than 10 words; a CJK character
-    outside documents. Differences from the paper's stage 2 (``r1searcher_stage2``): normalisation, the strict
-    think count, and the role check over documents. Range [-2, 1].
+    Reproduced exactly: the answer is the text after the last ``<answer>`` up to the next ``</answer>`` (l. 108-109);
+    the answer reward is token F1 under R1-Searcher's normalisation ("True"/"False" -> yes/no, ``_`` and punctuation
+    replaced by spaces), max over golds, and 0 when ``<answer>`` or ``</answer>`` is missing (l. 183-196); then
+    ``format_penalty`` (-2, l. 249-250) when any of these holds: the counts of ``<|begin_of_documents|>\\n``,
+    ``<|end_of_documents|>\\n\\n``, query open/close, documents open/close and ``<|begin_of_documents|>\\n(1)``
+    are not all equal (l. 198-210); "Assistant"/"assistant" appears anywhere, documents included (l. 212-217); not
+    exactly zero ``<think>`` and one ``</think>`` (l. 219-224); not exactly one answer block (l. 226-231); a
+    query/documents tag inside the answer (l. 233-237); an answer longer than 10 words (l. 239-241); a CJK
+    character outside documents (l. 243-246). Differences from the paper's stage 2 (``r1searcher_stage2``):
+    normalisation, the strict think count, and the role check over documents. Range [-2, 1].
     """
     proto = get_protocol(protocol)
     _require_r1_tags(proto, "r1searcher_released_stage2")
@@ -378,20 +389,75 @@ def r1searcher_released_stage2(response_text: str, golds: List[str], protocol, a
     return RewardResult(f1 + (format_penalty if punished else 0.0), comps, reason)
 
 
-def r1searcher_released_stage1(response_text: str, golds: List[str], protocol, answer_max_words: int = 10,
-                               retrieval_reward: float = 0.5, format_penalty: float = 0.0) -> RewardResult:
-    """R1-Searcher's released stage-1 reward, as far as public code shows it (for parity; not the paper's rule).
+def _released_doc_counts(solution: str, proto: Protocol) -> List[int]:
+    """The seven tag counts R1-Searcher's reward servers compare (``count_1`` .. ``count_7``)."""
+    d_o, d_c = proto.doc_open_tag, proto.doc_close_tag
+    return [solution.count(d_o + "\n"), solution.count(d_c + "\n\n"), solution.count(proto.query_open),
+            solution.count(proto.query_close), solution.count(d_o), solution.count(d_c),
+            solution.count(d_o + "\n(1)")]
 
-    - answer term ±1 by Cover-EM (R1-Searcher normalisation): +1 when an answer block exists and covers a gold
-      answer, else -1 (also -1 without ``<answer>``/``</answer>``) — as in the stage-1 reward server built on
-      their helpers (``cover_exact_match_score_1``);
-    - retrieval term +0.5 when at least one query was issued and the released format checks pass (their README:
-      "if the model performs retrieval and the solution meets the format requirements, 0.5 points are added");
-    - ``format_penalty`` (default 0) added when the released format checks fail; their Llama setup used -1
-      (DESIGN.md sec. 5), pass ``format_penalty=-1.0`` for it.
 
-    The exact stage-1 server of the R1-Searcher repository was not available to us; this combination is the
-    documented reconstruction. Range [-1 + format_penalty, 1.5].
+def _released_think_answer_ok(solution: str, proto: Protocol) -> bool:
+    """No ``<think>`` (the prompt opened it), exactly one ``</think>``, one ``<answer>`` and one ``</answer>``."""
+    return (solution.count(proto.think_open) == 0 and solution.count(proto.think_close) == 1
+            and solution.count(proto.answer_open) == 1 and solution.count(proto.answer_close) == 1)
+
+
+def r1searcher_released_llama_stage2(response_text: str, golds: List[str], protocol,
+                                     answer_max_words: int = 10) -> RewardResult:
+    """R1-Searcher's released Llama stage-2 reward, for parity: ``train/reward_server_llama_stage2.py``
+    (RUCAIBox/R1-Searcher, ``MathRuleProxy.get_reward``, lines 162-251).
+
+    ``R = F1 - 1 if punished else F1``: F1 of the last answer block under R1-Searcher's normalisation (l. 62-88,
+    183-185), 0 without ``<answer>``/``</answer>`` (l. 191-193); punished (-1, l. 226-227) when the seven
+    documents/query tag counts are not all equal (l. 197-208, zero retrievals allowed), when the think/answer tag
+    counts are not 0 ``<think>``, 1 ``</think>``, 1 ``<answer>``, 1 ``</answer>`` (l. 211-219), or when a CJK
+    character appears outside documents (l. 221-224). Unlike the Qwen file (``r1searcher_released_stage2``) there is
+    no role check, no tag-in-answer check and no answer-length cap; ``answer_max_words`` is accepted and unused.
+    Range [-1, 1].
+    """
+    proto = get_protocol(protocol)
+    _require_r1_tags(proto, "r1searcher_released_llama_stage2")
+    solution = strip_end_of_turn(response_text or "").strip()
+    finished, pred = _released_answer(solution, proto)
+    f1 = f1_score(pred, golds, normalizer=r1searcher_normalize) if finished else 0.0
+    reason = ""
+    counts = _released_doc_counts(solution, proto)
+    if len(set(counts)) != 1:
+        reason = f"query/documents tag counts differ: {counts}"
+    elif not _released_think_answer_ok(solution, proto):
+        reason = "think/answer tag counts: expected 0 <think>, 1 </think>, 1 <answer>, 1 </answer>"
+    else:
+        outside_docs = re.sub(re.escape(proto.doc_open_tag) + ".*?" + re.escape(proto.doc_close_tag), "", solution,
+                              flags=re.DOTALL)
+        if _CJK.search(outside_docs):
+            reason = "Chinese characters outside documents"
+    punished = bool(reason)
+    _, _, _, _, comps = _base_components(response_text, golds, proto, answer_max_words)
+    comps.update(released_f1=f1, released_format_ok=float(not punished), format_reward=-1.0 if punished else 0.0,
+                 score=f1)
+    return RewardResult(f1 - (1.0 if punished else 0.0), comps, reason)
+
+
+def r1searcher_released_stage1(response_text: str, golds: List[str], protocol,
+                               answer_max_words: int = 10) -> RewardResult:
+    """R1-Searcher's released stage-1 reward, for parity: ``train/reward_server_llama_stage1.py``
+    (RUCAIBox/R1-Searcher, ``MathRuleProxy.get_reward``, lines 135-227). Not the paper's stage-1 rule
+    (``r1searcher_stage1``, which has no answer term).
+
+    ``R = A + D + T`` with
+    - ``A`` = +1 when ``<answer>`` and ``</answer>`` are present and the last answer block covers a gold answer
+      (Cover-EM, ``cover_exact_match_score_1``, R1-Searcher normalisation; l. 49-55, 156-158), else -1 (also -1
+      without ``<answer>``/``</answer>``; l. 164-173);
+    - ``D`` = +0.5 when the counts of ``<|begin_of_documents|>\\n``, ``<|end_of_documents|>\\n\\n``,
+      ``<|begin_of_query|>``, ``<|end_of_query|>``, ``<|begin_of_documents|>``, ``<|end_of_documents|>`` and
+      ``<|begin_of_documents|>\\n(1)`` are all equal and at least 1, i.e. at least one retrieval and every query
+      answered by a documents block (l. 175-190);
+    - ``T`` = +0.5 when there is no ``<think>`` (the prompt opened it), exactly one ``</think>``, one ``<answer>``
+      and one ``</answer>`` (l. 192-198).
+    No role, CJK or answer-length check. Examples (one search + answer): correct 2.0, wrong 0.0; no search and
+    correct 1.5; search and no answer -0.5. Range [-1, 2]. ``answer_max_words`` is accepted and unused (the
+    executor passes it to every scheme).
     """
     proto = get_protocol(protocol)
     _require_r1_tags(proto, "r1searcher_released_stage1")
@@ -399,13 +465,17 @@ def r1searcher_released_stage1(response_text: str, golds: List[str], protocol, a
     finished, pred = _released_answer(solution, proto)
     covered = finished and cover_em(pred, golds) > 0
     answer_term = 1.0 if covered else -1.0
-    punished, reason = _released_format_punishment(solution, proto, answer_max_words)
-    retrieved = solution.count(proto.query_open) >= 1
-    r_ret = retrieval_reward if (retrieved and not punished) else 0.0
-    r_fmt = format_penalty if punished else 0.0
+    counts = _released_doc_counts(solution, proto)
+    docs_ok = len(set(counts)) == 1 and counts[0] >= 1
+    think_ok = _released_think_answer_ok(solution, proto)
+    r_ret = 0.5 if docs_ok else 0.0
+    r_fmt = 0.5 if think_ok else 0.0
+    reason = "" if docs_ok and think_ok else (
+        f"query/documents tag counts not all equal and >= 1: {counts}" if not docs_ok
+        else "think/answer tag counts: expected 0 <think>, 1 </think>, 1 <answer>, 1 </answer>")
     _, _, _, _, comps = _base_components(response_text, golds, proto, answer_max_words)
     comps.update(answer_reward=answer_term, retrieval_reward=r_ret, format_reward=r_fmt,
-                 released_format_ok=float(not punished), score=float(covered))
+                 released_format_ok=float(docs_ok and think_ok), score=float(covered))
     return RewardResult(answer_term + r_ret + r_fmt, comps, reason)
 
 
@@ -471,6 +541,7 @@ REWARD_SCHEMES: Dict[str, RewardFn] = {
     "r1searcher_stage2": r1searcher_stage2,
     "r1searcher_released_stage1": r1searcher_released_stage1,
     "r1searcher_released_stage2": r1searcher_released_stage2,
+    "r1searcher_released_llama_stage2": r1searcher_released_llama_stage2,
     "searchr1_em": searchr1_em,
     "searchr1_format": searchr1_format,
 }
@@ -525,12 +596,6 @@ def _released_tag_counts(solution: str, proto: Protocol) -> List[int]:
             solution.count(d_o + "\n(1)")]
 
 
-def _released_think_answer_ok(solution: str, proto: Protocol) -> bool:
-    return (solution.count(proto.think_open) == 0
-            and solution.count(proto.think_close) == solution.count(proto.answer_open)
-            == solution.count(proto.answer_close) == 1)
-
-
 def r1searcher_released_llama_stage1(response_text: str, golds: List[str], protocol,
                                      answer_max_words: int = 10) -> RewardResult:
     """R1-Searcher's released Llama stage-1 reward (``train/reward_server_llama_stage1.py:155-198``), exactly.
@@ -561,37 +626,4 @@ def r1searcher_released_llama_stage1(response_text: str, golds: List[str], proto
     return RewardResult(answer_term + r_ret + r_fmt, comps, reason)
 
 
-def r1searcher_released_llama_stage2(response_text: str, golds: List[str], protocol,
-                                     answer_max_words: int = 10) -> RewardResult:
-    """R1-Searcher's released Llama stage-2 reward (``train/reward_server_llama_stage2.py:182-227``), exactly.
-
-    Answer F1 (R1-Searcher normalisation, "True"/"False" as yes/no, the yes/no/noanswer rule), 0 without an
-    ``<answer>``/``</answer>`` pair; then -1 when the seven query/documents tag counts differ (lines 197-208), when
-    the think/answer counts are not (0, 1, 1, 1) (lines 211-219), or when a CJK character appears outside the
-    documents (lines 221-224). Range [-1, 1]. Unlike ``r1searcher_released_stage2`` (the Qwen server): -1 not -2, no
-    role-word check, no answer-length check, no check for tags inside the answer. ``answer_max_words`` unused.
-    """
-    proto = get_protocol(protocol)
-    _require_r1_tags(proto, "r1searcher_released_llama_stage2")
-    solution = strip_end_of_turn(response_text or "").strip()
-    finished, pred = _released_answer(solution, proto)
-    f1 = f1_score(pred, golds, normalizer=r1searcher_normalize) if finished else 0.0
-    reason = ""
-    counts = _released_tag_counts(solution, proto)
-    if len(set(counts)) != 1:
-        reason = f"query/documents tag counts differ: {counts}"
-    elif not _released_think_answer_ok(solution, proto):
-        reason = "think/answer tag counts"
-    else:
-        outside = re.sub(re.escape(proto.doc_open_tag) + ".*?" + re.escape(proto.doc_close_tag), "", solution,
-                         flags=re.DOTALL)
-        if _CJK.search(outside):
-            reason = "Chinese characters outside documents"
-    penalty = -1.0 if reason else 0.0
-    _, _, _, _, comps = _base_components(response_text, golds, proto, answer_max_words)
-    comps.update(released_f1=f1, released_format_ok=float(not reason), format_reward=penalty, score=f1)
-    return RewardResult(f1 + penalty, comps, reason)
-
-
 register_reward_scheme("r1searcher_released_llama_stage1", r1searcher_released_llama_stage1)
-register_reward_scheme("r1searcher_released_llama_stage2", r1searcher_released_llama_stage2)

@@ -34,7 +34,13 @@ from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 from openrlhf.trainer.ray.ppo_critic import CriticModelActor
 from openrlhf.utils.logging_utils import init_logger
 
-from openrlhf_search.experience_maker import SearchExperienceMaker, failed_mask, search_rollout_stats
+from openrlhf_search.experience_maker import (
+    SearchExperienceMaker,
+    SearchSamplesGenerator,
+    failed_mask,
+    search_rollout_stats,
+    valid_rollout_stats,
+)
 from openrlhf_search.loss import install_into_openrlhf
 from openrlhf_search.reward_schedule import (  # noqa: F401  (re-exported)
     RewardSchedule,
@@ -109,15 +115,42 @@ class _SearchPPOTrainer(PPOTrainer.__ray_actor_class__):
         )
         self.reward_schedule = RewardSchedule.from_args(self.args)
         self.active_reward_scheme: Optional[str] = None
+        self._install_search_samples_generator()
+
+    def _install_search_samples_generator(self) -> None:
+        """Replace OpenRLHF's ``SamplesGenerator`` by :class:`SearchSamplesGenerator` (same state: strategy,
+        dataloaders, tokenizer, engines): sampled-token lengths and the training-reward dynamic filter."""
+        old = getattr(self, "samples_generator", None)
+        if old is None or isinstance(old, SearchSamplesGenerator):
+            return
+        self.samples_generator = SearchSamplesGenerator(
+            strategy=old.strategy,
+            prompts_dataloader=old.prompts_dataloader,
+            eval_dataloader=old.eval_dataloader,
+            tokenizer=old.tokenizer,
+            vllm_engines=old.vllm_engines,
+        )
 
     def apply_reward_scheme(self, step: int) -> str:
-        """Make the rollout actors score with the scheme of ``step``; returns it."""
+        """Make the rollout actors score with the scheme of ``step``; returns it. On a switch (not the first
+        call), samples buffered under the previous scheme are dropped (:meth:`_drop_samples_of_previous_stage`)."""
         scheme = self.reward_schedule.scheme_at(step)
         if scheme != self.active_reward_scheme:
             set_reward_scheme(self.vllm_engines, scheme)
             logger.info(f"reward stage {self.reward_schedule.stage_at(step)} from step {step}: {scheme}")
+            if self.active_reward_scheme is not None:
+                self._drop_samples_of_previous_stage(scheme)
             self.active_reward_scheme = scheme
         return scheme
+
+    def _drop_samples_of_previous_stage(self, scheme: str) -> int:
+        """Issue 10 item 5: never train on samples scored under the previous stage's reward. Returns the count."""
+        discard = getattr(self.samples_generator, "discard_buffer", None)
+        n = discard() if callable(discard) else 0
+        if n:
+            logger.warning(f"reward scheme switched to {scheme}: dropped {n} buffered samples scored under "
+                           f"{self.active_reward_scheme}")
+        return n
 
     def init_checkpoint_states(self) -> Dict:
         states = super().init_checkpoint_states()
@@ -133,6 +166,7 @@ class _SearchPPOTrainer(PPOTrainer.__ray_actor_class__):
 
     def _compute_rollout_stats(self, experiences) -> Dict:
         stats = super()._compute_rollout_stats(experiences)
+        stats.update(valid_rollout_stats(experiences))  # failed samples out of rollout/* (issue 10 item 4)
         stats.update(search_rollout_stats(experiences))
         return stats
 

@@ -256,7 +256,9 @@ def test_max_length_observation_that_does_not_fit_is_not_appended(qwen_tokenizer
     n_turn = len(tok(turn, add_special_tokens=False).input_ids)
     max_length = n_prompt + n_turn + 30  # room for the action, not for three passages
     res, calls, _, _ = run_scripted(tok, server, "r1searcher", [turn, "<answer> x </answer>"], max_length=max_length)
-    assert len(calls) == 1 and res["truncated"] and res["extra_logs"]["truncated"] == 1.0
+    # the policy stopped properly (end-of-query tag): not a length cut, so no stop-properly penalty applies
+    assert len(calls) == 1 and not res["truncated"] and res["extra_logs"]["truncated"] == 0.0
+    assert res["extra_logs"]["context_full"] == 1.0
     assert res["action_ranges"][-1][1] == len(res["observation_tokens"]) == n_prompt + n_turn
     assert res["extra_logs"]["queries"] == 1 and res["extra_logs"]["valid_searches"] == 0
 

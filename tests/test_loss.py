@@ -7,7 +7,13 @@ import openrlhf_search._cpu_compat  # noqa: F401
 from openrlhf.models.loss import PolicyLoss, ValueLoss
 
 from openrlhf_search.advantages import masked_gae
-from openrlhf_search.loss import MaskedPolicyLoss, MaskedValueLoss, install_into_openrlhf
+from openrlhf_search.loss import (
+    MaskedPolicyLoss,
+    MaskedValueLoss,
+    install_into_openrlhf,
+    safe_aggregate_loss,
+    safe_masked_mean,
+)
 
 # response tokens: 3 sampled, 4 retrieved (document block), 2 sampled, 1 right padding
 MASK = torch.tensor([[1, 1, 1, 0, 0, 0, 0, 1, 1, 0], [1, 1, 0, 0, 1, 1, 1, 1, 0, 0]], dtype=torch.bool)
@@ -119,9 +125,15 @@ def test_install_into_openrlhf_rebinds_actor_losses():
     import openrlhf.trainer.ray.ppo_actor as ppo_actor
     import openrlhf.trainer.ray.ppo_critic as ppo_critic
 
-    saved = ppo_actor.PolicyLoss, ppo_critic.ValueLoss
+    names = [(ppo_actor, n) for n in ("PolicyLoss", "aggregate_loss", "masked_mean", "ActorPPOTrainer")]
+    names += [(ppo_critic, n) for n in ("ValueLoss", "masked_mean")]
+    saved = [getattr(m, n) for m, n in names]
     try:
         install_into_openrlhf()
         assert ppo_actor.PolicyLoss is MaskedPolicyLoss and ppo_critic.ValueLoss is MaskedValueLoss
+        assert ppo_actor.aggregate_loss is safe_aggregate_loss and ppo_actor.masked_mean is safe_masked_mean
+        assert ppo_critic.masked_mean is safe_masked_mean
+        assert issubclass(ppo_actor.ActorPPOTrainer, saved[3]) and ppo_actor.ActorPPOTrainer is not saved[3]
     finally:
-        ppo_actor.PolicyLoss, ppo_critic.ValueLoss = saved
+        for (m, n), v in zip(names, saved):
+            setattr(m, n, v)

@@ -109,7 +109,8 @@ def test_searchr1_valid_sequence():
 # ---------------------------------------------------------------------------------------------------- schemes
 def test_every_scheme_is_registered():
     assert set(REWARD_SCHEMES) >= {"r1searcher_stage1", "r1searcher_stage2", "r1searcher_released_stage1",
-                                   "r1searcher_released_stage2", "searchr1_em", "searchr1_format"}
+                                   "r1searcher_released_stage2", "r1searcher_released_llama_stage2",
+                                   "searchr1_em", "searchr1_format"}
 
 
 def test_r1searcher_stage1_hand_examples():
@@ -152,15 +153,54 @@ def test_r1searcher_released_stage2_hand_examples():
         compute_reward("r1searcher_released_stage2", sr_response(), ["Paris"], SR)
 
 
-def test_r1searcher_released_stage1_hand_examples():
-    def r(resp, **kw):
-        return compute_reward("r1searcher_released_stage1", resp, ["Paris"], R1, **kw).reward
-    assert r(r1_response()) == 1.5                          # +1 cover + 0.5 retrieval
-    assert r(r1_response(answer="Paris, France")) == 1.5    # cover: gold tokens inside the answer
-    assert r(r1_response(answer="Lyon")) == -0.5            # -1 + 0.5
-    assert r(r1_response(search=False)) == 1.0              # no retrieval term
-    assert r(r1_response(answer=None)) == -1.0              # no answer, format punished, penalty 0
-    assert r(r1_response(answer=None), format_penalty=-1.0) == -2.0   # the Llama variant
+# Values transcribed from RUCAIBox/R1-Searcher train/reward_server_llama_stage1.py (MathRuleProxy.get_reward):
+# l. 164-173 answer term +1 (Cover-EM) / -1 (wrong or no <answer>...</answer>); l. 175-190 +0.5 when the seven
+# documents/query tag counts are all equal and >= 1; l. 192-198 +0.5 when <think> x0, </think> x1, <answer> x1,
+# </answer> x1. No role, CJK or answer-length check in that file.
+RELEASED_STAGE1_FILE = "RUCAIBox/R1-Searcher train/reward_server_llama_stage1.py"
+
+
+def test_r1searcher_released_stage1_values_of_the_released_file():
+    def r(resp, golds=("Paris",)):
+        return compute_reward("r1searcher_released_stage1", resp, list(golds), R1).reward
+    assert r(r1_response()) == 2.0                          # one search + answer, correct: 1 + 0.5 + 0.5
+    assert r(r1_response(answer="Lyon")) == 0.0             # one search + answer, wrong: -1 + 0.5 + 0.5
+    assert r(r1_response(search=False)) == 1.5              # no search, correct: 1 + 0 + 0.5
+    assert r(r1_response(answer=None)) == -0.5              # search, no answer: -1 + 0.5 + 0
+    assert r(r1_response(search=False, answer=None)) == -1.0
+    assert r(r1_response(answer="Paris, France")) == 2.0    # Cover-EM: the gold's tokens inside the answer
+    assert r(r1_response(answer="True"), ["yes"]) == 2.0     # their bool mapping
+    # a query that got no documents block: counts 1,1 vs 0 -> no retrieval term
+    unanswered = r1_response(search=False).replace(" I should check.", "<|begin_of_query|> x<|end_of_query|>")
+    assert r(unanswered) == 1.5
+    # the model opening <think> again costs the +0.5 of l. 197
+    assert r(r1_response().replace("It is Paris.", "<think>It is Paris.")) == 1.5
+    # checks the Qwen stage-2 server has and this file has not: role word in documents, CJK, > 10 words
+    assert r(r1_response(docs=[Passage("1", "Siri", "Siri is a virtual assistant.")])) == 2.0
+    assert r(r1_response().replace("It is Paris.", "巴黎")) == 2.0
+    assert r(r1_response(answer="I am quite sure that the answer to this question is Paris")) == 2.0
+    # the end-of-turn string their server appends (l. 143-146) changes nothing
+    assert r(r1_response() + "<|eot_id|>") == 2.0
+    with pytest.raises(TypeError, match="does not take"):
+        compute_reward("r1searcher_released_stage1", r1_response(), ["Paris"], R1, format_penalty=-1.0)
+
+
+# RUCAIBox/R1-Searcher train/reward_server_llama_stage2.py: F1 (l. 183-185), 0 without answer tags (l. 191-193);
+# -1 (l. 226-227) when the seven tag counts differ (l. 197-208, zero allowed), the think/answer counts are wrong
+# (l. 211-219) or CJK appears outside documents (l. 221-224).
+def test_r1searcher_released_llama_stage2_values_of_the_released_file():
+    def r(resp, golds=("Paris",)):
+        return compute_reward("r1searcher_released_llama_stage2", resp, list(golds), R1).reward
+    assert r(r1_response()) == 1.0
+    assert r(r1_response(search=False)) == 1.0            # zero retrievals: all counts 0, equal
+    assert r(r1_response(answer="Lyon")) == 0.0
+    assert r(r1_response(answer=None)) == -1.0            # F1 0, answer counts wrong
+    assert r(r1_response().replace("It is Paris.", "巴黎")) == 0.0
+    assert r(r1_response(docs=[Passage("1", "Siri", "Siri is a virtual assistant.")])) == 1.0   # no role check
+    long = r(r1_response(answer="I am quite sure that the answer to this question is Paris"))
+    assert long == pytest.approx(2 * (1 / 11) / (1 / 11 + 1))   # F1, no length cap ('the' dropped: 11 tokens)
+    unanswered = r1_response(search=False).replace(" I should check.", "<|begin_of_query|> x<|end_of_query|>")
+    assert r(unanswered) == 0.0                           # counts differ: 1 - 1
 
 
 def test_searchr1_em_hand_examples():
