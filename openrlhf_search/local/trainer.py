@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 # extra_logs keys averaged into the step metrics (over samples kept for training).
 ROLLOUT_METRICS = ("turns", "valid_searches", "queries", "answer_present", "truncated", "invalid_actions",
-                   "response_tokens", "obs_tokens", "em", "f1", "cover_em", "format_ok")
+                   "response_tokens", "obs_tokens", "em", "f1", "cover_em", "format_ok", "retrieval_failovers")
 
 
 def _write_json(path: str, obj) -> None:
