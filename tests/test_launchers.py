@@ -38,13 +38,30 @@ def _env(**extra):
     return env
 
 
-def _inputs(tmp_path, **extra):
-    """Existing inputs for a dry run: data files, a corpus, a stage-1 checkpoint folder."""
+def _inputs(tmp_path, script=None, **extra):
+    """Existing inputs for a dry run: data files, a corpus, a stage-1 checkpoint folder.
+
+    With ``script``, the data files are prompt files as ``prepare_data`` writes them for that launcher (its protocol,
+    chat setting and policy, read from its resolved flags), since ``cli.train`` refuses prompt files whose rendering
+    record does not match the run."""
     ckpt = tmp_path / "stage1_ckpt"
     ckpt.mkdir(exist_ok=True)
     env = dict(TRAIN_DATA=QA, EVAL_DATA=QA, RETRIEVER_CORPUS=CORPUS, STAGE1_CKPT=str(ckpt),
                OUTPUT_ROOT=str(tmp_path / "out"))
     env.update(extra)
+    if script is not None:
+        argv = _argv(script, **env)
+        flag = lambda name: argv[argv.index(name) + 1]  # noqa: E731
+        record = {"protocol": flag("--search.protocol"), "template": "train",
+                  "chat_template": flag("--search.chat_template").lower() == "true",
+                  "tokenizer": flag("--actor.model_name_or_path")}
+        path = tmp_path / f"prompts_{script}.jsonl"
+        with open(QA) as src, open(path, "w") as dst:
+            for line in list(src)[:4]:
+                row = json.loads(line)
+                dst.write(json.dumps({"prompt": row["question"], "question": row["question"],
+                                      "label": json.dumps([row["answer"]]), "rendering": record}) + "\n")
+        env.update(TRAIN_DATA=str(path), EVAL_DATA=str(path))
     return env
 
 
@@ -114,12 +131,12 @@ def test_settings_select_the_source():
 
 
 @needs_shared
-@pytest.mark.parametrize("script,form", [("r1searcher_llama8b_instruct_stage2.sh", "env"),
+@pytest.mark.parametrize("script,form", [("r1searcher_llama8b_instruct_stage1.sh", "env"),
                                          ("searchr1_ppo_qwen2.5-7b_instruct.sh", "flag")])
 def test_dry_run_end_to_end_starts_nothing(script, form, tmp_path):
     """The real script, DRY_RUN=1 or --dry_run: the CLI's JSON on stdout, the corpus / index / URL on stderr, no
     retriever started, exit 0."""
-    env = _inputs(tmp_path)
+    env = _inputs(tmp_path, script)
     res = _run(script, "--dry_run", **env) if form == "flag" else _run(script, DRY_RUN="1", **env)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout)
@@ -158,7 +175,7 @@ def test_dry_run_fails_with_one_line_on_a_missing_input(missing, expect, tmp_pat
 def test_no_corpus_default_from_eval_data(tmp_path):
     """Neither a launcher nor start_retriever.sh falls back to a corpus of its own (the old default was HotpotQA dev
     paragraphs, which hold the gold paragraphs of the eval questions)."""
-    env = _inputs(tmp_path) if HAVE_SHARED else {}
+    env = _inputs(tmp_path, "searchr1_ppo_qwen2.5-3b_base.sh") if HAVE_SHARED else {}
     env.pop("RETRIEVER_CORPUS", None)
     res = _run("searchr1_ppo_qwen2.5-3b_base.sh", DRY_RUN="1", timeout=60, **env)
     assert res.returncode == 2 and "no corpus" in res.stderr and res.stdout == ""
@@ -171,7 +188,8 @@ def test_no_corpus_default_from_eval_data(tmp_path):
 
 @needs_shared
 def test_dry_run_with_given_urls_names_them(tmp_path):
-    env = _inputs(tmp_path, RETRIEVER_URLS="http://10.0.0.1:8000,http://10.0.0.2:8000")
+    env = _inputs(tmp_path, "r1searcher_qwen7b_base_single.sh",
+                  RETRIEVER_URLS="http://10.0.0.1:8000,http://10.0.0.2:8000")
     env.pop("RETRIEVER_CORPUS")
     res = _run("r1searcher_qwen7b_base_single.sh", DRY_RUN="1", **env)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -182,7 +200,7 @@ def test_dry_run_with_given_urls_names_them(tmp_path):
 @needs_shared
 def test_ray_job_submit_dry_run_prints_submission(tmp_path):
     res = _run("ray_job_submit.sh", "searchr1_grpo_qwen2.5-7b_base.sh", DRY_RUN="1", RAY_ADDRESS="http://head:8265",
-               NNODES="2", **_inputs(tmp_path))
+               NNODES="2", **_inputs(tmp_path, "searchr1_grpo_qwen2.5-7b_base.sh"))
     assert res.returncode == 0, res.stderr[-3000:]
     # the project's own Python runs Ray's CLI and the job's driver
     assert f"{sys.executable} -m ray.scripts.scripts job submit --address http://head:8265 --working-dir" in res.stderr

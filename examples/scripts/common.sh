@@ -160,6 +160,9 @@ check_retriever_urls() {  # every URL healthy and serving one index (that of $1 
 # node before training), or in a dry run. Prints the corpus, index and URL it uses.
 start_retrievers() {
     if [[ "$DRY_RUN" == "argv" ]]; then
+        if [[ -z "${RETRIEVER_URLS:-}" && "${RETRIEVER_MODE:-node}" == "serve" ]]; then
+            RETRIEVER_URLS="http://${RETRIEVER_SERVE_IP:-$(hostname -I 2>/dev/null | awk '{print $1}')}:${RETRIEVER_PORT}"
+        fi
         RETRIEVER_URLS="${RETRIEVER_URLS:-http://127.0.0.1:${RETRIEVER_PORT}}"
         return 0
     fi

@@ -31,7 +31,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 
-CORPUS="${RETRIEVER_CORPUS:-$ROOT/../shared/data/wiki/hotpotqa_dev500_paragraphs.jsonl}"
+CORPUS="${RETRIEVER_CORPUS:-}"  # no default: a corpus taken from eval data would hold the eval questions' gold passages
 ENCODER="${RETRIEVER_ENCODER:-bm25}"
 INDEX_TYPE="${RETRIEVER_INDEX_TYPE:-}"
 INDEX_DIR="${RETRIEVER_INDEX_DIR:-}"
@@ -70,6 +70,10 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 [[ -z "$INDEX_TYPE" ]] && { [[ "$ENCODER" == "bm25" ]] && INDEX_TYPE=bm25 || INDEX_TYPE=flat; }
+if [[ -z "$CORPUS" ]]; then
+  echo "start_retriever_serve.sh: no corpus: give --corpus (RETRIEVER_CORPUS)" >&2
+  exit 2
+fi
 if [[ ! -f "$CORPUS" ]]; then
   echo "start_retriever_serve.sh: corpus $CORPUS not found (give --corpus; start_retriever.sh --source prepares one)" >&2
   exit 2

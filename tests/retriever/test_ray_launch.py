@@ -30,11 +30,17 @@ def _urls(**env):
     return argv[argv.index("--search.retriever_urls") + 1]
 
 
-def test_serve_mode_hands_the_serve_url_to_the_trainer():
+def test_serve_mode_hands_the_serve_url_to_the_trainer(tmp_path):
+    from tests.test_launchers import HAVE_SHARED, _inputs
+
+    if not HAVE_SHARED:
+        pytest.skip("../shared/data not found")
     assert _urls(RETRIEVER_MODE="serve", RETRIEVER_SERVE_IP="10.1.2.3", RETRIEVER_PORT="8123") == "http://10.1.2.3:8123"
     assert _urls(RETRIEVER_PORT="8123") == "http://127.0.0.1:8123"  # the per-node default is untouched
+    inputs = _inputs(tmp_path, "searchr1_grpo_qwen2.5-3b_base.sh")
     res = subprocess.run(["bash", os.path.join(SCRIPTS, "searchr1_grpo_qwen2.5-3b_base.sh")], capture_output=True,
-                         text=True, timeout=300, env=_env(DRY_RUN="1", RETRIEVER_MODE="serve", RETRIEVER_SERVE_IP="10.1.2.3"))
+                         text=True, timeout=300, env=_env(DRY_RUN="1", RETRIEVER_MODE="serve", RETRIEVER_SERVE_IP="10.1.2.3",
+                                                          **inputs))
     assert res.returncode == 0, res.stderr[-2000:]
     assert "start_retriever_serve.sh" in res.stdout + res.stderr
 
