@@ -589,41 +589,7 @@ def compute_reward(scheme: str, response_text: str, golds, protocol, **kw) -> Re
 # the launchers r1searcher_llama8b_instruct_stage{1,2}.sh use them under SETTING=released (docs/parity.md).
 
 
-def _released_tag_counts(solution: str, proto: Protocol) -> List[int]:
-    d_o, d_c = proto.doc_open_tag, proto.doc_close_tag
-    return [solution.count(d_o + "\n"), solution.count(d_c + "\n\n"), solution.count(proto.query_open),
-            solution.count(proto.query_close), solution.count(d_o), solution.count(d_c),
-            solution.count(d_o + "\n(1)")]
-
-
-def r1searcher_released_llama_stage1(response_text: str, golds: List[str], protocol,
-                                     answer_max_words: int = 10) -> RewardResult:
-    """R1-Searcher's released Llama stage-1 reward (``train/reward_server_llama_stage1.py:155-198``), exactly.
-
-    - answer term: +1 when an answer block exists and the text after the last ``<answer>`` (up to the next
-      ``</answer>``) covers a gold answer (Cover-EM, R1-Searcher normalisation), else -1 (lines 157-173);
-    - +0.5 when the seven query/documents tag counts are all equal and at least 1, i.e. at least one well-formed
-      retrieval (lines 175-190);
-    - +0.5 when there is no ``<think>`` and exactly one ``</think>``, ``<answer>`` and ``</answer>`` (lines 192-198).
-
-    Range [-1, 2]. ``answer_max_words`` is accepted for the common signature and not used (the server has no length
-    check). Differs from the paper's stage 1 (``r1searcher_stage1``: 0.5 + 0.5, no answer term).
-    """
-    proto = get_protocol(protocol)
-    _require_r1_tags(proto, "r1searcher_released_llama_stage1")
-    solution = strip_end_of_turn(response_text or "").strip()
-    finished, pred = _released_answer(solution, proto)
-    covered = finished and cover_em(pred, golds) > 0
-    answer_term = 1.0 if covered else -1.0
-    counts = _released_tag_counts(solution, proto)
-    r_ret = 0.5 if (len(set(counts)) == 1 and counts[0] >= 1) else 0.0
-    think_ok = _released_think_answer_ok(solution, proto)
-    r_fmt = 0.5 if think_ok else 0.0
-    _, _, _, _, comps = _base_components(response_text, golds, proto, answer_max_words)
-    comps.update(answer_reward=answer_term, retrieval_reward=r_ret, format_reward=r_fmt,
-                 released_format_ok=float(think_ok), score=float(covered))
-    reason = "" if think_ok else "think/answer tag counts"
-    return RewardResult(answer_term + r_ret + r_fmt, comps, reason)
-
-
+# The released Llama stage-1 server is the one ``r1searcher_released_stage1`` reproduces; the Llama launchers name it
+# after its file.
+r1searcher_released_llama_stage1 = r1searcher_released_stage1
 register_reward_scheme("r1searcher_released_llama_stage1", r1searcher_released_llama_stage1)
