@@ -173,6 +173,18 @@ def main(argv=None) -> int:
     return 0
 
 
+def replace_between_markers(path: str, start: str, end: str, body: str) -> None:
+    """Rewrite ``path`` with ``body`` between the marker lines ``start`` and ``end`` (both kept; what lay between
+    them is dropped). Raises ValueError when a marker is missing (nothing is written then)."""
+    text = open(path).read()
+    if start not in text or end not in text.split(start, 1)[1]:
+        raise ValueError(f"{path}: markers {start} ... {end} not found")
+    head, rest = text.split(start, 1)
+    tail = rest.split(end, 1)[1]
+    with open(path, "w") as f:
+        f.write(f"{head}{start}\n{body}\n{end}{tail}")
+
+
 def write_docs(path, info, floors, results, ratio, lone_ratio, stats, a) -> None:
     """Replace the text between the bench-retriever markers of ``path`` with this run's table."""
     start, end = "<!-- bench-retriever:start -->", "<!-- bench-retriever:end -->"
@@ -193,11 +205,7 @@ def write_docs(path, info, floors, results, ratio, lone_ratio, stats, a) -> None
                   f"service at {top['clients']} clients (batching on) / floor at batch {big}: **{ratio:.2f}** "
                   f"(target 0.80); {stats['batches']} server batches for {stats['requests']} requests, largest "
                   f"{stats['max_batch_queries_seen']} queries."]
-    text = open(path).read()
-    head, rest = text.split(start, 1)
-    tail = rest.split(end, 1)[1]
-    with open(path, "w") as f:
-        f.write(f"{head}{start}\n" + "\n".join(lines) + f"\n{end}{tail}")
+    replace_between_markers(path, start, end, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
 
-from bench_retriever import load_queries, service_run  # noqa: E402  (the same load generator as the plain bench)
+from bench_retriever import load_queries, replace_between_markers, service_run  # noqa: E402  (the same load generator as the plain bench)
 
 
 def _line(name: str, r: dict, base: float | None) -> str:
@@ -137,11 +137,7 @@ def write_docs(path: str, out: dict, a) -> None:
     for n, r in out["serve"].items():
         lines.append(f"| Ray Serve, {n} replica{'s' if n != '1' else ''} | {r['qps']:.1f} | {r['p50_ms']:.0f} | "
                      f"{r['p99_ms']:.0f} | {r['qps'] / base['qps']:.2f} |")
-    text = open(path).read()
-    head, rest = text.split(start, 1)
-    tail = rest.split(end, 1)[1]
-    with open(path, "w") as f:
-        f.write(f"{head}{start}\n" + "\n".join(lines) + f"\n{end}{tail}")
+    replace_between_markers(path, start, end, "\n".join(lines))
 
 
 if __name__ == "__main__":

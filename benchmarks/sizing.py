@@ -187,13 +187,10 @@ def main(argv=None) -> int:
     text = "\n".join(lines)
     print(text)
     if a.write_docs:
-        start, end = "<!-- sizing:start -->", "<!-- sizing:end -->"
-        doc = open(a.write_docs).read()
-        head, rest = doc.split(start, 1)
-        tail = rest.split(end, 1)[1]
+        from bench_retriever import replace_between_markers
+
         cmd = f"`benchmarks/sizing.py --measure_encode {a.measure_encode}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})"
-        with open(a.write_docs, "w") as f:
-            f.write(f"{head}{start}\n{cmd}:\n\n{text}\n{end}{tail}")
+        replace_between_markers(a.write_docs, "<!-- sizing:start -->", "<!-- sizing:end -->", f"{cmd}:\n\n{text}")
     return 0
 
 
