@@ -503,9 +503,11 @@ class SearchR1Protocol(Protocol):
     default_chat = True
     # wiki-18 ``contents`` start with the title in double quotes; Search-R1 writes that first line as the title.
     quote_titles = True
+    # the user message, table 1 of the paper ({question} filled in); subclasses may swap it
+    template_text = _SEARCHR1_TEMPLATE
 
     def instructions(self) -> str:
-        return _SEARCHR1_TEMPLATE.format(question="").rstrip()
+        return self.template_text.format(question="").rstrip()
 
     def normalize_question(self, question: str) -> str:
         """Stripped, with "?" appended when the last character is not one (their data scripts and ``infer.py``)."""
@@ -530,7 +532,7 @@ class SearchR1Protocol(Protocol):
     def build_prompt(self, question: str, tokenizer=None, chat: Optional[bool] = False,
                      template: str = "train") -> str:
         self._check_template(template)  # one prompt for training and evaluation (evaluate.sh reads test.parquet)
-        content = _SEARCHR1_TEMPLATE.format(question=self.normalize_question(question))
+        content = self.template_text.format(question=self.normalize_question(question))
         if self.resolve_chat(chat, tokenizer):
             return self._apply_chat(tokenizer, [{"role": "user", "content": content}])
         return content
@@ -560,19 +562,9 @@ _SEARCHR1_SHORT_TEMPLATE = (
 @register_protocol
 class SearchR1ShortProtocol(SearchR1Protocol):
     """Search-R1's tags, documents block, "?" completion and invalid-action message with a shorter instruction (57
-    tokens instead of 110 with SmolLM2's tokenizer): every trajectory of the CPU main job re-reads the prompt at each turn and in
-    every log-prob pass, and on 2 CPU cores the prompt is a large share of the step time. Not a paper setting: the
+    tokens instead of 110 with SmolLM2's tokenizer): every trajectory of the CPU main job re-reads the prompt at each
+    turn and in every log-prob pass, and on 2 CPU cores the prompt is a large share of the step time. Not a paper setting: the
     launchers and the evaluation of the papers' tables use ``searchr1`` (table 1's template, verbatim)."""
 
     name = "searchr1_short"
-
-    def instructions(self) -> str:
-        return _SEARCHR1_SHORT_TEMPLATE.format(question="").rstrip()
-
-    def build_prompt(self, question: str, tokenizer=None, chat: Optional[bool] = False,
-                     template: str = "train") -> str:
-        self._check_template(template)
-        content = _SEARCHR1_SHORT_TEMPLATE.format(question=self.normalize_question(question))
-        if self.resolve_chat(chat, tokenizer):
-            return self._apply_chat(tokenizer, [{"role": "user", "content": content}])
-        return content
+    template_text = _SEARCHR1_SHORT_TEMPLATE
