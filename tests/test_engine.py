@@ -269,3 +269,76 @@ def test_last_position_logits_shortcut_is_exact(tiny_policy, qwen_tokenizer):
         assert list(a.token_ids) == list(b.token_ids) and len(a.token_ids) == 10
         for x, y, t in zip(a.logprobs, b.logprobs, a.token_ids):
             assert x[t].logprob == pytest.approx(y[t].logprob, abs=1e-5)
+
+
+def _logprob_list(out):
+    return [entry[t].logprob for t, entry in zip(out.token_ids, out.logprobs)]
+
+
+def test_prefix_cache_second_turn_equals_uncached_and_skips_the_cached_prefix(qwen_tokenizer, tiny_policy,
+                                                                              prompt_ids):
+    """A second turn (first turn's prompt + sampled tokens + an observation) prefills only the new tokens and
+    gives the same greedy tokens and log-probs as an engine without prefix caching (single rows and batches)."""
+    obs = qwen_tokenizer("\n<information> Paris is on the Seine. </information>\n", add_special_tokens=False).input_ids
+    other = qwen_tokenizer("Name a river in Europe.", add_special_tokens=False).input_ids
+    for batch in (1, 8):
+        cached = HFEngine(tiny_policy, qwen_tokenizer, max_batch_size=batch)
+        plain = HFEngine(tiny_policy, qwen_tokenizer, max_batch_size=batch, prefix_cache_mb=0)
+        sp = SamplingParams(temperature=0, max_tokens=7, logprobs=0)
+
+        async def turns(eng):
+            first = await asyncio.gather(eng.generate(prompt_ids, sp), eng.generate(other, sp))
+            second_prompts = [p + list(f.outputs[0].token_ids) + obs for p, f in zip((prompt_ids, other), first)]
+            return first, await asyncio.gather(*(eng.generate(p, sp) for p in second_prompts))
+
+        (f_c, s_c), (f_p, s_p) = asyncio.run(turns(cached)), asyncio.run(turns(plain))
+        for a, b in zip(f_c + s_c, f_p + s_p):
+            assert list(a.outputs[0].token_ids) == list(b.outputs[0].token_ids)
+            assert _logprob_list(a.outputs[0]) == pytest.approx(_logprob_list(b.outputs[0]), abs=1e-4)
+        # turn 2 read the first turn's states: prompt + 6 of its 7 sampled tokens (the last one was never fed)
+        first_lens = len(prompt_ids) + len(other)
+        assert cached.stats["prefix_cache_hit_tokens"] == len(prompt_ids) + len(other) + 2 * 6
+        assert cached.stats["prefill_tokens"] == first_lens + 2 * (1 + len(obs))
+        assert plain.stats["prefix_cache_hit_tokens"] == 0
+        assert plain.stats["prefill_tokens"] == plain.stats["prompt_tokens"]
+
+
+def test_prefix_cache_prefills_a_shared_prompt_once(qwen_tokenizer, tiny_policy, prompt_ids):
+    """The samples of a group (same prompt, separate requests, seeded) share one prefill and sample what an
+    engine serving them one by one without a prefix cache samples."""
+    cached = HFEngine(tiny_policy, qwen_tokenizer, max_batch_size=8)
+    plain = HFEngine(tiny_policy, qwen_tokenizer, max_batch_size=1, prefix_cache_mb=0)
+
+    async def group(eng):
+        return await asyncio.gather(*(eng.generate(prompt_ids, SamplingParams(temperature=1.0, max_tokens=6,
+                                                                              seed=s, logprobs=0))
+                                      for s in range(4)))
+
+    a, b = asyncio.run(group(cached)), asyncio.run(group(plain))
+    for x, y in zip(a, b):
+        assert list(x.outputs[0].token_ids) == list(y.outputs[0].token_ids)
+        assert _logprob_list(x.outputs[0]) == pytest.approx(_logprob_list(y.outputs[0]), abs=1e-4)
+    assert cached.stats["prefill_tokens"] == len(prompt_ids)
+    assert plain.stats["prefill_tokens"] == 4 * len(prompt_ids)
+
+
+def test_prefix_cache_is_dropped_when_weights_change(qwen_tokenizer, prompt_ids):
+    """After an optimizer step the cached states are stale: the next turn must equal a fresh engine's."""
+    from openrlhf_search.local.offline_assets import build_tiny_qwen2
+
+    model = build_tiny_qwen2(qwen_tokenizer, seed=3)
+    eng = HFEngine(model, qwen_tokenizer)
+    sp = SamplingParams(temperature=0, max_tokens=5, logprobs=0)
+    first = gen(eng, prompt_ids, temperature=0, max_tokens=5).outputs[0]
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    model(torch.tensor([prompt_ids])).logits.sum().backward()
+    opt.step()  # in place, like the trainer's update
+    second = prompt_ids + list(first.token_ids) + prompt_ids[:3]
+    got = asyncio.run(eng.generate(second, sp)).outputs[0]
+    fresh = asyncio.run(HFEngine(model, qwen_tokenizer, prefix_cache_mb=0).generate(second, sp)).outputs[0]
+    assert eng.stats["prefix_cache_hit_tokens"] == 0
+    assert list(got.token_ids) == list(fresh.token_ids)
+    assert _logprob_list(got) == pytest.approx(_logprob_list(fresh), abs=1e-5)
+    # reset_prefix_cache (vLLM's name) empties it too
+    asyncio.run(eng.generate(second, sp))
+    assert eng._prefix_cache and eng.reset_prefix_cache() and not eng._prefix_cache

@@ -25,7 +25,18 @@ calls from many rollout tasks are safe and the event loop stays free for retriev
 together are decoded as one batch (left-padded prefill, one batched forward per token, up to ``max_batch_size``
 sequences): the n samples of a GRPO group arrive together and share each forward pass. Batched numerics differ from
 single-sequence ones by float rounding only, as in vLLM.
+
+Prefix caching (vLLM's automatic prefix caching, ``enable_prefix_caching``): a multi-turn rollout sends the whole
+context again at every turn (prompt + earlier turns + documents), and the samples of a group share their prompt. On a
+CPU the prefill of that context is most of a turn's cost. The engine keeps the key/value states of every finished
+sequence (prompt + sampled tokens), keyed by its token ids, and a new request prefills only the tokens after the
+longest cached prefix of its prompt; identical prompts in one batch are prefilled once. The cache is dropped whenever
+the model's weights change (any in-place update of a parameter, e.g. ``optimizer.step()``, is seen through the
+tensors' version counters) and by :meth:`HFEngine.reset_prefix_cache` (vLLM's name), so a rollout never reads states
+of older weights. It holds at most ``prefix_cache_mb`` MiB, least recently used first out.
 """
+
+from collections import OrderedDict
 
 import asyncio
 import inspect
@@ -39,6 +50,11 @@ from vllm import SamplingParams
 from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.v1.engine.detokenizer import check_stop_strings
+
+try:  # the cache class HF causal LMs return; models with another cache type get no prefix caching
+    from transformers import DynamicCache
+except ImportError:  # pragma: no cover
+    DynamicCache = None
 
 
 class EngineInputError(ValueError):
@@ -64,14 +80,18 @@ class HFEngine:
         max_model_len: most tokens (prompt + output) per sequence; ``model.config.max_position_embeddings`` by default.
         max_batch_size: most sequences decoded together (1 = one request at a time, no padding). The model's
             forward must accept ``attention_mask`` and ``position_ids`` [B, L] when it is above 1.
+        prefix_cache_mb: memory for cached key/value states of earlier sequences (MiB; 0 = no prefix caching). Used
+            only when the model returns a ``transformers.DynamicCache``.
 
     Attributes:
         stats: counters ``requests``, ``generated_tokens``, ``stopped_by_string``, ``stopped_by_token``, ``length``,
-            ``batches`` and ``max_batch_rows`` (largest batch served).
+            ``batches``, ``max_batch_rows`` (largest batch served), ``prompt_tokens`` (prompt tokens of all rows),
+            ``prefill_tokens`` (those actually run through the model) and ``prefix_cache_hit_tokens`` (those read from
+            the prefix cache).
     """
 
     def __init__(self, model, tokenizer, seed: int = 0, max_model_len: Optional[int] = None,
-                 max_batch_size: int = 16):
+                 max_batch_size: int = 16, prefix_cache_mb: float = 1024):
         self.model = model
         self.tokenizer = tokenizer
         self.seed = seed
@@ -97,7 +117,15 @@ class HFEngine:
             accepts = False
         self._forward_kwargs = {"logits_to_keep": 1} if accepts else {}
         self.stats = {"requests": 0, "generated_tokens": 0, "stopped_by_string": 0, "stopped_by_token": 0,
-                      "length": 0, "batches": 0, "max_batch_rows": 0}
+                      "length": 0, "batches": 0, "max_batch_rows": 0, "prompt_tokens": 0, "prefill_tokens": 0,
+                      "prefix_cache_hit_tokens": 0}
+        if prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
+        self.prefix_cache_bytes = int(prefix_cache_mb * 2 ** 20)
+        # token ids (tuple) -> per-layer [(keys [H, T, D], values [H, T, D])], least recently used first
+        self._prefix_cache: "OrderedDict[tuple, list]" = OrderedDict()
+        self._prefix_cache_size = 0
+        self._weights_version = None
 
     # ------------------------------------------------------------------ public API (vLLM / RolloutRayActor shape)
     async def generate(self, prompt_token_ids: Sequence[int], sampling_params: SamplingParams,
@@ -130,6 +158,14 @@ class HFEngine:
             return await item.future
         finally:
             self._unfinished -= 1
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached key/value state (vLLM's ``LLM.reset_prefix_cache``); returns True. Weight changes made in
+        place are detected without it; call it after replacing parameters by other means."""
+        with self._lock:
+            self._prefix_cache.clear()
+            self._prefix_cache_size = 0
+        return True
 
     def get_num_unfinished_requests(self) -> int:
         """Requests waiting or running (``RolloutRayActor.get_num_unfinished_requests``)."""
@@ -243,27 +279,131 @@ class HFEngine:
         for item, result in zip(batch, results):
             _deliver(item, _set_result, result)
 
+    # ------------------------------------------------------------------ prefix cache
+    def _check_weights_version(self):
+        """Drop the prefix cache when any parameter was modified in place since the last batch."""
+        version = sum(p._version for p in self.model.parameters())
+        if version != self._weights_version:
+            self._prefix_cache.clear()
+            self._prefix_cache_size = 0
+            self._weights_version = version
+
+    def _lookup(self, prompt: tuple):
+        """(usable cached length c, per-layer states) of the longest cached prefix of ``prompt``; c < len(prompt),
+        so at least the last prompt token is run (its logits start the sampling). (0, None) without a hit."""
+        best_key, best = None, 0
+        for key in self._prefix_cache:
+            n = min(len(key), len(prompt) - 1)
+            if n > best and key[:n] == prompt[:n]:
+                best_key, best = key, n
+        if best_key is None:
+            return 0, None
+        self._prefix_cache.move_to_end(best_key)
+        return best, self._prefix_cache[best_key]
+
+    def _store(self, key: tuple, layers: list):
+        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+        if size > self.prefix_cache_bytes:
+            return
+        old = self._prefix_cache.pop(key, None)
+        if old is not None:
+            self._prefix_cache_size -= sum(k.numel() * k.element_size() * 2 for k, _ in old)
+        self._prefix_cache[key] = layers
+        self._prefix_cache_size += size
+        while self._prefix_cache_size > self.prefix_cache_bytes:
+            _, dropped = self._prefix_cache.popitem(last=False)
+            self._prefix_cache_size -= sum(k.numel() * k.element_size() + v.numel() * v.element_size()
+                                           for k, v in dropped)
+
+    def _prefill(self, prompts: List[tuple], device, pad: int):
+        """Run the uncached tail of each distinct prompt; returns (output, attention [U, W], positions [U, 1]).
+
+        Layout of row u (width W = C + S, C = longest cached prefix, S = longest tail): left padding, the c_u cached
+        tokens (their states read from the cache), left padding, the s_u tail tokens. Padding is masked out of
+        attention, and ``position_ids`` continue each row's own count, so a row computes exactly what it would alone
+        (up to float rounding)."""
+        hits = [self._lookup(p) for p in prompts] if self.prefix_cache_bytes else [(0, None)] * len(prompts)
+        C = max(c for c, _ in hits)
+        S = max(len(p) - c for p, (c, _) in zip(prompts, hits))
+        U = len(prompts)
+        ids = torch.full((U, S), pad, dtype=torch.long)
+        attention = torch.zeros((U, C + S), dtype=torch.long)
+        positions = torch.zeros((U, S), dtype=torch.long)
+        for u, (p, (c, _)) in enumerate(zip(prompts, hits)):
+            s_u = len(p) - c
+            ids[u, S - s_u:] = torch.tensor(p[c:])
+            attention[u, C - c: C] = 1
+            attention[u, C + S - s_u:] = 1
+            positions[u, S - s_u:] = torch.arange(c, c + s_u)
+            self.stats["prefill_tokens"] += s_u
+            self.stats["prefix_cache_hit_tokens"] += c
+        past = None
+        if C > 0:
+            template = next(layers for c, layers in hits if c > 0)
+            data = []
+            for layer, (k0, v0) in enumerate(template):
+                keys = k0.new_zeros((U, k0.shape[0], C, k0.shape[2]))
+                values = v0.new_zeros((U, v0.shape[0], C, v0.shape[2]))
+                for u, (c, layers) in enumerate(hits):
+                    if c:
+                        keys[u, :, C - c:] = layers[layer][0][:, :c]
+                        values[u, :, C - c:] = layers[layer][1][:, :c]
+                data.append((keys.to(device), values.to(device)))
+            past = DynamicCache(ddp_cache_data=data)
+        out = self.model(input_ids=ids.to(device), attention_mask=attention.to(device),
+                         position_ids=positions.to(device), past_key_values=past, use_cache=True,
+                         **self._forward_kwargs)
+        return out, attention.to(device), positions[:, -1:].to(device)
+
+    def _store_rows(self, rows: List["_Row"], past, attention):
+        """Cache each row's states: prompt + sampled tokens except the last one (never fed to the model)."""
+        if not isinstance(past, DynamicCache) or not self.prefix_cache_bytes:
+            return
+        layers = [(layer.keys, layer.values) for layer in past.layers]
+        for b, row in enumerate(rows):
+            n = len(row.prompt) + len(row.token_ids) - 1
+            if attention is None:  # single row, no padding: its states are the first n positions
+                per_layer = [(k[b, :, :n].detach().cpu().clone(), v[b, :, :n].detach().cpu().clone())
+                             for k, v in layers]
+            else:  # the row's real positions in order (padding, and pad tokens fed after it finished, left out)
+                valid = attention[b].nonzero().squeeze(-1)[:n]
+                per_layer = [(k[b].index_select(1, valid).detach().cpu(), v[b].index_select(1, valid).detach().cpu())
+                             for k, v in layers]
+            self._store(tuple(row.prompt) + tuple(row.token_ids[:-1]), per_layer)
+
     @torch.no_grad()
     def _run_rows(self, rows: List["_Row"]):
-        """Decode several sequences together: left-padded prefill, then one batched forward per token.
+        """Decode several sequences together: (prefix-cached) prefill, then one batched forward per token.
 
-        Shapes: input_ids / attention_mask / position_ids [B, L_max] at prefill, [B, 1] and [B, L] afterwards;
-        logits [B, V] per step. A finished row is fed the pad token until every row is done."""
+        Shapes: input_ids / attention_mask / position_ids [U, W] at prefill (U distinct prompts, see
+        :meth:`_prefill`), [B, 1] and [B, L] afterwards; logits [B, V] per step. A finished row is fed the pad token
+        until every row is done."""
         device = next(self.model.parameters()).device
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        if len(rows) == 1:  # no padding: exactly the single-sequence computation
+        if self.prefix_cache_bytes:
+            self._check_weights_version()
+        distinct = list(OrderedDict.fromkeys(tuple(r.prompt) for r in rows))
+        self.stats["prompt_tokens"] += sum(len(r.prompt) for r in rows)
+        single = len(rows) == 1 and not (self.prefix_cache_bytes and self._lookup(distinct[0])[0])
+        if single:  # no padding, nothing cached: exactly the single-sequence computation
+            self.stats["prefill_tokens"] += len(rows[0].prompt)
             out = self.model(input_ids=torch.tensor([rows[0].prompt], device=device), use_cache=True,
                              **self._forward_kwargs)
             attention = positions = None
         else:
-            width = max(len(r.prompt) for r in rows)
-            ids = torch.tensor([[pad] * (width - len(r.prompt)) + r.prompt for r in rows], device=device)
-            attention = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in rows],
-                                     device=device)
-            positions = (attention.cumsum(-1) - 1).clamp(min=0)
-            out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                             **self._forward_kwargs)
-            positions = positions[:, -1:]
+            out, attention, positions = self._prefill(distinct, device, pad)
+            if len(distinct) < len(rows):  # rows sharing a prompt share its prefill
+                index = torch.tensor([distinct.index(tuple(r.prompt)) for r in rows], device=device)
+                if DynamicCache is not None and isinstance(out.past_key_values, DynamicCache):
+                    out.past_key_values = DynamicCache(ddp_cache_data=[
+                        (layer.keys.index_select(0, index), layer.values.index_select(0, index))
+                        for layer in out.past_key_values.layers])
+                else:  # another cache type: prefill every row
+                    out, attention, positions = self._prefill([tuple(r.prompt) for r in rows], device, pad)
+                    index = None
+                if index is not None:
+                    out.logits = out.logits.index_select(0, index)
+                    attention, positions = attention.index_select(0, index), positions.index_select(0, index)
         past = out.past_key_values
         logits = out.logits[:, -1].float()
         while True:
@@ -274,6 +414,7 @@ class HFEngine:
                     row.step(logits[b], raw_logprobs[b])
                 next_ids.append(pad if row.done else row.token_ids[-1])
             if all(r.done for r in rows):
+                self._store_rows(rows, past, attention)
                 return
             step_ids = torch.tensor(next_ids, device=device).unsqueeze(-1)
             if attention is None:
