@@ -271,10 +271,52 @@ def test_scripted_warmstart_queries_retrieve_the_supporting_passage(retriever_ur
                                results[0], proto, tok, max_obs_tokens=200)
     a, b = traj.action_ranges[-1]
     assert tok.decode(traj.tokens[a:b]).endswith(f"<answer> {r['answer']} </answer>")
-    # --warmstart.teach_answers false: the protocol only; the trajectory stops at the answer's open tag
+    # --warmstart.answers none: the protocol only; the trajectory stops at the answer's open tag
     proto_only = scripted_trajectory(proto.build_prompt(r["question"], tok, chat=True), r["question"], None,
                                      results[0], proto, tok, max_obs_tokens=200)
     a, b = proto_only.action_ranges[-1]
     assert tok.decode(proto_only.tokens[a:b]).endswith("<answer>") and r["answer"] not in tok.decode(
         proto_only.tokens[a:b])
     assert proto_only.tokens[:a] == traj.tokens[:a]  # same prompt, search call and documents
+
+
+def test_first_sentence_keeps_abbreviations_and_cuts_long_replies():
+    from openrlhf_search.local.warmstart import first_sentence
+
+    assert first_sentence(" The currency used in Malta is the Euro. It replaced the lira.") == \
+        "The currency used in Malta is the Euro."
+    assert first_sentence("The capital of Guernsey is St. Peter Port. It is a harbour.") == \
+        "The capital of Guernsey is St. Peter Port."
+    assert first_sentence("Paris\nThe capital of France.") == "Paris"
+    assert first_sentence("Is it Paris? Yes.") == "Is it Paris?"
+    long = first_sentence("word " * 60, max_chars=30)
+    assert len(long) <= 30 and long.endswith("word")
+    assert first_sentence("") == ""
+
+
+def test_self_answers_are_the_policys_own_greedy_first_sentences(qwen_tokenizer, tiny_policy):
+    """--warmstart.answers self: each answer is the first sentence of the engine's greedy reply to a chat turn
+    holding the passage and the question (the gold answer is never used)."""
+    import asyncio
+
+    from vllm import SamplingParams
+
+    from openrlhf_search.local.engine import HFEngine
+    from openrlhf_search.local.warmstart import SELF_ANSWER_TEMPLATE, first_sentence, self_answers
+    from openrlhf_search.types import Passage
+
+    engine = HFEngine(tiny_policy, qwen_tokenizer, seed=0)
+    questions = ["What is the capital of France?", "Which currency is used in Malta?"]
+    passages = [[Passage(id="FRA-geo", title="France", text="The capital of France is Paris.")],
+                [Passage(id="MLT-econ", title="Economy of Malta", text="The currency used in Malta is the EUR.")]]
+    got = self_answers(engine, qwen_tokenizer, questions, passages, max_tokens=8, progress=False)
+    assert len(got) == 2 and all(got)
+    for q, ps, answer in zip(questions, passages, got):
+        text = qwen_tokenizer.apply_chat_template(
+            [{"role": "user", "content": SELF_ANSWER_TEMPLATE.format(passage=ps[0].text, question=q)}],
+            tokenize=False, add_generation_prompt=True)
+        ids = qwen_tokenizer(text, add_special_tokens=False)["input_ids"]
+        ref = asyncio.run(engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=8))).outputs[0].text
+        assert answer == (first_sentence(ref) or "unknown")
+    with pytest.raises(ValueError, match="2 questions but 1 passage"):
+        self_answers(engine, qwen_tokenizer, questions, passages[:1], progress=False)

@@ -46,7 +46,7 @@ PRESETS = {
         "--search.max_obs_tokens", "96", "--data.max_len", "512",
         "--data.max_hops", "1",
         "--warmstart.sft_steps", "40", "--warmstart.lr", "2e-4", "--warmstart.batch_size", "4",
-        "--warmstart.num_examples", "48", "--warmstart.teach_answers", "true",
+        "--warmstart.num_examples", "48", "--warmstart.answers", "self",
         "--algo.advantage.estimator", "group_norm", "--algo.kl.init_coef", "0.001",
         "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "4", "--rollout.temperature", "0.7",
         "--actor.adam.lr", "1e-4", "--train.max_epochs", "2", "--train.max_steps", "8",
@@ -169,10 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmstart.lr", type=float, default=3e-3)
     p.add_argument("--warmstart.batch_size", type=int, default=8)
     p.add_argument("--warmstart.num_examples", type=int, default=64, help="distinct scripted trajectories")
-    p.add_argument("--warmstart.teach_answers", type=_bool, default=True,
-                   help="true: scripted trajectories end with the gold answer in the answer block; false: they stop "
-                        "at the answer's open tag, so the warm start teaches the protocol (when and how to search, "
-                        "where the answer goes) and what the model answers is left to RL")
+    p.add_argument("--warmstart.answers", default="gold", choices=["gold", "self", "none"],
+                   help="what the scripted trajectories put in the answer block: 'gold' (the gold answer: the warm "
+                        "start also teaches the answers), 'self' (the policy's own greedy reply to the question and "
+                        "the same passage in a plain chat turn, first sentence: the warm start teaches the protocol "
+                        "only, and answering well is left to RL), 'none' (the turn stops at the answer's open tag)")
     # checkpoints and logs
     p.add_argument("--ckpt.output_dir", default="runs/train_local", help="run folder (metrics, checkpoints, model)")
     p.add_argument("--ckpt.path", default=None, help="checkpoint folder (default: <output_dir>/checkpoints)")

@@ -1,4 +1,4 @@
-"""Scripted warm start: a few SFT steps on search trajectories written from the gold answers.
+"""Scripted warm start: a few SFT steps on search trajectories of the protocol's shape.
 
 A tiny random policy almost never writes a well-formed search call by itself, so RL would see no search at all.
 Like the cold-start SFT of later search agents (and R1-Searcher's observation that stage 1 first has to teach the
@@ -8,7 +8,15 @@ format, arXiv 2503.05592 sec. 3.2), the default run first fits the policy to tra
 
 built token by token exactly as the executor builds rollouts (prompt, model turn, environment block and next model
 turn tokenised separately and concatenated), with the loss on the model-turn (action) tokens only.
+
+What goes into the answer block (``--warmstart.answers``): ``gold`` (the gold answer: the warm start then also
+teaches the answers), ``self`` (the policy's own greedy reply to the question with the same retrieved passage in a
+plain chat turn, :func:`self_answers`: the warm start teaches where to search and where the answer goes, no gold
+answer is used, and how well the answer block is filled is left to RL), or ``none`` (the turn stops at the open tag).
 """
+
+import asyncio
+import re
 
 from typing import Callable, List, Optional, Sequence
 
@@ -64,6 +72,72 @@ def scripted_turns(prompt: str, question: str, answer: Optional[str], protocol) 
     if answer is None:  # the protocol only: the turn stops at the answer's open tag
         second = f"I found it. {p.think_close}\n\n{p.answer_open}" if opened else p.answer_open
     return first, second
+
+
+# The plain chat turn of a self answer: the retrieved passage, the question, and the same "short answer" request as the
+# protocol's instruction. No gold answer, no tags: what the model writes is its own answering style.
+SELF_ANSWER_TEMPLATE = "{passage}\n\nQuestion: {question}\nAnswer in a few words."
+
+
+def first_sentence(text: str, max_chars: int = 120) -> str:
+    """The first sentence (or line) of ``text``, stripped and cut to ``max_chars`` at a word boundary: what a self
+    answer keeps, so that the answer block closes within one model turn.
+
+    A sentence ends at ".", "!" or "?" followed by a space, except after a short capitalised abbreviation ("St. Peter
+    Port", "Mt. Everest"), e.g. "The capital is St. Peter Port. It is small." -> "The capital is St. Peter Port."
+    """
+    text = text.strip().split("\n")[0].strip()
+    for m in re.finditer(r"[.!?](?=\s)", text):
+        word = text[: m.start()].rsplit(" ", 1)[-1]
+        if not (word[:1].isupper() and len(word) <= 3):
+            text = text[: m.end()]
+            break
+    if len(text) > max_chars:
+        text = text[:max_chars].rsplit(" ", 1)[0]
+    return text.strip()
+
+
+def self_answers(engine, tokenizer, questions: Sequence[str], passages: Sequence[Sequence[Passage]],
+                 max_tokens: int = 24, progress: bool = True) -> List[str]:
+    """The policy's own greedy answers, one per question, given the passages the scripted query retrieved.
+
+    Each prompt is one user turn of the tokenizer's chat template with :data:`SELF_ANSWER_TEMPLATE` (passage texts
+    joined by blank lines); decoding is greedy with ``max_tokens`` new tokens; the reply is cut to its first sentence
+    (:func:`first_sentence`). An empty reply becomes "unknown" so that every answer block has content.
+
+    Args:
+        engine: an :class:`~openrlhf_search.local.engine.HFEngine` over the policy (vLLM ``generate`` contract).
+        questions, passages: one list of passages per question (same length).
+    Returns:
+        answers, one string per question.
+    Raises:
+        ValueError: ``questions`` and ``passages`` differ in length.
+    """
+    from vllm import SamplingParams
+
+    if len(questions) != len(passages):
+        raise ValueError(f"self_answers: {len(questions)} questions but {len(passages)} passage lists")
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    prompts = []
+    for q, ps in zip(questions, passages):
+        user = SELF_ANSWER_TEMPLATE.format(passage="\n\n".join(p.text for p in ps), question=q)
+        text = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
+                                             add_generation_prompt=True)
+        prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    bar = tqdm(total=len(prompts), desc="warm start: self answers", unit="q", disable=not progress)
+
+    async def one(ids):
+        out = await engine.generate(ids, params)
+        bar.update(1)
+        return first_sentence(out.outputs[0].text) or "unknown"
+
+    async def run_all():
+        return await asyncio.gather(*(one(ids) for ids in prompts))
+
+    try:
+        return list(asyncio.new_event_loop().run_until_complete(run_all()))
+    finally:
+        bar.close()
 
 
 def scripted_trajectory(prompt: str, question: str, answer: Optional[str], passages: Sequence[Passage], protocol,
