@@ -323,9 +323,14 @@ class LocalSearchTrainer:
         rows = [self.train_rows[i] for i in self.cursor.take(a.rollout.batch_size)]
         for t in self.timers.values():
             t.reset()
+        engine_before = dict(self.engine.stats)
         outs = self.rollout(rows, self.n_samples, desc=f"rollout step {self.step + 1}/{a.train.max_steps}")
         t_rollout = time.perf_counter() - t0
         gen_s, ret_s, rew_s = (self.timers[k].reset() for k in ("generation", "retrieval", "reward"))
+        # engine counters of this step's rollouts: tokens sampled, prompt tokens run, prompt tokens read from the
+        # prefix cache (their sum is every prompt token of every turn)
+        engine_step = {f"engine_{k}": self.engine.stats[k] - engine_before.get(k, 0)
+                       for k in ("generated_tokens", "prompt_tokens", "prefill_tokens", "prefix_cache_hit_tokens")}
 
         trajs, rewards, kept = [], [], []
         for i, o in enumerate(outs):
@@ -372,6 +377,7 @@ class LocalSearchTrainer:
             "reward_std": float(r_all[valid].std()) if int(valid.sum()) > 1 else 0.0,
             "lr": self.updater.actor_opt.param_groups[0]["lr"],
         })
+        row.update(engine_step)
         row.update(RLUpdater.batch_metrics(exp))
         for k in ROLLOUT_METRICS:
             vals = [float(lg[k]) for lg in kept_logs if k in lg]
