@@ -332,9 +332,11 @@ class LocalSearchTrainer:
         rows = [self.train_rows[i] for i in self.cursor.take(a.rollout.batch_size)]
         for t in self.timers.values():
             t.reset()
+        tokens_before = self.engine.stats["generated_tokens"]
         outs = self.rollout(rows, self.n_samples, desc=f"rollout step {self.step + 1}/{a.train.max_steps}")
         t_rollout = time.perf_counter() - t0
         gen_s, ret_s, rew_s = (self.timers[k].reset() for k in ("generation", "retrieval", "reward"))
+        generated = self.engine.stats["generated_tokens"] - tokens_before
 
         trajs, rewards, kept = [], [], []
         for i, o in enumerate(outs):
@@ -358,7 +360,9 @@ class LocalSearchTrainer:
         row = {"step": self.step + 1, "data_epoch": data_before["epoch"], "data_pos": data_before["pos"],
                "samples": len(outs), "excluded_retrieval_failed": sum(
                    1 for o in outs if o["extra_logs"].get("retrieval_failed", 0.0) > 0),
-               "excluded": n_excluded}
+               "excluded": n_excluded,
+               # throughput of the engine: tokens it sampled in this step's rollout, per second it was busy
+               "generated_tokens": generated, "gen_tokens_per_s": generated / gen_s if gen_s > 0 else 0.0}
         if not keep_idx:
             logger.warning("step %d: no usable sample (all %d excluded); no update", self.step + 1, len(outs))
             row.update(time_generation_s=gen_s, time_retrieval_s=ret_s, time_reward_s=rew_s, time_update_s=0.0,
@@ -370,9 +374,11 @@ class LocalSearchTrainer:
         shaped_all = self.updater.shape_rewards(r_all, valid)
         t1 = time.perf_counter()
         exp = self.updater.make_experience([trajs[i] for i in keep_idx], shaped_all[keep_idx])
+        self._sync()
         t_exp = time.perf_counter() - t1
         t2 = time.perf_counter()
         upd = self.updater.update(exp)
+        self._sync()
         t_upd = time.perf_counter() - t2
 
         kept_logs = [trajs[i].logs for i in keep_idx]
@@ -390,8 +396,18 @@ class LocalSearchTrainer:
         row.update(upd)
         row.update(time_generation_s=gen_s, time_retrieval_s=ret_s, time_reward_s=rew_s, time_rollout_s=t_rollout,
                    time_experience_s=t_exp, time_update_s=t_upd, time_step_s=time.perf_counter() - t0,
-                   retrieval_requests=float(self.client.stats.get("requests", 0)))
+                   retrieval_requests=float(self.client.stats.get("requests", 0)),
+                   # tokens of the training batch (prompts, turns, documents) through experience + update, per second
+                   batch_tokens=int(exp["batch"].attention_mask.sum()))
+        row["train_tokens_per_s"] = row["batch_tokens"] / (t_exp + t_upd) if t_exp + t_upd > 0 else 0.0
+        if torch.device(a.train.device).type == "cuda":
+            row["cuda_max_memory_mb"] = torch.cuda.max_memory_allocated() / 2 ** 20
         return row
+
+    def _sync(self) -> None:
+        """Wait for queued GPU work, so that a phase's wall time includes it (a no-op on the CPU)."""
+        if torch.device(self.args.train.device).type == "cuda":
+            torch.cuda.synchronize()
 
     def log(self, row: dict) -> None:
         """Append one metrics row to ``metrics.jsonl`` (flushed and fsynced: a kill loses at most the current row)."""
