@@ -287,8 +287,9 @@ phase install 120 - bash -c install_env || true
 export PYTHONPATH="$ROOT:$SITE:$SHIM${PYTHONPATH:+:$PYTHONPATH}"
 
 # -- the model, data, training on the GPU, resume on the CPU and back
-[ "$MODEL" = smollm2 ] && { phase convert_smollm2 150 - "$PYTHON" -c \
-  "from openrlhf_search.local.offline_assets import smollm2_checkpoint; print(smollm2_checkpoint())" || true; }
+[ "$MODEL" = smollm2 ] && { phase convert_smollm2 150 "$WORK/convert.log" "$PYTHON" -c \
+  "from openrlhf_search.local.offline_assets import smollm2_checkpoint; print(smollm2_checkpoint())"; \
+  tail -n 3 "$WORK/convert.log" | tr '\r' '\n' | tail -n 2; }
 phase data 60 "$WORK/data.log" "$PYTHON" -m openrlhf_search.data.default_dataset --out "$WORK/data" --seed 0 \
   || { tail -n 20 "$WORK/data.log"; true; }
 SETUP_FAILED=$FAILED
@@ -304,16 +305,21 @@ if [ "$SETUP_FAILED" = 0 ]; then
   TRAIN_OK=0
   if phase "train_${DEVICE}_${MODEL}" 330 "$RESULTS/train.log" "$PYTHON" -m openrlhf_search.cli.train_local "${ARGV[@]}"; then
     TRAIN_OK=1
+    for f in eval_before.json eval.json eval_compare.json learning_curves.png; do  # before the resumes add steps
+      [ -f "$WORK/train/$f" ] && cp "$WORK/train/$f" "$RESULTS/" || true
+    done
     sed -n '/^== training ==/,$p' "$RESULTS/train.log" | grep -v '^ *Q: ' | head -60 || true
   else
     echo "-- train.log (last 40 lines):"; tail -n 40 "$RESULTS/train.log" | tr '\r' '\n' | tail -n 40
   fi
   if [ "$TRAIN_OK" = 1 ] && [ "$RESUME_CHECK" = 1 ]; then
     : >"$RESULTS/resume.log"
-    # the GPU run's last checkpoint, one more step on the CPU; that checkpoint, one more step on the GPU
+    # the GPU run's last checkpoint, one more step on the CPU (CUDA hidden, as on a machine without a GPU); that
+    # checkpoint, one more step on the GPU
     mapfile -t ARGV_CPU < <(train_argv cpu "$(( STEPS + 1 ))" --eval.disable)
     mapfile -t ARGV_GPU < <(train_argv "$DEVICE" "$(( STEPS + 2 ))" --eval.disable)
-    phase resume_on_cpu 150 "$RESULTS/resume.log" "$PYTHON" -m openrlhf_search.cli.train_local "${ARGV_CPU[@]}" \
+    phase resume_on_cpu 150 "$RESULTS/resume.log" env CUDA_VISIBLE_DEVICES= "$PYTHON" -m openrlhf_search.cli.train_local \
+      "${ARGV_CPU[@]}" \
       && LABELS="cpu" \
       && phase "resume_on_$DEVICE" 90 "$RESULTS/resume.log" "$PYTHON" -m openrlhf_search.cli.train_local "${ARGV_GPU[@]}" \
       && LABELS="cpu,$DEVICE"
@@ -327,8 +333,9 @@ echo "== summary: $MODEL on $(timeout 10 nvidia-smi --query-gpu=name --format=cs
 [ "$MODEL" = tiny ] && echo "!! model: --preset tiny (random 20M Qwen2), not the default job's SmolLM2"
 timeout 60 "$PYTHON" "$HELPER" summary --run "$WORK/train" --steps "$STEPS" --out "$RESULTS/summary.json" \
   --phases "$PHASES_TSV" --labels_after "$LABELS" || FAILED=1
-for f in metrics.jsonl eval_before.json eval.json eval_compare.json learning_curves.png; do
-  [ -f "$WORK/train/$f" ] && cp "$WORK/train/$f" "$RESULTS/" || true
+cp "$WORK/train/metrics.jsonl" "$RESULTS/" 2>/dev/null || true
+for f in eval_before.json eval.json eval_compare.json learning_curves.png; do  # what a failed run left
+  [ -f "$RESULTS/$f" ] || { [ -f "$WORK/train/$f" ] && cp "$WORK/train/$f" "$RESULTS/"; } || true
 done
 echo "== done in $(( $(date +%s) - START ))s; figures and logs in $RESULTS$([ "$FAILED" = 0 ] || echo '; a phase FAILED (see above)')"
 exit "$FAILED"
