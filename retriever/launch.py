@@ -32,10 +32,11 @@ class RetrieverStartError(RuntimeError):
 
 
 def ensure_index(corpus_path: str, workdir: str, encoder: str = "bm25", limit: int | None = None,
-                 index_type: str | None = None) -> str:
+                 index_type: str | None = None, device: str | None = None) -> str:
     """Build (once) an index of the first ``limit`` passages under ``workdir``; returns the index dir.
 
-    A complete index already there (same corpus, encoder, type, limit) is reused.
+    A complete index already there (same corpus, encoder, type, limit) is reused. ``device``: the dense encoder's
+    device for the passages (``cpu``, ``cuda``; None: sentence-transformers' choice); BM25 ignores it.
     """
     from .index import MANIFEST, build_index
 
@@ -49,7 +50,7 @@ def ensure_index(corpus_path: str, workdir: str, encoder: str = "bm25", limit: i
         if m.get("corpus_path") == os.path.abspath(corpus_path) and m.get("limit") == limit:
             return index_dir
     build_index(corpus_path, index_dir, encoder=encoder, index_type=index_type, limit=limit, overwrite=True,
-                chunk_size=256)
+                chunk_size=256, device=device)
     return index_dir
 
 

@@ -82,7 +82,7 @@ def test_steps_checkpoint_and_resume_in_process(tmp_path, retriever_url, default
         assert r["samples"] == 2 and r["excluded"] == 0
         # engine counters of the step: every prompt token was either run or read from the prefix cache, and the 2
         # samples of the group shared one prefill of their prompt
-        assert r["engine_generated_tokens"] >= 2 and r["engine_prefill_tokens"] > 0
+        assert r["generated_tokens"] >= 2 and r["engine_prefill_tokens"] > 0
         assert r["engine_prefill_tokens"] + r["engine_prefix_cache_hit_tokens"] < r["engine_prompt_tokens"]
     assert [r["data_pos"] for r in rows] == [0, 1]
     ck = run / "checkpoints" / "global_step2"

@@ -11,6 +11,9 @@ With no data flags it builds the embedded country-facts default (corpus + 1-/2-h
     python -m openrlhf_search.cli.train_local --train_data ../shared/data/qa/r1searcher/stage_1.jsonl \\
         --corpus ../shared/data/wiki/hotpotqa_dev500_paragraphs.jsonl --retriever.encoder bm25 --train.max_steps 2
 
+    # the same job on a GPU (policy, reference, critic, batches and the retriever's encoder): --train.device cuda
+    python -m openrlhf_search.cli.train_local --preset default --retriever.encoder bm25 --train.device cuda
+
     # against a retriever that is already running
     python -m openrlhf_search.cli.train_local --search.retriever_urls http://127.0.0.1:8000 ...
 
@@ -157,10 +160,14 @@ def main(argv=None) -> int:
         if corpus is None:
             print("error: give --corpus or --search.retriever_urls", file=sys.stderr)
             return 2
+        # --train.device reaches the retriever too: its dense encoder (passages here, queries in the server) and,
+        # on a CPU run, its faiss index stay off the GPU. BM25 has no encoder and ignores both.
+        device = args.train.device
+        server_args = ["--device", device] + (["--no_faiss_gpu"] if device == "cpu" else [])
         try:  # CorpusError is a ValueError; OSError: a missing corpus
             index_dir = ensure_index(corpus, os.path.join(args.ckpt.output_dir, "index"),
-                                     encoder=args.retriever.encoder)
-            server, url = start_server_process(index_dir,
+                                     encoder=args.retriever.encoder, device=device)
+            server, url = start_server_process(index_dir, extra_args=server_args,
                                                log_path=os.path.join(args.ckpt.output_dir, "retriever.log"))
         except (RetrieverIndexError, RetrieverStartError, ValueError, OSError) as e:
             print(f"error: cannot start the retriever on --corpus {corpus}: {e}", file=sys.stderr)

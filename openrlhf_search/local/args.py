@@ -9,6 +9,8 @@ as ``train_ppo_ray.py`` does. Extra knobs of the CPU job:
 - ``--warmstart.*``: the scripted SFT warm start (search trajectories written from the gold answers);
 - ``--search.<field>``: every field of :class:`openrlhf_search.config.SearchConfig` (``--search.topk 3``,
   ``--search.retriever_urls http://127.0.0.1:8000``; lists are comma-separated);
+- ``--train.device auto|cpu|cuda``: where the policy, reference, critic, batches and the retriever's query encoder
+  live (default cpu; auto = cuda when torch sees one; cuda without one is a one-line error);
 - ``--corpus`` / ``--retriever.encoder``: build an index of a passage jsonl and start a retriever service for the run
   when no ``--search.retriever_urls`` is given;
 - ``--train_data`` / ``--eval_data``: short aliases of ``--data.prompt_dataset`` / ``--eval.dataset``
@@ -24,6 +26,7 @@ import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 from openrlhf.utils.config import hierarchize
 
 from openrlhf_search.config import ConfigError, SearchConfig
+from openrlhf_search.local.device import DEVICE_CHOICES, DeviceError, resolve_device
 
 ESTIMATORS = ("gae", "group_norm", "reinforce_baseline", "rloo", "reinforce")
 
@@ -163,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train.no_search", action="store_true",
                    help="ablation: every search returns no passage (the model answers from its own memory)")
     p.add_argument("--train.threads", type=int, default=0, help="torch threads (0: leave as set by OMP_NUM_THREADS)")
+    p.add_argument("--train.device", default="cpu", choices=DEVICE_CHOICES,
+                   help="where the policy, reference, critic, frozen-trunk states, batches and the retriever's query "
+                        "encoder live: cpu (default), cuda, or auto (cuda when torch sees one, else cpu); the same "
+                        "job either way, and checkpoints load on either")
     # warm start
     p.add_argument("--warmstart.sft_steps", type=int, default=0,
                    help="SFT steps on scripted search trajectories before RL (0: none)")
@@ -230,5 +237,9 @@ def parse_args(argv=None):
     try:
         args.search_config = search_config_from_args(args)
     except ConfigError as e:
+        parser.error(str(e))
+    try:  # "auto" becomes the device actually used; "cuda" without CUDA is an error here, before any work
+        args.train.device = resolve_device(args.train.device)
+    except DeviceError as e:
         parser.error(str(e))
     return args

@@ -28,9 +28,10 @@ class ValueCritic(nn.Module):
 
     @classmethod
     def from_policy(cls, policy) -> "ValueCritic":
-        """A critic whose decoder is a deep copy of ``policy``'s (never shared with the policy)."""
+        """A critic whose decoder is a deep copy of ``policy``'s (never shared with the policy), on its device."""
         decoder = policy.get_decoder() if hasattr(policy, "get_decoder") else policy.base_model
-        return cls(copy.deepcopy(decoder), policy.config.hidden_size)
+        critic = cls(copy.deepcopy(decoder), policy.config.hidden_size)
+        return critic.to(next(policy.parameters()).device)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Values aligned with next-token positions.

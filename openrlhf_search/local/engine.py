@@ -20,6 +20,7 @@ What follows vLLM (v1 engine, 0.29) exactly:
   default ``logprobs_mode="raw_logprobs"``) of the sampled token plus the top ``logprobs`` tokens, with ranks.
 
 The engine never copies the model: it holds the very object the CPU trainer optimises, so weight sync is free.
+It runs the model wherever the model's parameters are (``--train.device``); sampling happens on the host.
 Requests run in worker threads (``asyncio.to_thread``) under a lock around the model, so concurrent ``generate``
 calls from many rollout tasks are safe and the event loop stays free for retrieval I/O meanwhile. Requests waiting
 together are decoded as one batch (left-padded prefill, one batched forward per token, up to ``max_batch_size``
@@ -405,7 +406,10 @@ class HFEngine:
                     out.logits = out.logits.index_select(0, index)
                     attention, positions = attention.index_select(0, index), positions.index_select(0, index)
         past = out.past_key_values
-        logits = out.logits[:, -1].float()
+        # The last position's logits [B, V] come to the host once per decode step: sampling, stop rules and logprobs
+        # are per-row host work (host generator, decoded text), which on a GPU would otherwise cost a device sync
+        # per row. On a CPU this is the same tensor (no copy).
+        logits = out.logits[:, -1].float().cpu()
         while True:
             next_ids = []
             raw_logprobs = torch.log_softmax(logits, dim=-1)  # [B, V], once for the batch
@@ -425,7 +429,7 @@ class HFEngine:
                 out = self.model(input_ids=step_ids, attention_mask=attention, position_ids=positions,
                                  past_key_values=past, use_cache=True)
             past = out.past_key_values
-            logits = out.logits[:, -1].float()
+            logits = out.logits[:, -1].float().cpu()
 
 
 def _sample_from(probs: torch.Tensor, generator: torch.Generator) -> int:

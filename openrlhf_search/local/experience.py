@@ -8,6 +8,9 @@ tokens, position j of every per-token tensor ([B, T-1]) is about token j+1, pred
 Log-probabilities are computed on action tokens only: the decoder's hidden states are gathered at action positions
 before the LM head, so a 151k-token vocabulary never materialises logits for prompt or document tokens
 (R1-Searcher / Search-R1 observations are most of a trajectory).
+
+Device: :func:`collate` builds a batch on the host and moves it once to ``device``; every tensor made here follows
+its inputs' device (``--train.device``, :mod:`openrlhf_search.local.device`).
 """
 
 from dataclasses import dataclass, field
@@ -58,6 +61,10 @@ class Batch:
     def __len__(self):
         return self.input_ids.shape[0]
 
+    def to(self, device) -> "Batch":
+        """The same batch on ``device`` (tensors already there are not copied)."""
+        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.action_mask.to(device))
+
     def slice(self, idx) -> "Batch":
         """Rows ``idx`` (slice or index tensor), trimmed to the longest remaining sequence."""
         ids, att, act = self.input_ids[idx], self.attention_mask[idx], self.action_mask[idx]
@@ -80,8 +87,11 @@ def action_mask_from_ranges(length: int, action_ranges: Sequence[Tuple[int, int]
     return mask[1:]
 
 
-def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: Optional[int] = None) -> Batch:
+def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: Optional[int] = None,
+            device=None) -> Batch:
     """Pad trajectories on the right into a :class:`Batch`; sequences longer than ``max_len`` are cut.
+
+    ``device``: where the batch goes (built on the host, then moved in one copy per tensor); None keeps it on the CPU.
 
     Raises:
         ValueError: empty input or a trajectory with fewer than 2 tokens.
@@ -100,7 +110,8 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: Optional[i
         att[i, : len(s)] = 1
         ranges = [(a, min(b, len(s))) for a, b in tr.action_ranges if a < len(s)]
         act[i, : len(s) - 1] = action_mask_from_ranges(len(s), ranges)
-    return Batch(ids, att, act)
+    batch = Batch(ids, att, act)
+    return batch if device is None else batch.to(device)
 
 
 def _decoder_and_head(model):
@@ -135,12 +146,13 @@ def action_log_probs(model, batch: Batch, temperature: float = 1.0, with_entropy
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     lp = logp_all.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    out = torch.zeros(batch.action_mask.shape, dtype=torch.float32)
+    out = torch.zeros(batch.action_mask.shape, dtype=torch.float32, device=lp.device)
     out = out.masked_scatter(batch.action_mask, lp)
     ent = None
     if with_entropy:
         e = -(logp_all.exp() * logp_all).sum(-1)
-        ent = torch.zeros(batch.action_mask.shape, dtype=torch.float32).masked_scatter(batch.action_mask, e)
+        ent = torch.zeros(batch.action_mask.shape, dtype=torch.float32, device=e.device).masked_scatter(
+            batch.action_mask, e)
     return out, ent
 
 
@@ -150,7 +162,7 @@ def batched_action_log_probs(model, batch: Batch, micro_batch_size: int, tempera
     """:func:`action_log_probs` without gradients, in micro-batches (bounded memory). Returns [B, T-1].
 
     ``trunk``: optional [B, T, H] cached frozen-trunk states of the whole batch (see :func:`batched_trunk`)."""
-    out = torch.zeros(batch.action_mask.shape, dtype=torch.float32)
+    out = torch.zeros(batch.action_mask.shape, dtype=torch.float32, device=batch.action_mask.device)
     for s in range(0, len(batch), micro_batch_size):
         mb = batch.slice(slice(s, s + micro_batch_size))
         tr = None if trunk is None else trunk[s: s + micro_batch_size, : mb.input_ids.shape[1]]
@@ -171,6 +183,6 @@ def batched_trunk(model, batch: Batch, micro_batch_size: int) -> Optional[torch.
         mb = batch.slice(slice(s, s + micro_batch_size))
         h = trunk_hidden(model, mb.input_ids, mb.attention_mask)
         if out is None:
-            out = torch.zeros(len(batch), batch.input_ids.shape[1], h.shape[-1], dtype=h.dtype)
+            out = torch.zeros(len(batch), batch.input_ids.shape[1], h.shape[-1], dtype=h.dtype, device=h.device)
         out[s: s + micro_batch_size, : h.shape[1]] = h
     return out

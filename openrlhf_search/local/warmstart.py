@@ -180,6 +180,7 @@ def sft_warmstart(model, trajectories: List[Trajectory], pad_id: int, steps: int
     """
     if not trajectories:
         raise ValueError("warm start: no trajectories")
+    device = next(model.parameters()).device  # batches and cached trunk states live with the model
     # With a frozen trunk (--actor.trainable_layers K) its hidden states are computed once per trajectory, and every
     # SFT step then runs only the top K layers: many more steps for the same CPU time.
     trunks = None
@@ -189,7 +190,7 @@ def sft_warmstart(model, trajectories: List[Trajectory], pad_id: int, steps: int
                    disable=not progress)
         for i in range(0, len(trajectories), 8):
             part = trajectories[i: i + 8]
-            b = collate(part, pad_id)
+            b = collate(part, pad_id, device=device)
             h = trunk_hidden(model, b.input_ids, b.attention_mask)
             trunks += [h[j, : len(t.tokens)] for j, t in enumerate(part)]
             bar.update(len(part))
@@ -210,10 +211,11 @@ def sft_warmstart(model, trajectories: List[Trajectory], pad_id: int, steps: int
                 order, cursor = torch.randperm(len(trajectories), generator=gen).tolist(), 0
             picked.append(order[cursor])
             cursor += 1
-        batch = collate([trajectories[i] for i in picked], pad_id)
+        batch = collate([trajectories[i] for i in picked], pad_id, device=device)
         trunk = None
         if trunks is not None:
-            trunk = torch.zeros(len(picked), batch.input_ids.shape[1], trunks[0].shape[-1])
+            trunk = torch.zeros(len(picked), batch.input_ids.shape[1], trunks[0].shape[-1], dtype=trunks[0].dtype,
+                                device=device)
             for row, i in enumerate(picked):
                 trunk[row, : trunks[i].shape[0]] = trunks[i]
         lp, _ = action_log_probs(model, batch, trunk=trunk)
