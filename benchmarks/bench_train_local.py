@@ -13,7 +13,7 @@ against a real retriever service started here, then reads the job's outputs:
 - the share of step time spent in generation, retrieval, reward, experience (log-probs, KL, advantages) and update.
   Generation and retrieval are busy times of concurrent rollouts (they overlap), so shares can add up to > 100%.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_train_local.py --steps 10 --encoder minilm
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_train_local.py            # the preset as is (BM25, 16 steps)
 Prints a table and writes ``<out>/bench_train_local.json``.
 """
 
@@ -109,6 +109,11 @@ def main(argv=None) -> dict:
         "omp_threads": a.threads,
         "valid_searches_per_step": [round(r.get("valid_searches", 0.0), 3) for r in steps],
         "reward_per_step": [round(r.get("reward", 0.0), 3) for r in steps],
+        # prefix caching: share of the rollouts' prompt tokens (every turn) that the engine actually ran
+        "prompt_tokens_run_share": (sum(r.get("engine_prefill_tokens", 0) for r in steps)
+                                    / max(1, sum(r.get("engine_prompt_tokens", 0) for r in steps))),
+        "generated_tokens_per_s": (sum(r.get("generated_tokens", 0) for r in steps)
+                                   / max(1e-9, sum(r.get("time_generation_s", 0.0) for r in steps))),
     }
     cmp_path = os.path.join(run_dir, "eval_compare.json")
     cmp = json.load(open(cmp_path)) if os.path.exists(cmp_path) else None
@@ -138,6 +143,8 @@ def main(argv=None) -> dict:
     print("  share of step time:")
     for ph in PHASES:
         print(f"    {ph:<11} {100 * shares[ph]:5.1f} %")
+    print(f"  rollout prompt tokens run (rest read from the prefix cache or shared in a batch) "
+          f"{100 * result['prompt_tokens_run_share']:.0f} %; {result['generated_tokens_per_s']:.0f} generated tokens/s")
     print("  valid searches per step:", result["valid_searches_per_step"])
     return result
 

@@ -46,3 +46,21 @@ def hotpotqa_bm25_index(tmp_path_factory):
 
     corpus = shared_path("wiki", "hotpotqa_dev500_paragraphs.jsonl")
     return ensure_index(corpus, str(tmp_path_factory.mktemp("hotpotqa_bm25")), encoder="bm25", limit=300)
+
+
+@pytest.fixture(scope="session")
+def default_data(tmp_path_factory):
+    """The embedded default (corpus, train and eval questions), built once per session with seed 0."""
+    from openrlhf_search.data.default_dataset import build_default_dataset
+
+    return build_default_dataset(str(tmp_path_factory.mktemp("default_data")), seed=0)
+
+
+@pytest.fixture(scope="session")
+def default_bm25_url(default_data, tmp_path_factory):
+    """URL of a real retriever service (BM25) over the embedded default's corpus, running for the whole session."""
+    from retriever.launch import running_retriever
+
+    with running_retriever(default_data.corpus_path, str(tmp_path_factory.mktemp("default_bm25")),
+                           encoder="bm25") as url:
+        yield url

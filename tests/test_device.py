@@ -24,9 +24,7 @@ import sys
 import pytest
 import torch
 
-from openrlhf_search.data.default_dataset import build_default_dataset
 from openrlhf_search.local.args import parse_args
-from retriever.launch import running_retriever
 from tests.conftest import REPO_ROOT
 
 SHIM = os.path.join(REPO_ROOT, "benchmarks", "gpu_shim")
@@ -59,14 +57,13 @@ GOLDEN_WARMSTART = [11.936856269836426, 11.890850067138672]
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return build_default_dataset(str(tmp_path_factory.mktemp("data")), seed=0)
+def data(default_data):  # conftest: the embedded default, built once per session
+    return default_data
 
 
 @pytest.fixture(scope="module")
-def url(data, tmp_path_factory):
-    with running_retriever(data.corpus_path, str(tmp_path_factory.mktemp("index")), encoder="bm25") as u:
-        yield u
+def url(default_bm25_url):
+    return default_bm25_url
 
 
 def _assert_golden(out_dir):

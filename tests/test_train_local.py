@@ -12,10 +12,8 @@ import time
 import pytest
 import torch
 
-from openrlhf_search.data.default_dataset import build_default_dataset
 from openrlhf_search.data.qa import load_qa_jsonl
 from openrlhf_search.local.args import parse_args
-from retriever.launch import running_retriever
 from tests.conftest import REPO_ROOT, shared_path
 
 FAST = ["--actor.model_name_or_path", "tiny", "--search.max_new_tokens_per_turn", "12", "--search.max_turns", "2", "--search.topk", "2",
@@ -25,14 +23,8 @@ FAST = ["--actor.model_name_or_path", "tiny", "--search.max_new_tokens_per_turn"
 
 
 @pytest.fixture(scope="module")
-def default_data(tmp_path_factory):
-    return build_default_dataset(str(tmp_path_factory.mktemp("data")), seed=0)
-
-
-@pytest.fixture(scope="module")
-def retriever_url(default_data, tmp_path_factory):
-    with running_retriever(default_data.corpus_path, str(tmp_path_factory.mktemp("index")), encoder="bm25") as url:
-        yield url
+def retriever_url(default_bm25_url):  # conftest: one BM25 service over the embedded default per session
+    return default_bm25_url
 
 
 def test_flags_mirror_openrlhf_and_search_config():
