@@ -75,10 +75,11 @@ def _assert_golden(out_dir):
             assert row[k] == v, k
         else:
             assert row[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
-    ws = [json.loads(line)["sft_loss"] for line in open(os.path.join(out_dir, "warmstart.jsonl")) if line.strip()]
+    ws = [r["sft_loss"] for r in map(json.loads, open(os.path.join(out_dir, "warmstart.jsonl"))) if "sft_loss" in r]
     assert ws == pytest.approx(GOLDEN_WARMSTART, rel=1e-5)
     # the throughput fields added with the flag
     assert row["generated_tokens"] == 24 and row["batch_tokens"] == 428
+    assert row["trunk_from_rollout"] == 1.0  # the experience pass took the rollout's frozen-trunk states
     assert row["gen_tokens_per_s"] > 0 and row["train_tokens_per_s"] > 0 and "cuda_max_memory_mb" not in row
 
 

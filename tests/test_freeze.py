@@ -84,3 +84,25 @@ def test_update_through_the_trunk_cache_equals_the_plain_update(qwen_tokenizer):
         results.append((exp["old_logp"], model.get_decoder().layers[2].mlp.up_proj.weight.detach().clone()))
     assert torch.allclose(results[0][0], results[1][0], atol=1e-5)
     assert torch.allclose(results[0][1], results[1][1], atol=1e-5)
+
+
+def test_experience_from_the_rollouts_trunk_states_equals_a_fresh_trunk_pass(qwen_tokenizer):
+    """make_experience(trunk_states=...) (the engine's captured states, last row zero as the engine hands them out)
+    gives the log-probs, KL and advantages of a fresh trunk pass; one missing trajectory makes it run the trunk."""
+    settings = RLSettings(estimator="group_norm", n_samples_per_prompt=4, kl_coef=0.01, micro_batch_size=2)
+    model = _model(qwen_tokenizer)
+    freeze_lower_layers(model, 1)
+    upd = RLUpdater(model, settings, pad_id=0)
+    trajs = _trajs()
+    shaped = upd.shape_rewards(torch.tensor([t.reward for t in trajs]), torch.ones(4, dtype=torch.bool))
+    states = []
+    for t in trajs:
+        h = trunk_hidden(model, torch.tensor([t.tokens]), torch.ones(1, len(t.tokens), dtype=torch.long))[0]
+        states.append(torch.cat([h[:-1], torch.zeros_like(h[-1:])]))
+    fresh = upd.make_experience(trajs, shaped)
+    reused = upd.make_experience(trajs, shaped, trunk_states=states)
+    for k in ("old_logp", "ref_logp", "kl", "advantages"):
+        assert torch.allclose(fresh[k], reused[k], atol=1e-5), k
+    assert not torch.equal(reused["trunk"], fresh["trunk"])  # it really used the handed-in states (zero last rows)
+    partial = upd.make_experience(trajs, shaped, trunk_states=states[:3] + [None])
+    assert torch.equal(partial["trunk"], fresh["trunk"])

@@ -123,10 +123,11 @@ class HFEngine:
         if prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
         self.prefix_cache_bytes = int(prefix_cache_mb * 2 ** 20)
-        # token ids (tuple) -> per-layer [(keys [H, T, D], values [H, T, D])], least recently used first
-        self._prefix_cache: "OrderedDict[tuple, list]" = OrderedDict()
+        # token ids (tuple) -> _CacheEntry (per-layer keys / values, captured trunk states), least recently used first
+        self._prefix_cache: "OrderedDict[tuple, _CacheEntry]" = OrderedDict()
         self._prefix_cache_size = 0
         self._weights_version = None
+        self._capture_layers, self._capture_handle, self._captured, self._capture_on = 0, None, None, False
 
     # ------------------------------------------------------------------ public API (vLLM / RolloutRayActor shape)
     async def generate(self, prompt_token_ids: Sequence[int], sampling_params: SamplingParams,
@@ -281,6 +282,55 @@ class HFEngine:
             _deliver(item, _set_result, result)
 
     # ------------------------------------------------------------------ prefix cache
+    def capture_hidden_after(self, n_layers: int) -> None:
+        """Keep, with every cached sequence, the hidden states after the first ``n_layers`` decoder layers (the frozen
+        trunk of ``--actor.trainable_layers``), so that :meth:`trunk_states` hands the trainer the states the rollout
+        already computed instead of a second trunk pass over the same tokens. 0 turns capturing off.
+
+        Raises:
+            ValueError: ``n_layers`` outside [0, number of decoder layers), or no prefix cache to keep them in.
+        """
+        if self._capture_handle is not None:
+            self._capture_handle.remove()
+            self._capture_handle = None
+        self._capture_layers = 0
+        if n_layers == 0:
+            return
+        dec = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.base_model
+        layers = getattr(dec, "layers", None)
+        if layers is None or not 0 < n_layers < len(layers):
+            raise ValueError(f"capture_hidden_after: n_layers must be in [0, {len(layers or [])}), got {n_layers}")
+        if not self.prefix_cache_bytes:
+            raise ValueError("capture_hidden_after needs the prefix cache (prefix_cache_mb > 0)")
+
+        def hook(module, inputs, output):
+            if self._capture_on:  # only the engine's own forwards, not the trainer's passes over the same model
+                self._captured = output[0] if isinstance(output, (tuple, list)) else output
+
+        self._capture_handle = layers[n_layers - 1].register_forward_hook(hook)
+        self._capture_layers = n_layers
+
+    def trunk_states(self, tokens: Sequence[int]) -> Optional[torch.Tensor]:
+        """Hidden states [len(tokens), H] after the captured layers (:meth:`capture_hidden_after`) for a sequence this
+        engine generated with the current weights, or None when they are not cached (then compute them).
+
+        The last token of a finished sequence was sampled but never run through the model; its row is zeros. That
+        row only feeds the prediction after the sequence, which no log-probability uses (causal attention)."""
+        if not self._capture_layers:
+            return None
+        self._check_weights_version()
+        tokens = tuple(int(t) for t in tokens)
+        for key, entry in self._prefix_cache.items():
+            if entry.hidden is None or len(key) < len(tokens) - 1:
+                continue
+            m = min(len(key), len(tokens))
+            if key[:m] == tokens[:m]:
+                states = entry.hidden[:m]
+                if m < len(tokens):
+                    states = torch.cat([states, states.new_zeros((len(tokens) - m, states.shape[-1]))])
+                return states
+        return None
+
     def _check_weights_version(self):
         """Drop the prefix cache when any parameter was modified in place since the last batch."""
         version = sum(p._version for p in self.model.parameters())
@@ -290,8 +340,8 @@ class HFEngine:
             self._weights_version = version
 
     def _lookup(self, prompt: tuple):
-        """(usable cached length c, per-layer states) of the longest cached prefix of ``prompt``; c < len(prompt),
-        so at least the last prompt token is run (its logits start the sampling). (0, None) without a hit."""
+        """(usable cached length c, cache entry) of the longest cached prefix of ``prompt``; c < len(prompt), so at
+        least the last prompt token is run (its logits start the sampling). (0, None) without a hit."""
         best_key, best = None, 0
         for key in self._prefix_cache:
             n = min(len(key), len(prompt) - 1)
@@ -302,22 +352,25 @@ class HFEngine:
         self._prefix_cache.move_to_end(best_key)
         return best, self._prefix_cache[best_key]
 
-    def _store(self, key: tuple, layers: list):
-        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
-        if size > self.prefix_cache_bytes:
+    def _store(self, key: tuple, entry: "_CacheEntry"):
+        if entry.nbytes > self.prefix_cache_bytes:
             return
         old = self._prefix_cache.pop(key, None)
         if old is not None:
-            self._prefix_cache_size -= sum(k.numel() * k.element_size() * 2 for k, _ in old)
-        self._prefix_cache[key] = layers
-        self._prefix_cache_size += size
+            self._prefix_cache_size -= old.nbytes
+        self._prefix_cache[key] = entry
+        self._prefix_cache_size += entry.nbytes
         while self._prefix_cache_size > self.prefix_cache_bytes:
             _, dropped = self._prefix_cache.popitem(last=False)
-            self._prefix_cache_size -= sum(k.numel() * k.element_size() + v.numel() * v.element_size()
-                                           for k, v in dropped)
+            self._prefix_cache_size -= dropped.nbytes
+
+    def _take_captured(self):
+        captured, self._captured = self._captured, None
+        return captured
 
     def _prefill(self, prompts: List[tuple], device, pad: int):
-        """Run the uncached tail of each distinct prompt; returns (output, attention [U, W], positions [U, 1]).
+        """Run the uncached tail of each distinct prompt; returns (output, attention [U, W], positions [U, 1],
+        prompt_hidden: per prompt [len, H] captured states or None).
 
         Layout of row u (width W = C + S, C = longest cached prefix, S = longest tail): left padding, the c_u cached
         tokens (their states read from the cache), left padding, the s_u tail tokens. Padding is masked out of
@@ -340,24 +393,34 @@ class HFEngine:
             self.stats["prefix_cache_hit_tokens"] += c
         past = None
         if C > 0:
-            template = next(layers for c, layers in hits if c > 0)
+            template = next(entry.layers for c, entry in hits if c > 0)
             data = []
             for layer, (k0, v0) in enumerate(template):
                 keys = k0.new_zeros((U, k0.shape[0], C, k0.shape[2]))
                 values = v0.new_zeros((U, v0.shape[0], C, v0.shape[2]))
-                for u, (c, layers) in enumerate(hits):
+                for u, (c, entry) in enumerate(hits):
                     if c:
-                        keys[u, :, C - c:] = layers[layer][0][:, :c]
-                        values[u, :, C - c:] = layers[layer][1][:, :c]
+                        keys[u, :, C - c:] = entry.layers[layer][0][:, :c]
+                        values[u, :, C - c:] = entry.layers[layer][1][:, :c]
                 data.append((keys.to(device), values.to(device)))
             past = DynamicCache(ddp_cache_data=data)
         out = self.model(input_ids=ids.to(device), attention_mask=attention.to(device),
                          position_ids=positions.to(device), past_key_values=past, use_cache=True,
                          **self._forward_kwargs)
-        return out, attention.to(device), positions[:, -1:].to(device)
+        captured = self._take_captured()
+        prompt_hidden = [None] * U
+        if captured is not None:
+            for u, (p, (c, entry)) in enumerate(zip(prompts, hits)):
+                tail = captured[u, S - (len(p) - c):].detach().cpu()
+                if c == 0:
+                    prompt_hidden[u] = tail
+                elif entry.hidden is not None:
+                    prompt_hidden[u] = torch.cat([entry.hidden[:c], tail])
+        return out, attention.to(device), positions[:, -1:].to(device), prompt_hidden
 
-    def _store_rows(self, rows: List["_Row"], past, attention):
-        """Cache each row's states: prompt + sampled tokens except the last one (never fed to the model)."""
+    def _store_rows(self, rows: List["_Row"], past, attention, hidden):
+        """Cache each row's states: prompt + sampled tokens except the last one (never fed to the model); with
+        ``hidden`` (per row, list of [*, H] pieces or None) also its captured trunk states."""
         if not isinstance(past, DynamicCache) or not self.prefix_cache_bytes:
             return
         layers = [(layer.keys, layer.values) for layer in past.layers]
@@ -370,10 +433,22 @@ class HFEngine:
                 valid = attention[b].nonzero().squeeze(-1)[:n]
                 per_layer = [(k[b].index_select(1, valid).detach().cpu(), v[b].index_select(1, valid).detach().cpu())
                              for k, v in layers]
-            self._store(tuple(row.prompt) + tuple(row.token_ids[:-1]), per_layer)
+            row_hidden = None
+            if hidden is not None and hidden[b] is not None:
+                row_hidden = torch.cat(hidden[b])[:n]
+                if row_hidden.shape[0] != n:  # never expected; a wrong trunk must not reach training
+                    row_hidden = None
+            self._store(tuple(row.prompt) + tuple(row.token_ids[:-1]), _CacheEntry(per_layer, row_hidden))
+
+    def _run_rows(self, rows: List["_Row"]):
+        self._capture_on = bool(self._capture_layers)
+        try:
+            self._decode_rows(rows)
+        finally:
+            self._capture_on, self._captured = False, None
 
     @torch.no_grad()
-    def _run_rows(self, rows: List["_Row"]):
+    def _decode_rows(self, rows: List["_Row"]):
         """Decode several sequences together: (prefix-cached) prefill, then one batched forward per token.
 
         Shapes: input_ids / attention_mask / position_ids [U, W] at prefill (U distinct prompts, see
@@ -383,6 +458,7 @@ class HFEngine:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         if self.prefix_cache_bytes:
             self._check_weights_version()
+        self._captured = None
         distinct = list(OrderedDict.fromkeys(tuple(r.prompt) for r in rows))
         self.stats["prompt_tokens"] += sum(len(r.prompt) for r in rows)
         single = len(rows) == 1 and not (self.prefix_cache_bytes and self._lookup(distinct[0])[0])
@@ -391,20 +467,29 @@ class HFEngine:
             out = self.model(input_ids=torch.tensor([rows[0].prompt], device=device), use_cache=True,
                              **self._forward_kwargs)
             attention = positions = None
+            captured = self._take_captured()
+            prompt_hidden = [None if captured is None else captured[0].detach().cpu()]
+            row_prompt = [0]
         else:
-            out, attention, positions = self._prefill(distinct, device, pad)
+            out, attention, positions, prompt_hidden = self._prefill(distinct, device, pad)
+            row_prompt = [distinct.index(tuple(r.prompt)) for r in rows]
             if len(distinct) < len(rows):  # rows sharing a prompt share its prefill
-                index = torch.tensor([distinct.index(tuple(r.prompt)) for r in rows], device=device)
+                index = torch.tensor(row_prompt, device=device)
                 if DynamicCache is not None and isinstance(out.past_key_values, DynamicCache):
                     out.past_key_values = DynamicCache(ddp_cache_data=[
                         (layer.keys.index_select(0, index), layer.values.index_select(0, index))
                         for layer in out.past_key_values.layers])
                 else:  # another cache type: prefill every row
-                    out, attention, positions = self._prefill([tuple(r.prompt) for r in rows], device, pad)
-                    index = None
+                    out, attention, positions, prompt_hidden = self._prefill([tuple(r.prompt) for r in rows],
+                                                                             device, pad)
+                    row_prompt, index = list(range(len(rows))), None
                 if index is not None:
                     out.logits = out.logits.index_select(0, index)
                     attention, positions = attention.index_select(0, index), positions.index_select(0, index)
+        # per row: the pieces of its captured trunk states (prompt, then one per token fed), or None
+        hidden = None
+        if self._capture_layers and all(h is not None for h in prompt_hidden):
+            hidden = [[prompt_hidden[u]] for u in row_prompt]
         past = out.past_key_values
         # The last position's logits [B, V] come to the host once per decode step: sampling, stop rules and logprobs
         # are per-row host work (host generator, decoded text), which on a GPU would otherwise cost a device sync
@@ -418,8 +503,9 @@ class HFEngine:
                     row.step(logits[b], raw_logprobs[b])
                 next_ids.append(pad if row.done else row.token_ids[-1])
             if all(r.done for r in rows):
-                self._store_rows(rows, past, attention)
+                self._store_rows(rows, past, attention, hidden)
                 return
+            fed = [not r.done for r in rows]
             step_ids = torch.tensor(next_ids, device=device).unsqueeze(-1)
             if attention is None:
                 out = self.model(input_ids=step_ids, past_key_values=past, use_cache=True)
@@ -428,8 +514,30 @@ class HFEngine:
                 positions = positions + 1
                 out = self.model(input_ids=step_ids, attention_mask=attention, position_ids=positions,
                                  past_key_values=past, use_cache=True)
+            captured = self._take_captured()
+            if hidden is not None:
+                if captured is None:
+                    hidden = None
+                else:
+                    step_hidden = captured[:, -1].detach().cpu()
+                    for b, was_fed in enumerate(fed):
+                        if was_fed:
+                            hidden[b].append(step_hidden[b: b + 1])
             past = out.past_key_values
             logits = out.logits[:, -1].float().cpu()
+
+
+class _CacheEntry:
+    """One cached sequence: per-layer (keys [H_kv, n, D], values [H_kv, n, D]) and, when the engine captures them,
+    the trunk's hidden states [n, H] (host memory)."""
+
+    __slots__ = ("layers", "hidden", "nbytes")
+
+    def __init__(self, layers: list, hidden: Optional[torch.Tensor] = None):
+        self.layers, self.hidden = layers, hidden
+        self.nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+        if hidden is not None:
+            self.nbytes += hidden.numel() * hidden.element_size()
 
 
 def _sample_from(probs: torch.Tensor, generator: torch.Generator) -> int:

@@ -148,12 +148,15 @@ class RLUpdater:
 
     # ------------------------------------------------------------------ experience
     @torch.no_grad()
-    def make_experience(self, trajs: List[Trajectory], shaped: torch.Tensor) -> dict:
+    def make_experience(self, trajs: List[Trajectory], shaped: torch.Tensor,
+                        trunk_states: Optional[List[Optional[torch.Tensor]]] = None) -> dict:
         """Tensors of one rollout batch.
 
         Args:
             trajs: B trajectories kept for training.
             shaped: [B] shaped outcome rewards (from :meth:`shape_rewards`).
+            trunk_states: per trajectory, the frozen trunk's states [len(tokens), H] the rollout engine already
+                computed (:meth:`HFEngine.trunk_states`); used when every one is given, else the trunk is run again.
         Returns:
             dict with ``batch`` (:class:`Batch`), and [B, T-1] tensors ``old_logp``, ``ref_logp``, ``kl``,
             ``advantages``, ``returns``, ``values`` (None unless gae). All are 0 outside ``batch.action_mask``.
@@ -161,7 +164,16 @@ class RLUpdater:
         s = self.settings
         batch = collate(trajs, self.pad_id, s.max_len, device=self.device)
         mask = batch.action_mask
-        trunk = batched_trunk(self.actor, batch, s.micro_batch_size)  # None unless the lower layers are frozen
+        trunk = None
+        if trunk_states is not None and trunk_boundary(self.actor) > 0 and all(t is not None for t in trunk_states):
+            first = trunk_states[0]
+            trunk = first.new_zeros((len(trajs), batch.input_ids.shape[1], first.shape[-1]))
+            for i, states in enumerate(trunk_states):
+                n = min(states.shape[0], batch.input_ids.shape[1])
+                trunk[i, :n] = states[:n]
+            trunk = trunk.to(self.device)
+        else:
+            trunk = batched_trunk(self.actor, batch, s.micro_batch_size)  # None unless the lower layers are frozen
         old_logp = batched_action_log_probs(self.actor, batch, s.micro_batch_size, s.temperature, trunk=trunk)
         ref_logp = batched_action_log_probs(self.ref, batch, s.micro_batch_size, s.temperature, trunk=trunk)
         kl = compute_approx_kl(old_logp, ref_logp, kl_estimator=s.kl_estimator) * mask

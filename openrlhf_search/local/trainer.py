@@ -48,7 +48,7 @@ from openrlhf_search.local.critic import ValueCritic
 from openrlhf_search.local.device import describe_device
 from openrlhf_search.local.engine import HFEngine
 from openrlhf_search.local.experience import Trajectory
-from openrlhf_search.local.freeze import freeze_lower_layers
+from openrlhf_search.local.freeze import freeze_lower_layers, trunk_boundary
 from openrlhf_search.local.rl_step import RLSettings, RLUpdater
 from openrlhf_search.local.timing import BusyTimer, TimedEngine, TimedRetrievalClient
 from openrlhf_search.metrics import cover_em, exact_match, f1_score
@@ -224,6 +224,8 @@ class LocalSearchTrainer:
     def _build_engine(self) -> None:
         self.engine = HFEngine(self.actor, self.tokenizer, seed=self.args.train.seed,
                                max_batch_size=self.args.rollout.engine_batch_size)
+        if trunk_boundary(self.actor) > 0:  # the rollout's own trunk states feed the experience pass
+            self.engine.capture_hidden_after(trunk_boundary(self.actor))
         self.timed_engine = TimedEngine(self.engine, self.timers["generation"])
         self.executor = _TimedExecutor(self.cfg, retrieval_client=TimedRetrievalClient(self.client,
                                                                                           self.timers["retrieval"]),
@@ -377,7 +379,13 @@ class LocalSearchTrainer:
         valid = torch.tensor(kept)
         shaped_all = self.updater.shape_rewards(r_all, valid)
         t1 = time.perf_counter()
-        exp = self.updater.make_experience([trajs[i] for i in keep_idx], shaped_all[keep_idx])
+        kept_trajs = [trajs[i] for i in keep_idx]
+        # The frozen trunk's states of these exact tokens were computed while sampling them: reuse them (None when the
+        # engine does not hold them, e.g. a trajectory cut by the length budget; then the trunk runs again)
+        states = [self.engine.trunk_states(t.tokens) for t in kept_trajs] if trunk_boundary(self.actor) else None
+        exp = self.updater.make_experience(kept_trajs, shaped_all[keep_idx], trunk_states=states)
+        # 1.0 when the experience pass took the rollout's trunk states instead of running the frozen trunk again
+        trunk_reused = float(states is not None and all(x is not None for x in states))
         self._sync()
         t_exp = time.perf_counter() - t1
         t2 = time.perf_counter()
@@ -392,6 +400,7 @@ class LocalSearchTrainer:
             "lr": self.updater.actor_opt.param_groups[0]["lr"],
         })
         row.update(engine_step)
+        row["trunk_from_rollout"] = trunk_reused
         row.update(RLUpdater.batch_metrics(exp))
         for k in ROLLOUT_METRICS:
             vals = [float(lg[k]) for lg in kept_logs if k in lg]
