@@ -8,16 +8,6 @@ format verdict (``format_ok``), ``answer_present``, ``valid_searches`` and ``sco
 
 Schemes (``REWARD_SCHEMES``):
 
-``r1searcher_stage1``            arXiv 2503.05592 sec. 3.2 (stage 1): 0.5 retrieval + 0.5 format, no answer term
-``r1searcher_stage2``            arXiv 2503.05592 sec. 3.2 (stage 2): F1 + (0 | -2 format penalty)
-``r1searcher_released_stage1``   R1-Searcher's released reward server, stage 1 (see its docstring)
-``r1searcher_released_stage2``   R1-Searcher's released reward server, stage 2 (``train/reward_server_*.py``)
-``r1searcher_released_llama_stage1``  the released Llama stage-1 server, exactly (end of this file)
-``r1searcher_released_llama_stage2``  the released Llama stage-2 server, exactly (end of this file)
-``searchr1_em``                  arXiv 2503.09516 sec. 3.4 eq. (4): EM of the extracted answer
-``searchr1_format``              arXiv 2505.15117 sec. 3 (format reward): EM + structure + retrieval terms
-===============================  ============================================================================
-=======
 ====================================  ===============================================================================
 ``r1searcher_stage1``                 arXiv 2503.05592 sec. 3.2 (stage 1): 0.5 retrieval + 0.5 format, no answer term
 ``r1searcher_stage2``                 arXiv 2503.05592 sec. 3.2 (stage 2): F1 + (0 | -2 format penalty)

@@ -50,8 +50,8 @@ def scripted_turns(prompt: str, question: str, answer: Optional[str], protocol) 
 
     Args:
         answer: the answer written in the answer block; None to stop the second turn right after the answer's
-            open tag (``--warmstart.teach_answers false``: the warm start then teaches the protocol, not the answers,
-            and what goes into the answer block is left to the model and to RL).
+            open tag (``--warmstart.answers none``: the warm start then teaches the protocol, not the answers, and what
+            goes into the answer block is left to the model and to RL).
     Returns:
         (turn with the search call, turn with the answer); the environment's documents block goes between them.
     """
