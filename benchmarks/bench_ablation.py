@@ -63,6 +63,10 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=None, help="--train.seed of every arm (default: the preset's)")
     p.add_argument("--encoder", default="bm25", choices=["minilm", "bm25"])
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_ablation"))
+    p.add_argument("--reuse_main", default=None, metavar="RUN_DIR",
+                   help="take the main-job arm from a finished run of the same preset and seed (e.g. the train/ "
+                        "folder of benchmarks/bench_train_local.py) instead of running it again; its held-out "
+                        "questions must be the ones of this benchmark")
     a = p.parse_args(argv)
 
     from openrlhf_search.data.default_dataset import build_default_dataset
@@ -74,11 +78,23 @@ def main(argv=None) -> dict:
     index_dir = ensure_index(ds.corpus_path, os.path.join(a.out, "index"), encoder=a.encoder)
     server, url = start_server_process(index_dir, log_path=os.path.join(a.out, "retriever.log"))
     t0 = time.perf_counter()
+    results = {}
+    if a.reuse_main:
+        main_name = next(iter(ARMS))
+        load = lambda f: json.load(open(os.path.join(a.reuse_main, f)))  # noqa: E731
+        results[main_name] = {"before": load("eval_before.json"), "after": load("eval.json"), "wall_s": float("nan"),
+                              "peak_rss_mib": float("nan"), "run_dir": a.reuse_main}
+        print(f"== {main_name}: reused from {a.reuse_main}", flush=True)
     try:
-        results = {name: run_arm(name, extra, ds, url, a.out, a) for name, extra in ARMS.items()}
+        for name, extra in ARMS.items():
+            if name not in results:
+                results[name] = run_arm(name, extra, ds, url, a.out, a)
     finally:
         stop_server_process(server)
-    main_arm = next(iter(results.values()))
+    main_arm = results[next(iter(ARMS))]
+    for name, r in results.items():  # paired differences need the same questions in the same order
+        if r["after"]["questions"] != main_arm["after"]["questions"]:
+            raise SystemExit(f"arm {name!r} was evaluated on other questions than the main job")
     header = ("| arm | F1 before RL | F1 after RL | F1 after - before | EM after | answer rate after | searches after "
               "| F1 after vs main job | job time, peak RSS |")
     lines = [header, "|" + " --- |" * 9]
@@ -92,15 +108,15 @@ def main(argv=None) -> dict:
                "f1_diff": interval_str(paired_difference(pb["f1"], pa["f1"])),
                "em_after": mean_interval_str(pa["em"]), "answer_rate_after": mean_interval_str(pa["answer_rate"]),
                "searches_after": mean_interval_str(pa["searches"]),
-               # sign: this arm minus the main job (negative = the arm is worse than the main job)
-               "f1_after_vs_main": "-" if vs_main is None else interval_str(
-                   {k: (-v if k == "diff" else v) for k, v in vs_main.items()} | {"low": -vs_main["high"],
-                                                                                 "high": -vs_main["low"]}),
-               "n": r["after"]["n"], "wall_s": round(r["wall_s"]), "peak_rss_mib": round(r["peak_rss_mib"])}
+               # paired_difference(main, arm) = arm - main: negative = the arm is worse than the main job
+               "f1_after_vs_main": "-" if vs_main is None else interval_str(vs_main),
+               "n": r["after"]["n"], "wall_s": None if r["wall_s"] != r["wall_s"] else round(r["wall_s"]),
+               "peak_rss_mib": None if r["peak_rss_mib"] != r["peak_rss_mib"] else round(r["peak_rss_mib"])}
         out[name] = row
         lines.append(f"| {name} | {row['f1_before']} | {row['f1_after']} | {row['f1_diff']} | {row['em_after']} | "
                      f"{row['answer_rate_after']} | {row['searches_after']} | {row['f1_after_vs_main']} | "
-                     f"{row['wall_s']} s, {row['peak_rss_mib']} MiB |")
+                     + (f"{row['wall_s']} s, {row['peak_rss_mib']} MiB |" if row["wall_s"] is not None
+                        else f"reused: {r['run_dir']} |"))
     n = main_arm["after"]["n"]
     table = "\n".join(lines)
     note = (f"\n{n} held-out questions, greedy; mean [bootstrap 95% interval]; differences paired over the same "
