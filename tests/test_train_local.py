@@ -218,7 +218,7 @@ def test_kill_and_resume_cli_subprocess(tmp_path, retriever_url, default_data):
 
 @pytest.mark.slow
 def test_run_default_script_end_to_end(tmp_path):
-    """``examples/scripts/run_default.sh``: data, MiniLM index, retriever process, warm start, >= 10 RL steps with
+    """``examples/scripts/run_default.sh``: data, BM25 index, retriever process, warm start, >= 8 RL steps with
     search, evaluation table, retriever stopped, exit 0 (minutes on 2 cores; timed by the benchmark, not here)."""
     env = dict(os.environ, RUN_DIR=str(tmp_path / "default"), OMP_NUM_THREADS="2")
     res = subprocess.run(["bash", os.path.join(REPO_ROOT, "examples", "scripts", "run_default.sh")], cwd=REPO_ROOT,
