@@ -460,9 +460,9 @@ def test_cpu_trainer_pairs_shaped_rewards_with_their_trajectories_after_exclusio
     seen = {}
     make_experience = RLUpdater.make_experience
 
-    def spy(self, trajs, shaped):
+    def spy(self, trajs, shaped, **kw):
         seen["pairs"] = {t.tokens[-1] - 1000: float(s) for t, s in zip(trajs, shaped)}
-        return make_experience(self, trajs, shaped)
+        return make_experience(self, trajs, shaped, **kw)
 
     monkeypatch.setattr(RLUpdater, "make_experience", spy)
     try:

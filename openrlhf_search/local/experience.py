@@ -171,6 +171,25 @@ def batched_action_log_probs(model, batch: Batch, micro_batch_size: int, tempera
     return out
 
 
+def pad_trunk_states(states: Sequence[torch.Tensor], length: int, device=None) -> torch.Tensor:
+    """Right-pad per-sequence frozen-trunk states into one [B, length, H] tensor (zeros after each sequence; a longer
+    sequence is cut to ``length``, as :func:`collate` cuts its tokens), on ``device`` (default: the states').
+
+    Args:
+        states: B tensors [T_i, H] (from :func:`openrlhf_search.local.freeze.trunk_hidden` or the rollout engine).
+    Raises:
+        ValueError: no states.
+    """
+    if not states:
+        raise ValueError("pad_trunk_states: no states")
+    first = states[0]
+    out = first.new_zeros((len(states), length, first.shape[-1]), device=device)
+    for i, h in enumerate(states):
+        n = min(h.shape[0], length)
+        out[i, :n] = h[:n]
+    return out
+
+
 @torch.no_grad()
 def batched_trunk(model, batch: Batch, micro_batch_size: int) -> Optional[torch.Tensor]:
     """[B, T, H] frozen-trunk hidden states of a whole batch, in micro-batches; None when the model has no frozen

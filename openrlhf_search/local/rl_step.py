@@ -31,7 +31,7 @@ from openrlhf_search.advantages import group_baseline_rewards, masked_gae, maske
 from openrlhf_search.local.critic import ValueCritic
 from openrlhf_search.local.device import model_device
 from openrlhf_search.local.experience import (Batch, Trajectory, action_log_probs, batched_action_log_probs,
-                                              batched_trunk, collate)
+                                              batched_trunk, collate, pad_trunk_states)
 from openrlhf_search.local.freeze import trunk_boundary
 from openrlhf_search.local.optim import make_adamw
 from openrlhf_search.loss import MaskedPolicyLoss, MaskedValueLoss
@@ -166,12 +166,7 @@ class RLUpdater:
         mask = batch.action_mask
         trunk = None
         if trunk_states is not None and trunk_boundary(self.actor) > 0 and all(t is not None for t in trunk_states):
-            first = trunk_states[0]
-            trunk = first.new_zeros((len(trajs), batch.input_ids.shape[1], first.shape[-1]))
-            for i, states in enumerate(trunk_states):
-                n = min(states.shape[0], batch.input_ids.shape[1])
-                trunk[i, :n] = states[:n]
-            trunk = trunk.to(self.device)
+            trunk = pad_trunk_states(trunk_states, batch.input_ids.shape[1], device=self.device)
         else:
             trunk = batched_trunk(self.actor, batch, s.micro_batch_size)  # None unless the lower layers are frozen
         old_logp = batched_action_log_probs(self.actor, batch, s.micro_batch_size, s.temperature, trunk=trunk)

@@ -23,7 +23,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from openrlhf_search.local.experience import Trajectory, action_log_probs, collate
+from openrlhf_search.local.experience import Trajectory, action_log_probs, collate, pad_trunk_states
 from openrlhf_search.local.freeze import trunk_boundary, trunk_hidden
 from openrlhf_search.local.optim import make_adamw
 from openrlhf_search.types import Passage
@@ -214,10 +214,7 @@ def sft_warmstart(model, trajectories: List[Trajectory], pad_id: int, steps: int
         batch = collate([trajectories[i] for i in picked], pad_id, device=device)
         trunk = None
         if trunks is not None:
-            trunk = torch.zeros(len(picked), batch.input_ids.shape[1], trunks[0].shape[-1], dtype=trunks[0].dtype,
-                                device=device)
-            for row, i in enumerate(picked):
-                trunk[row, : trunks[i].shape[0]] = trunks[i]
+            trunk = pad_trunk_states([trunks[i] for i in picked], batch.input_ids.shape[1], device=device)
         lp, _ = action_log_probs(model, batch, trunk=trunk)
         loss = -(lp * batch.action_mask).sum() / batch.action_mask.sum().clamp(min=1)
         if not torch.isfinite(loss):
