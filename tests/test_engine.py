@@ -380,3 +380,48 @@ def test_captured_trunk_states_equal_a_trunk_pass_over_the_whole_trajectory(qwen
     with torch.no_grad():
         model.get_decoder().layers[-1].mlp.down_proj.weight.add_(0.01)  # an update of a trainable layer
     assert eng.trunk_states(trajectories[0]) is None
+
+
+def test_continuous_batching_rows_join_and_leave_a_running_batch(qwen_tokenizer):
+    """A short request is answered while a long one still decodes; requests sent meanwhile join the running batch
+    (one busy period, no second batch). Every row's log-probs equal a full forward pass over its own tokens, the
+    short rows sample what they sample alone, and the trunk states handed to the trainer are right for rows that
+    joined and left (the cache, mask, positions and captured states are re-batched consistently)."""
+    from openrlhf_search.local.freeze import freeze_lower_layers, trunk_hidden
+    from openrlhf_search.local.offline_assets import build_tiny_qwen2
+
+    model = build_tiny_qwen2(qwen_tokenizer, seed=5, num_layers=3)
+    boundary = freeze_lower_layers(model, 1)["boundary"]
+    eng = HFEngine(model, qwen_tokenizer, max_batch_size=8)
+    eng.capture_hidden_after(boundary)
+    alone = HFEngine(model, qwen_tokenizer, max_batch_size=1, prefix_cache_mb=0)
+    enc = lambda t: qwen_tokenizer(t, add_special_tokens=False).input_ids  # noqa: E731
+    long_p, short_p = enc("A long story about rivers " * 3), enc("Name a city.")
+    late_ps = [enc("Question: which river flows through Paris?"), enc("Hi")]
+    greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, logprobs=0, ignore_eos=True)  # noqa: E731
+
+    async def scenario():
+        long = asyncio.ensure_future(eng.generate(long_p, greedy(300)))
+        short = await eng.generate(short_p, greedy(3))
+        long_running_after_short = not long.done()
+        late = await asyncio.gather(*(eng.generate(p, greedy(4 + i)) for i, p in enumerate(late_ps)))
+        overlapped = long_running_after_short and not long.done()
+        return await long, short, late, overlapped
+
+    long_out, short_out, late_outs, overlapped = asyncio.run(scenario())
+    assert overlapped, "the short and late requests were not answered while the long one decoded"
+    assert eng.stats["joined_rows"] == 2 and eng.stats["batches"] == 1 and eng.stats["max_batch_rows"] == 3
+    outs = [(long_p, long_out), (short_p, short_out)] + list(zip(late_ps, late_outs))
+    for i, (p, res) in enumerate(outs):
+        out = res.outputs[0]
+        assert len(out.token_ids) == [300, 3, 4, 5][i]
+        if i:  # short sequences: the same greedy tokens as alone (a 300-token path may flip on rounding)
+            ref = asyncio.run(alone.generate(p, greedy(len(out.token_ids)))).outputs[0]
+            assert list(out.token_ids) == list(ref.token_ids)
+        tokens = p + list(out.token_ids)
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([tokens])).logits[0].float(), -1)[len(p) - 1: -1]
+        assert _logprob_list(out) == pytest.approx([lp[j, t].item() for j, t in enumerate(out.token_ids)], abs=1e-4)
+        got = eng.trunk_states(tokens)
+        ref_h = trunk_hidden(model, torch.tensor([tokens]), torch.ones(1, len(tokens), dtype=torch.long))[0]
+        assert got is not None and torch.allclose(got[:-1], ref_h[:-1], atol=1e-4)

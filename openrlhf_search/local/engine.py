@@ -21,11 +21,14 @@ What follows vLLM (v1 engine, 0.29) exactly:
 
 The engine never copies the model: it holds the very object the CPU trainer optimises, so weight sync is free.
 It runs the model wherever the model's parameters are (``--train.device``); sampling happens on the host.
-Requests run in worker threads (``asyncio.to_thread``) under a lock around the model, so concurrent ``generate``
-calls from many rollout tasks are safe and the event loop stays free for retrieval I/O meanwhile. Requests waiting
-together are decoded as one batch (left-padded prefill, one batched forward per token, up to ``max_batch_size``
-sequences): the n samples of a GRPO group arrive together and share each forward pass. Batched numerics differ from
-single-sequence ones by float rounding only, as in vLLM.
+Requests are served by one engine thread (started on demand, gone when idle) under a lock around the model, so
+concurrent ``generate`` calls from many rollout tasks are safe and the event loop stays free for retrieval I/O
+meanwhile. Decoding is
+continuously batched, as in vLLM: requests waiting together are prefilled and decoded as one batch (left-padded, one
+batched forward per token, up to ``max_batch_size`` rows), a request that arrives meanwhile joins the running batch at
+the next token, and a finished row leaves it at once (its request is answered then). The n samples of a GRPO group
+arrive together and share each forward pass; a trajectory back from the retriever does not wait for the rest of the
+batch. Batched numerics differ from single-sequence ones by float rounding only, as in vLLM.
 
 Prefix caching (vLLM's automatic prefix caching, ``enable_prefix_caching``): a multi-turn rollout sends the whole
 context again at every turn (prompt + earlier turns + documents), and the samples of a group share their prompt. On a
@@ -86,7 +89,9 @@ class HFEngine:
 
     Attributes:
         stats: counters ``requests``, ``generated_tokens``, ``stopped_by_string``, ``stopped_by_token``, ``length``,
-            ``batches``, ``max_batch_rows`` (largest batch served), ``prompt_tokens`` (prompt tokens of all rows),
+            ``batches`` (busy periods: decoding from an idle engine until it is idle again), ``max_batch_rows``
+            (most rows decoded together), ``joined_rows`` (rows that joined a running batch), ``prompt_tokens``
+            (prompt tokens of all rows),
             ``prefill_tokens`` (those actually run through the model) and ``prefix_cache_hit_tokens`` (those read from
             the prefix cache).
     """
@@ -103,6 +108,7 @@ class HFEngine:
         self._lock = threading.Lock()  # the model: one batch at a time
         self._queue_lock = threading.Lock()
         self._queue: List["_Request"] = []
+        self._worker: Optional[threading.Thread] = None  # the engine thread, while there is work
         self._request_counter = itertools.count()
         self._unfinished = 0
         cfg = getattr(model, "config", None)
@@ -119,7 +125,7 @@ class HFEngine:
         self._forward_kwargs = {"logits_to_keep": 1} if accepts else {}
         self.stats = {"requests": 0, "generated_tokens": 0, "stopped_by_string": 0, "stopped_by_token": 0,
                       "length": 0, "batches": 0, "max_batch_rows": 0, "prompt_tokens": 0, "prefill_tokens": 0,
-                      "prefix_cache_hit_tokens": 0}
+                      "prefix_cache_hit_tokens": 0, "joined_rows": 0}
         if prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
         self.prefix_cache_bytes = int(prefix_cache_mb * 2 ** 20)
@@ -156,8 +162,11 @@ class HFEngine:
             self._queue.append(item)
         try:
             await asyncio.sleep(0)  # let requests made in the same loop iteration join the queue first
-            await asyncio.to_thread(self._drain)
-            return await item.future
+            with self._queue_lock:
+                if self._worker is None:  # the engine thread exits when idle; start it again
+                    self._worker = threading.Thread(target=self._work, name="HFEngine", daemon=True)
+                    self._worker.start()
+            return await item.future  # answered as soon as its own rows finish
         finally:
             self._unfinished -= 1
 
@@ -234,52 +243,109 @@ class HFEngine:
         return entry
 
     # ------------------------------------------------------------------ scheduling
-    def _drain(self):
-        """Serve pending requests in batches of up to ``max_batch_size`` rows until the queue is empty.
-
-        Any worker thread that gets the model lock serves everyone waiting, so requests that arrive while a batch
-        runs form the next batch (batching without mid-batch joins)."""
-        with self._lock:
-            while True:
+    def _work(self):
+        """The engine thread: serve until the queue is empty, then exit (a later request starts a new one, so an
+        idle engine holds no thread and can be garbage-collected). Whatever escapes reaches every queued request."""
+        while True:
+            try:
+                self._drain()
+            except BaseException as e:  # e.g. model.eval() failing: nothing may be left waiting
                 with self._queue_lock:
-                    if not self._queue:
-                        return
-                    batch, rows = [], 0
-                    while self._queue and (not batch or rows + self._queue[0].params.n <= self.max_batch_size):
-                        item = self._queue.pop(0)
-                        batch.append(item)
-                        rows += item.params.n
-                self._serve(batch)
+                    pending, self._queue, self._worker = self._queue, [], None
+                for item in pending:
+                    _deliver(item, _set_exception, e)
+                return
+            with self._queue_lock:  # under the lock generate() checks: no request is left without a thread
+                if not self._queue:
+                    self._worker = None
+                    return
 
-    def _serve(self, batch):
-        was_training = self.model.training
-        self.model.eval()
+    def _drain(self):
+        """Serve pending requests until the queue is empty, with continuous batching (as vLLM's scheduler does).
+
+        Requests waiting together are prefilled and decoded as one batch. A request that arrives while a batch is
+        decoding joins it at the next token (up to ``max_batch_size`` rows in flight), and each request is answered
+        as soon as its own rows finish, not when the whole batch does. A multi-turn rollout whose turns end at
+        different times, or whose retrieval calls return at different times, so keeps one batch full instead of
+        queueing small batches behind the slowest row."""
+        with self._lock:
+            with self._queue_lock:
+                if not self._queue:
+                    return
+            was_training = self.model.training
+            self.model.eval()
+            self._capture_on = bool(self._capture_layers)
+            try:
+                self._run_continuous()
+            finally:
+                self._capture_on, self._captured = False, None
+                if was_training:
+                    self.model.train()
+
+    def _admit(self, free_rows: int) -> List["_Request"]:
+        """Pop the queued requests whose rows fit in ``free_rows``; when nothing runs, at least the first one."""
+        idle = free_rows >= self.max_batch_size
+        batch, rows = [], 0
+        with self._queue_lock:
+            while self._queue and (rows + self._queue[0].params.n <= free_rows or (idle and not batch)):
+                item = self._queue.pop(0)
+                batch.append(item)
+                rows += item.params.n
+        return batch
+
+    def _run_continuous(self):
+        """Decode until no row runs and no request waits. A failure reaches every request in flight."""
+        running: Optional[_Batch] = None
+        inflight: "OrderedDict[str, tuple]" = OrderedDict()  # request id -> (request, its rows)
         try:
-            rows = [_Row(self, item, i) for item in batch for i in range(item.params.n)]
-            self._run_rows(rows)
-            results = []
-            for item in batch:
-                outs = [r.completion() for r in rows if r.item is item]
-                self.stats["requests"] += 1
-                results.append(RequestOutput(request_id=item.request_id, prompt=None,
-                                             prompt_token_ids=list(item.prompt), prompt_logprobs=None,
-                                             outputs=outs, finished=True))
+            with torch.no_grad():
+                while True:
+                    # a model whose cache cannot be re-batched (not a DynamicCache) finishes its batch first
+                    rows_now = len(running.rows) if running is not None else 0
+                    items = self._admit(self.max_batch_size - rows_now) \
+                        if running is None or running.reshapable else []
+                    if items:
+                        new_rows = [_Row(self, item, i) for item in items for i in range(item.params.n)]
+                        for item in items:
+                            inflight[item.request_id] = (item, [r for r in new_rows if r.item is item])
+                        started = self._start(new_rows)
+                        if running is None:
+                            running = started
+                        else:
+                            running = running.merge(started)
+                            self.stats["joined_rows"] += len(new_rows)
+                        self.stats["max_batch_rows"] = max(self.stats["max_batch_rows"], len(running.rows))
+                    if running is None:
+                        return
+                    running.sample()
+                    if any(r.done for r in running.rows):
+                        for b, r in enumerate(running.rows):
+                            if r.done:
+                                self._store_row(running, b)
+                        running = running.keep([b for b, r in enumerate(running.rows) if not r.done])
+                        if running is None:
+                            self.stats["batches"] += 1
+                        self._answer_finished(inflight)  # counters first: a caller may read them once answered
+                        if running is None:
+                            continue  # admit what arrived meanwhile, or return
+                    self._feed(running)
         except StopIteration as e:  # a StopIteration crossing the thread boundary would hang the awaiting task
             err = RuntimeError(f"model raised StopIteration during generation: {e!r}")
-            for item in batch:
+            for item, _ in inflight.values():
                 _deliver(item, _set_exception, err)
-            return
         except BaseException as e:  # every waiter learns the failure; nothing hangs
-            for item in batch:
+            for item, _ in inflight.values():
                 _deliver(item, _set_exception, e)
-            return
-        finally:
-            if was_training:
-                self.model.train()
-        self.stats["batches"] += 1
-        self.stats["max_batch_rows"] = max(self.stats["max_batch_rows"], len(rows))
-        for item, result in zip(batch, results):
-            _deliver(item, _set_result, result)
+
+    def _answer_finished(self, inflight: "OrderedDict[str, tuple]") -> None:
+        """Deliver (and forget) every in-flight request whose rows are all done."""
+        for request_id, (item, rows) in list(inflight.items()):
+            if all(r.done for r in rows):
+                del inflight[request_id]
+                self.stats["requests"] += 1
+                _deliver(item, _set_result, RequestOutput(
+                    request_id=item.request_id, prompt=None, prompt_token_ids=list(item.prompt),
+                    prompt_logprobs=None, outputs=[r.completion() for r in rows], finished=True))
 
     # ------------------------------------------------------------------ prefix cache
     def capture_hidden_after(self, n_layers: int) -> None:
@@ -418,42 +484,33 @@ class HFEngine:
                     prompt_hidden[u] = torch.cat([entry.hidden[:c], tail])
         return out, attention.to(device), positions[:, -1:].to(device), prompt_hidden
 
-    def _store_rows(self, rows: List["_Row"], past, attention, hidden):
-        """Cache each row's states: prompt + sampled tokens except the last one (never fed to the model); with
-        ``hidden`` (per row, list of [*, H] pieces or None) also its captured trunk states."""
-        if not isinstance(past, DynamicCache) or not self.prefix_cache_bytes:
+    def _store_row(self, batch: "_Batch", b: int) -> None:
+        """Cache row ``b``'s states: prompt + sampled tokens except the last one (never fed to the model), with its
+        captured trunk states when the batch holds them."""
+        if not batch.reshapable or not self.prefix_cache_bytes:
             return
-        layers = [(layer.keys, layer.values) for layer in past.layers]
-        for b, row in enumerate(rows):
-            n = len(row.prompt) + len(row.token_ids) - 1
-            if attention is None:  # single row, no padding: its states are the first n positions
-                per_layer = [(k[b, :, :n].detach().cpu().clone(), v[b, :, :n].detach().cpu().clone())
-                             for k, v in layers]
-            else:  # the row's real positions in order (padding, and pad tokens fed after it finished, left out)
-                valid = attention[b].nonzero().squeeze(-1)[:n]
-                per_layer = [(k[b].index_select(1, valid).detach().cpu(), v[b].index_select(1, valid).detach().cpu())
-                             for k, v in layers]
-            row_hidden = None
-            if hidden is not None and hidden[b] is not None:
-                row_hidden = torch.cat(hidden[b])[:n]
-                if row_hidden.shape[0] != n:  # never expected; a wrong trunk must not reach training
-                    row_hidden = None
-            self._store(tuple(row.prompt) + tuple(row.token_ids[:-1]), _CacheEntry(per_layer, row_hidden))
+        row = batch.rows[b]
+        n = len(row.prompt) + len(row.token_ids) - 1
+        layers = [(layer.keys, layer.values) for layer in batch.past.layers]
+        if batch.attention is None:  # single row, no padding: its states are the first n positions
+            per_layer = [(k[b, :, :n].detach().cpu().clone(), v[b, :, :n].detach().cpu().clone()) for k, v in layers]
+        else:  # the row's real positions in order (padding left out)
+            valid = batch.attention[b].nonzero().squeeze(-1)[:n]
+            per_layer = [(k[b].index_select(1, valid).detach().cpu(), v[b].index_select(1, valid).detach().cpu())
+                         for k, v in layers]
+        row_hidden = None
+        if batch.hidden is not None:
+            row_hidden = torch.cat(batch.hidden[b])[:n]
+            if row_hidden.shape[0] != n:  # never expected; a wrong trunk must not reach training
+                row_hidden = None
+        self._store(tuple(row.prompt) + tuple(row.token_ids[:-1]), _CacheEntry(per_layer, row_hidden))
 
-    def _run_rows(self, rows: List["_Row"]):
-        self._capture_on = bool(self._capture_layers)
-        try:
-            self._decode_rows(rows)
-        finally:
-            self._capture_on, self._captured = False, None
-
-    @torch.no_grad()
-    def _decode_rows(self, rows: List["_Row"]):
-        """Decode several sequences together: (prefix-cached) prefill, then one batched forward per token.
+    def _start(self, rows: List["_Row"]) -> "_Batch":
+        """Prefill new rows (prefix-cached, a prompt shared by several rows run once); returns their batch, whose
+        logits [B, V] give each row's first token.
 
         Shapes: input_ids / attention_mask / position_ids [U, W] at prefill (U distinct prompts, see
-        :meth:`_prefill`), [B, 1] and [B, L] afterwards; logits [B, V] per step. A finished row is fed the pad token
-        until every row is done."""
+        :meth:`_prefill`)."""
         device = next(self.model.parameters()).device
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         if self.prefix_cache_bytes:
@@ -490,41 +547,107 @@ class HFEngine:
         hidden = None
         if self._capture_layers and all(h is not None for h in prompt_hidden):
             hidden = [[prompt_hidden[u]] for u in row_prompt]
-        past = out.past_key_values
         # The last position's logits [B, V] come to the host once per decode step: sampling, stop rules and logprobs
         # are per-row host work (host generator, decoded text), which on a GPU would otherwise cost a device sync
         # per row. On a CPU this is the same tensor (no copy).
-        logits = out.logits[:, -1].float().cpu()
-        while True:
-            next_ids = []
-            raw_logprobs = torch.log_softmax(logits, dim=-1)  # [B, V], once for the batch
-            for b, row in enumerate(rows):
-                if not row.done:
-                    row.step(logits[b], raw_logprobs[b])
-                next_ids.append(pad if row.done else row.token_ids[-1])
-            if all(r.done for r in rows):
-                self._store_rows(rows, past, attention, hidden)
-                return
-            fed = [not r.done for r in rows]
-            step_ids = torch.tensor(next_ids, device=device).unsqueeze(-1)
-            if attention is None:
-                out = self.model(input_ids=step_ids, past_key_values=past, use_cache=True)
+        return _Batch(rows, out.past_key_values, attention, positions, out.logits[:, -1].float().cpu(), hidden)
+
+    def _feed(self, batch: "_Batch") -> None:
+        """One batched forward of every row's last sampled token (a finished row, kept only when the cache cannot be
+        re-batched, is fed the pad token); updates the batch's cache, mask, positions, logits and trunk states.
+
+        Shapes: input_ids [B, 1], attention_mask [B, L] (L grows by one), position_ids [B, 1]; logits [B, V]."""
+        device = next(self.model.parameters()).device
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        fed = [not r.done for r in batch.rows]
+        step_ids = torch.tensor([r.token_ids[-1] if f else pad for r, f in zip(batch.rows, fed)],
+                                device=device).unsqueeze(-1)
+        if batch.attention is None:
+            out = self.model(input_ids=step_ids, past_key_values=batch.past, use_cache=True)
+        else:
+            batch.attention = torch.cat([batch.attention, torch.ones_like(batch.attention[:, :1])], dim=-1)
+            batch.positions = batch.positions + 1
+            out = self.model(input_ids=step_ids, attention_mask=batch.attention, position_ids=batch.positions,
+                             past_key_values=batch.past, use_cache=True)
+        captured = self._take_captured()
+        if batch.hidden is not None:
+            if captured is None:
+                batch.hidden = None
             else:
-                attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)
-                positions = positions + 1
-                out = self.model(input_ids=step_ids, attention_mask=attention, position_ids=positions,
-                                 past_key_values=past, use_cache=True)
-            captured = self._take_captured()
-            if hidden is not None:
-                if captured is None:
-                    hidden = None
-                else:
-                    step_hidden = captured[:, -1].detach().cpu()
-                    for b, was_fed in enumerate(fed):
-                        if was_fed:
-                            hidden[b].append(step_hidden[b: b + 1])
-            past = out.past_key_values
-            logits = out.logits[:, -1].float().cpu()
+                step_hidden = captured[:, -1].detach().cpu()
+                for b, was_fed in enumerate(fed):
+                    if was_fed:
+                        batch.hidden[b].append(step_hidden[b: b + 1])
+        batch.past = out.past_key_values
+        batch.logits = out.logits[:, -1].float().cpu()
+
+
+class _Batch:
+    """Rows decoding together: their key/value cache (``past``, per layer [B, H_kv, L, D]), ``attention`` mask [B, L]
+    (None for one unpadded row), last ``positions`` [B, 1], last ``logits`` [B, V] (host) and, when the engine
+    captures them, per row the pieces of its trunk states (``hidden``)."""
+
+    def __init__(self, rows, past, attention, positions, logits, hidden):
+        self.rows, self.past, self.attention, self.positions = rows, past, attention, positions
+        self.logits, self.hidden = logits, hidden
+
+    @property
+    def reshapable(self) -> bool:
+        """Rows can join and leave (the cache is a DynamicCache whose tensors can be re-batched)."""
+        return DynamicCache is not None and isinstance(self.past, DynamicCache)
+
+    def sample(self) -> None:
+        """Each running row samples its next token from its logits and applies its stop rules."""
+        raw_logprobs = torch.log_softmax(self.logits, dim=-1)  # [B, V], once for the batch
+        for b, row in enumerate(self.rows):
+            if not row.done:
+                row.step(self.logits[b], raw_logprobs[b])
+
+    def _layers(self):
+        return [(layer.keys, layer.values) for layer in self.past.layers]
+
+    def _padded(self):
+        """(layers, attention [B, L], positions [B, 1]); a single unpadded row gets an all-ones mask."""
+        layers = self._layers()
+        if self.attention is not None:
+            return layers, self.attention, self.positions
+        length = layers[0][0].shape[2]
+        device = layers[0][0].device
+        return (layers, torch.ones((1, length), dtype=torch.long, device=device),
+                torch.full((1, 1), length - 1, dtype=torch.long, device=device))
+
+    def merge(self, other: "_Batch") -> "_Batch":
+        """This batch and ``other`` as one: both left-padded to the longer cache; padding is masked out and each row
+        keeps its own positions, so every row computes what it would alone (up to float rounding)."""
+        (la, aa, pa), (lb, ab, pb) = self._padded(), other._padded()
+        width = max(aa.shape[1], ab.shape[1])
+
+        def left_pad(t, by):  # [B, H, L, D] -> [B, H, L + by, D]
+            return torch.nn.functional.pad(t, (0, 0, by, 0)) if by else t
+
+        da, db = width - aa.shape[1], width - ab.shape[1]
+        layers = [(torch.cat([left_pad(ka, da), left_pad(kb, db)]), torch.cat([left_pad(va, da), left_pad(vb, db)]))
+                  for (ka, va), (kb, vb) in zip(la, lb)]
+        attention = torch.cat([torch.nn.functional.pad(aa, (da, 0)), torch.nn.functional.pad(ab, (db, 0))])
+        hidden = self.hidden + other.hidden if self.hidden is not None and other.hidden is not None else None
+        return _Batch(self.rows + other.rows, DynamicCache(ddp_cache_data=layers), attention,
+                      torch.cat([pa, pb]), torch.cat([self.logits, other.logits]), hidden)
+
+    def keep(self, index: List[int]) -> Optional["_Batch"]:
+        """The batch of rows ``index`` only (None when empty), its cache cut to the columns they use. A cache that
+        cannot be re-batched keeps every row (finished ones are fed padding) until all are done."""
+        if not index:
+            return None
+        if len(index) == len(self.rows) or not self.reshapable:
+            return self
+        layers, attention, positions = self._padded()
+        idx = torch.tensor(index, device=attention.device)
+        attention = attention.index_select(0, idx)
+        first = int(attention.any(0).nonzero()[0])  # leading columns that are padding in every kept row
+        layers = [(k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:]) for k, v in layers]
+        hidden = [self.hidden[b] for b in index] if self.hidden is not None else None
+        return _Batch([self.rows[b] for b in index], DynamicCache(ddp_cache_data=layers), attention[:, first:],
+                      positions.index_select(0, idx), self.logits.index_select(0, idx.cpu()), hidden)
 
 
 class _CacheEntry:
