@@ -13,13 +13,14 @@ against a real retriever service started here, then reads the job's outputs:
 - the share of step time spent in generation, retrieval, reward, experience (log-probs, KL, advantages) and update.
   Generation and retrieval are busy times of concurrent rollouts (they overlap), so shares can add up to > 100%.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_train_local.py            # the preset as is (BM25, 16 steps)
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_train_local.py            # the preset as is (BM25, 20 steps)
 Prints a table and writes ``<out>/bench_train_local.json``.
 """
 
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -52,6 +53,8 @@ def main(argv=None) -> dict:
     p.add_argument("--encoder", default="bm25", choices=["minilm", "bm25"])
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_train_local"))
     p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the training process")
+    p.add_argument("--job_args", default="", help="more train_local flags, one string, appended after the preset "
+                                                   "(e.g. \"--actor.adam.lr 2e-4 --train.max_epochs 1\")")
     a = p.parse_args(argv)
 
     from openrlhf_search.data.default_dataset import build_default_dataset
@@ -75,6 +78,7 @@ def main(argv=None) -> dict:
         cmd += ["--train.seed", str(a.seed)]
     if a.sft_steps is not None:
         cmd += ["--warmstart.sft_steps", str(a.sft_steps)]
+    cmd += shlex.split(a.job_args)
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS=str(a.threads), TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     try:
