@@ -3,9 +3,11 @@ held-out answers on a fixed seed.
 
 This is the only check that catches a silent sign, mask or advantage error through the whole pipeline (executor,
 reward, masked advantages, masked loss, update) on a real pretrained model. It runs the main job (``--preset
-default``, ~11 minutes on 2 idle cores, BM25 retrieval as in ``make demo``) and asserts that the held-out F1 after
-RL is above the F1 before RL by a margin whose paired bootstrap 95% interval excludes zero (measured with this seed:
-+0.099 [+0.059, +0.140] on 64 questions), and that Cover-EM and valid searches did not fall. A sign flip in the
+default``, ~9 minutes on 2 idle cores, BM25 retrieval as in ``make demo``) and asserts that the held-out F1 after
+RL is at least 0.10 (the issue's target) above the F1 before RL, with a paired bootstrap 95% interval that excludes
+zero (measured with this seed: +0.245 [+0.191, +0.295] on 64 questions; the run is deterministic for a seed, so the
+margin of 0.145 absorbs float rounding on another CPU, not sampling luck), and that Cover-EM and valid searches did
+not fall. A sign flip in the
 advantages, a loss on the wrong tokens or a dropped update makes the F1 fall or stay put, and the test fail. The
 benchmark ``benchmarks/bench_train_local.py`` reports the same figures against the target of +0.10.
 """
@@ -38,7 +40,7 @@ def test_rl_improves_held_out_f1_of_smollm2(tmp_path):
     cmp = json.loads((out / "eval_compare.json").read_text())
     f1 = cmp["f1"]
     assert f1["n"] >= 64
-    assert f1["diff"] > 0 and f1["low"] > 0, f"RL did not improve held-out F1: {f1}"
+    assert f1["diff"] >= 0.10 and f1["low"] > 0, f"RL did not improve held-out F1 by 0.10: {f1}"
     before = json.loads((out / "eval_before.json").read_text())
     after = json.loads((out / "eval.json").read_text())
     assert before["questions"] == after["questions"]  # the same held-out questions, the same order
