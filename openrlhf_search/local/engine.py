@@ -491,13 +491,10 @@ class HFEngine:
             return
         row = batch.rows[b]
         n = len(row.prompt) + len(row.token_ids) - 1
-        layers = [(layer.keys, layer.values) for layer in batch.past.layers]
-        if batch.attention is None:  # single row, no padding: its states are the first n positions
-            per_layer = [(k[b, :, :n].detach().cpu().clone(), v[b, :, :n].detach().cpu().clone()) for k, v in layers]
-        else:  # the row's real positions in order (padding left out)
-            valid = batch.attention[b].nonzero().squeeze(-1)[:n]
-            per_layer = [(k[b].index_select(1, valid).detach().cpu(), v[b].index_select(1, valid).detach().cpu())
-                         for k, v in layers]
+        layers, attention, _ = batch._padded()
+        valid = attention[b].nonzero().squeeze(-1)[:n]  # the row's real positions in order (padding left out)
+        per_layer = [(k[b].index_select(1, valid).detach().cpu(), v[b].index_select(1, valid).detach().cpu())
+                     for k, v in layers]
         row_hidden = None
         if batch.hidden is not None:
             row_hidden = torch.cat(batch.hidden[b])[:n]
