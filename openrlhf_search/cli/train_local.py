@@ -84,7 +84,8 @@ def make_warmstart(args):
         if w.answers == "gold":
             answers = [r["golden_answers"][0] for r in rows]
         elif w.answers == "self":
-            answers = self_answers(trainer.engine, trainer.tokenizer, [r["question"] for r in rows], passages)
+            answers = self_answers(trainer.engine, trainer.tokenizer, [r["question"] for r in rows], passages,
+                                   prompt=w.self_prompt, form=w.self_form)
         else:
             answers = [None] * len(rows)
         trajs = [scripted_trajectory(trainer.prompt_of(r), r["question"], a, p,

@@ -77,6 +77,41 @@ def scripted_turns(prompt: str, question: str, answer: Optional[str], protocol) 
 # The plain chat turn of a self answer: the retrieved passage, the question, and the same "short answer" request as the
 # protocol's instruction. No gold answer, no tags: what the model writes is its own answering style.
 SELF_ANSWER_TEMPLATE = "{passage}\n\nQuestion: {question}\nAnswer in a few words."
+# Requests a self answer can end with (``--warmstart.self_prompt``): "few_words" (the template above, the default) or
+# "bare" (only the name or code as the text writes it). SmolLM2-135M-Instruct answers both with a sentence, but the
+# sentence holds the answer more often after "bare" (docs/trials_em.md).
+SELF_ANSWER_PROMPTS = {
+    "few_words": SELF_ANSWER_TEMPLATE,
+    "bare": "{passage}\n\nQuestion: {question}\nReply with just the answer (a name or code from the text), nothing else.",
+}
+# How a self answer is cut (``--warmstart.self_form``): "sentence" (its first sentence, the default) or "span" (that
+# sentence without the words it repeats from the question, :func:`answer_span`).
+SELF_ANSWER_FORMS = ("sentence", "span")
+
+# Words a reply uses to restate a question around its answer ("The capital of X is Z."): dropped by answer_span.
+_RESTATEMENT_WORDS = _QUERY_STOPWORDS | {"was", "were", "be", "called", "named", "its", "it", "this", "for", "to",
+                                         "country", "city", "one", "you"}
+
+
+def _bare(word: str) -> str:
+    return re.sub(r"[^\w'-]", "", word).lower()
+
+
+def answer_span(reply: str, question: str) -> str:
+    """The words of ``reply`` that do not restate ``question``: the reply's own answer phrase, without gold or
+    passage, e.g. ("The capital of Tonga is Nuku'alofa.", "What is the capital of Tonga?") -> "Nuku'alofa" and
+    ("Asmara is the capital of Eritrea.", same kind of question) -> "Asmara".
+
+    A word is dropped when, lower-cased and without punctuation, it is a word of the question or a restating function
+    word (articles, copulas, "of", "in", ...); the kept words stay in order with their own spelling, commas and
+    parentheses, and the final punctuation is removed. A reply made only of such words is returned unchanged (minus the
+    final punctuation), so that an answer block is never empty.
+    """
+    asked = {_bare(w) for w in question.split()} | _RESTATEMENT_WORDS
+    words = reply.strip().split()
+    kept = [w for w in words if _bare(w) and _bare(w) not in asked]
+    out = " ".join(kept) if kept else reply.strip()
+    return out.rstrip(".!?;:, ").lstrip(",;: ").strip() or reply.strip()
 
 
 def first_sentence(text: str, max_chars: int = 120) -> str:
@@ -98,41 +133,52 @@ def first_sentence(text: str, max_chars: int = 120) -> str:
 
 
 def self_answers(engine, tokenizer, questions: Sequence[str], passages: Sequence[Sequence[Passage]],
-                 max_tokens: int = 24, progress: bool = True) -> List[str]:
+                 max_tokens: int = 24, progress: bool = True, prompt: str = "few_words",
+                 form: str = "sentence") -> List[str]:
     """The policy's own greedy answers, one per question, given the passages the scripted query retrieved.
 
-    Each prompt is one user turn of the tokenizer's chat template with :data:`SELF_ANSWER_TEMPLATE` (passage texts
-    joined by blank lines); decoding is greedy with ``max_tokens`` new tokens; the reply is cut to its first sentence
-    (:func:`first_sentence`). An empty reply becomes "unknown" so that every answer block has content.
+    Each prompt is one user turn of the tokenizer's chat template with ``SELF_ANSWER_PROMPTS[prompt]`` (passage
+    texts joined by blank lines); decoding is greedy with ``max_tokens`` new tokens; the reply is cut to its first
+    sentence (:func:`first_sentence`) and, with ``form="span"``, to the words that do not restate the question
+    (:func:`answer_span`). No gold answer is read. An empty reply becomes "unknown" so that every answer block has
+    content.
 
     Args:
         engine: an :class:`~openrlhf_search.local.engine.HFEngine` over the policy (vLLM ``generate`` contract).
         questions, passages: one list of passages per question (same length).
+        prompt: a key of :data:`SELF_ANSWER_PROMPTS`; form: one of :data:`SELF_ANSWER_FORMS`.
     Returns:
         answers, one string per question.
     Raises:
-        ValueError: ``questions`` and ``passages`` differ in length.
+        ValueError: ``questions`` and ``passages`` differ in length, or an unknown ``prompt`` / ``form``.
     """
     from vllm import SamplingParams
 
     if len(questions) != len(passages):
         raise ValueError(f"self_answers: {len(questions)} questions but {len(passages)} passage lists")
+    if prompt not in SELF_ANSWER_PROMPTS:
+        raise ValueError(f"self_answers: unknown prompt {prompt!r}; known: {sorted(SELF_ANSWER_PROMPTS)}")
+    if form not in SELF_ANSWER_FORMS:
+        raise ValueError(f"self_answers: unknown form {form!r}; known: {list(SELF_ANSWER_FORMS)}")
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     prompts = []
     for q, ps in zip(questions, passages):
-        user = SELF_ANSWER_TEMPLATE.format(passage="\n\n".join(p.text for p in ps), question=q)
+        user = SELF_ANSWER_PROMPTS[prompt].format(passage="\n\n".join(p.text for p in ps), question=q)
         text = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
                                              add_generation_prompt=True)
         prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     bar = tqdm(total=len(prompts), desc="warm start: self answers", unit="q", disable=not progress)
 
-    async def one(ids):
+    async def one(ids, question):
         out = await engine.generate(ids, params)
         bar.update(1)
-        return first_sentence(out.outputs[0].text) or "unknown"
+        reply = first_sentence(out.outputs[0].text)
+        if reply and form == "span":
+            reply = answer_span(reply, question)
+        return reply or "unknown"
 
     async def run_all():
-        return await asyncio.gather(*(one(ids) for ids in prompts))
+        return await asyncio.gather(*(one(ids, q) for ids, q in zip(prompts, questions)))
 
     try:
         return list(asyncio.new_event_loop().run_until_complete(run_all()))
