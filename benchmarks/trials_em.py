@@ -95,24 +95,51 @@ def _job(argv) -> int:
     return train_local.main(argv)
 
 
-def run_trial(name: str, flags) -> dict:
-    """Run one trial into ``trials/NAME`` (a fresh run); returns its summary (wall time, load)."""
+def reuse_warmstart(name: str, source: str) -> list:
+    """Screening shortcut: start trial ``name`` from the warm-started policy of trial ``source`` (its reference
+    checkpoint, with the tokenizer of its final model) and its before-RL evaluation, so that only RL and the after-RL
+    evaluation run. Returns the train_local flags that do it. Valid only when the trial changes RL settings, not the
+    warm start, the retrieval or the instruction."""
+    import shutil
+
+    src, out = os.path.join(TRIALS, source), os.path.join(TRIALS, name)
+    model = os.path.join(out, "warm_started_policy")
+    if not os.path.isdir(model):
+        shutil.copytree(os.path.join(src, "checkpoints", "ref"), model)
+        for f in os.listdir(os.path.join(src, "final")):
+            if f.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
+                shutil.copy(os.path.join(src, "final", f), model)
+    for f in ("eval_before.json", "warmstart.jsonl"):
+        shutil.copy(os.path.join(src, f), os.path.join(out, f))
+    return ["--actor.model_name_or_path", model, "--warmstart.sft_steps", "0", "--eval.no_before"]
+
+
+def run_trial(name: str, flags, resume: bool = False, warmstart_from: str = "") -> dict:
+    """Run one trial into ``trials/NAME`` (a fresh run, or with ``resume`` the continuation of a stopped one from its
+    last checkpoint: the job's own resume); returns its summary (wall time of all parts, load)."""
     out = os.path.join(TRIALS, name)
     if os.path.exists(os.path.join(out, "eval.json")):
         raise SystemExit(f"{out} already holds a finished trial; pick another name")
     os.makedirs(out, exist_ok=True)
+    if warmstart_from:
+        flags = reuse_warmstart(name, warmstart_from) + list(flags)
     argv = ["--preset", "default", "--train_data", os.path.join(SPLIT, "train.jsonl"),
             "--eval_data", os.path.join(SPLIT, "val.jsonl"), "--corpus", os.path.join(DATA, "corpus.jsonl"),
-            "--retriever.encoder", "bm25", "--ckpt.output_dir", out, "--ckpt.no_load"] + list(flags)
+            "--retriever.encoder", "bm25", "--ckpt.output_dir", out] + ([] if resume else ["--ckpt.no_load"]) \
+        + list(flags)
+    earlier = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out)) if f.startswith("trial_part")]
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     load0, t0 = os.getloadavg(), time.time()
-    with open(os.path.join(out, "job.log"), "w") as log:
+    with open(os.path.join(out, "job.log"), "a" if resume else "w") as log:
         rc = subprocess.call(["nice", "-n", "10", sys.executable, os.path.abspath(__file__), "_job", "--"] + argv,
                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    summary = {"name": name, "flags": list(flags), "rc": rc, "wall_s": time.time() - t0,
+    summary = {"name": name, "flags": list(flags), "warmstart_from": warmstart_from, "rc": rc, "wall_s": time.time() - t0,
                "load_start": load0[0], "load_end": os.getloadavg()[0], "started": time.strftime(
                    "%Y-%m-%d %H:%M", time.localtime(t0))}
+    if earlier:  # a resumed trial: its time is that of every part
+        summary["parts"] = earlier + [dict(summary)]
+        summary["wall_s"] = sum(p["wall_s"] for p in summary["parts"])
     with open(os.path.join(out, "trial.json"), "w") as fh:
         json.dump(summary, fh, indent=1)
     return summary
@@ -258,6 +285,9 @@ def main(argv=None):
     s.add_argument("--val_seed", type=int, default=17)
     r = sub.add_parser("run")
     r.add_argument("name")
+    r.add_argument("--resume", action="store_true", help="continue a stopped trial from its last checkpoint")
+    r.add_argument("--warmstart_from", default="", help="reuse this trial's warm-started policy and before-RL "
+                                                         "evaluation (screening of RL settings only)")
     r.add_argument("flags", nargs=argparse.REMAINDER, help="train_local flags after --")
     a_ = sub.add_parser("analyze")
     a_.add_argument("names", nargs="+")
@@ -266,7 +296,7 @@ def main(argv=None):
         make_split(a.n_val, a.val_seed)
     elif a.cmd == "run":
         flags = a.flags[1:] if a.flags and a.flags[0] == "--" else a.flags
-        summary = run_trial(a.name, flags)
+        summary = run_trial(a.name, flags, resume=a.resume, warmstart_from=a.warmstart_from)
         print(json.dumps(summary))
         if summary["rc"] == 0:
             print_analysis(analyze(a.name))

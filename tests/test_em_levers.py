@@ -67,38 +67,66 @@ class _FakeEngine:
         return SimpleNamespace(outputs=[SimpleNamespace(text=self.reply)])
 
 
-def test_self_answers_prompt_and_form_flags(qwen_tokenizer):
-    """--warmstart.self_prompt picks the chat request, --warmstart.self_form the cut; catches a flag that is parsed
-    but not passed through (the default prompt / first sentence used whatever the flag) and unknown names accepted."""
-    from openrlhf_search.local.warmstart import SELF_ANSWER_PROMPTS, self_answers
+def test_self_answers_prompt_flag_and_answer_block_forms(qwen_tokenizer):
+    """--warmstart.self_prompt picks the chat request, --warmstart.self_form what the answer turn holds; catches a
+    flag that is parsed but not passed through (the default request / first sentence whatever the flag), a
+    think_span that loses its reasoning or puts the sentence in the answer, and unknown names accepted."""
+    from openrlhf_search.local.warmstart import SELF_ANSWER_PROMPTS, answer_blocks, self_answers
     from openrlhf_search.types import Passage
 
     qs = ["What is the capital of France?"]
     ps = [[Passage(id="FRA-geo", title="France", text="The capital of France is Paris.")]]
     reply = "The capital of France is Paris. It is a large city."
-    outs = {}
     for prompt in ("few_words", "bare"):
-        for form in ("sentence", "span"):
-            eng = _FakeEngine(reply)
-            outs[prompt, form] = self_answers(eng, qwen_tokenizer, qs, ps, progress=False, prompt=prompt,
-                                              form=form)[0]
-            text = qwen_tokenizer.decode(eng.prompts[0])
-            request = SELF_ANSWER_PROMPTS[prompt].split("{question}")[1].strip()
-            assert request in text, (prompt, text)
-            other = SELF_ANSWER_PROMPTS["bare" if prompt == "few_words" else "few_words"]
-            assert other.split("{question}")[1].strip() not in text
-    assert outs["few_words", "sentence"] == outs["bare", "sentence"] == "The capital of France is Paris."
-    assert outs["few_words", "span"] == outs["bare", "span"] == "Paris"
+        eng = _FakeEngine(reply)
+        assert self_answers(eng, qwen_tokenizer, qs, ps, progress=False, prompt=prompt) == \
+            ["The capital of France is Paris."]
+        text = qwen_tokenizer.decode(eng.prompts[0])
+        assert SELF_ANSWER_PROMPTS[prompt].split("{question}")[1].strip() in text, (prompt, text)
+        other = SELF_ANSWER_PROMPTS["bare" if prompt == "few_words" else "few_words"]
+        assert other.split("{question}")[1].strip() not in text
+    s = ["The capital of France is Paris."]
+    assert answer_blocks(s, qs, "sentence") == [("The capital of France is Paris.", None)]
+    assert answer_blocks(s, qs, "span") == [("Paris", None)]
+    assert answer_blocks(s, qs, "think_span") == [("Paris", "The capital of France is Paris.")]
     with pytest.raises(ValueError, match="unknown prompt"):
         self_answers(_FakeEngine(reply), qwen_tokenizer, qs, ps, progress=False, prompt="terse")
     with pytest.raises(ValueError, match="unknown form"):
-        self_answers(_FakeEngine(reply), qwen_tokenizer, qs, ps, progress=False, form="word")
+        answer_blocks(s, qs, "word")
+    with pytest.raises(ValueError, match="1 replies but 2 questions"):
+        answer_blocks(s, qs * 2, "span")
     a = parse_args([])
     assert (a.warmstart.self_prompt, a.warmstart.self_form) == ("few_words", "sentence")  # documented defaults
-    a = parse_args(["--warmstart.self_prompt", "bare", "--warmstart.self_form", "span"])
-    assert (a.warmstart.self_prompt, a.warmstart.self_form) == ("bare", "span")
+    a = parse_args(["--warmstart.self_prompt", "bare", "--warmstart.self_form", "think_span"])
+    assert (a.warmstart.self_prompt, a.warmstart.self_form) == ("bare", "think_span")
     with pytest.raises(SystemExit):
         parse_args(["--warmstart.self_form", "word"])
+
+
+@pytest.mark.parametrize("name", ["searchr1_bare", "r1searcher"])
+def test_think_span_trajectory_is_well_formed_and_trains_on_both_blocks(qwen_tokenizer, name):
+    """The think_span answer turn: the reply in a reasoning block, then the span alone in the answer block, in both
+    prompt shapes (Search-R1: the turn opens <think>; R1-Searcher: the prompt already opened it); the response passes
+    R1-Searcher's format rule and the answer extracted is the span. Catches the reasoning dropped, written into the
+    answer block, or an unbalanced think block (a -2 format penalty on every scripted trajectory)."""
+    from openrlhf_search.local.warmstart import scripted_trajectory
+    from openrlhf_search.rewards import check_format
+    from openrlhf_search.types import Passage
+
+    proto = get_protocol(name)
+    q = "What is the capital of France?"
+    prompt = proto.build_prompt(q, qwen_tokenizer, chat=True)
+    ps = [Passage(id="FRA-geo", title="France", text="The capital of France is Paris.")]
+    traj = scripted_trajectory(prompt, q, "Paris", ps, proto, qwen_tokenizer, reasoning="The capital of France is Paris.")
+    response = qwen_tokenizer.decode(traj.tokens[traj.action_ranges[0][0]:])
+    assert proto.extract_answer(response) == "Paris"
+    assert check_format(response, proto) == (True, "")
+    a, b = traj.action_ranges[1]
+    second = qwen_tokenizer.decode(traj.tokens[a:b])
+    assert "The capital of France is Paris. " + proto.think_close in second  # trained on: the reasoning ...
+    assert second.rstrip().endswith(f"{proto.answer_open} Paris {proto.answer_close}")  # ... and the bare span
+    plain = scripted_trajectory(prompt, q, "Paris", ps, proto, qwen_tokenizer)
+    assert "capital of France is Paris" not in qwen_tokenizer.decode(plain.tokens[plain.action_ranges[1][0]:])
 
 
 # ------------------------------------------------------------------------------------------------ curriculum

@@ -189,10 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --warmstart.answers self: the request that ends the plain chat turn of a self answer: "
                         "'few_words' (default: \"Answer in a few words.\") or 'bare' (only the name or code as the "
                         "text writes it); openrlhf_search.local.warmstart.SELF_ANSWER_PROMPTS")
-    p.add_argument("--warmstart.self_form", default="sentence", choices=["sentence", "span"],
-                   help="with --warmstart.answers self: what of the reply goes into the answer block: 'sentence' "
-                        "(default: its first sentence) or 'span' (that sentence without the words that restate the "
-                        "question: \"The capital of Tonga is Nuku'alofa.\" -> \"Nuku'alofa\"; no gold answer read)")
+    p.add_argument("--warmstart.self_form", default="sentence", choices=["sentence", "span", "think_span"],
+                   help="with --warmstart.answers self: what the scripted answer turn holds of the reply: 'sentence' "
+                        "(default: its first sentence as the answer), 'span' (that sentence without the words that "
+                        "restate the question: \"The capital of Tonga is Nuku'alofa.\" -> \"Nuku'alofa\"; no gold "
+                        "answer read) or 'think_span' (the sentence in a <think> block, then the span as the answer)")
     # checkpoints and logs
     p.add_argument("--ckpt.output_dir", default="runs/train_local", help="run folder (metrics, checkpoints, model)")
     p.add_argument("--ckpt.path", default=None, help="checkpoint folder (default: <output_dir>/checkpoints)")
