@@ -11,8 +11,8 @@ Formats:
   jsonl of its rows ``{"title", "text": [sentence, ...]}`` -> one passage per article, the sentences joined by a
   space (``" ".join``: HotpotQA's sentences after the first start with a space, which gives the double spaces of
   R1-Searcher's passages, "Texas.  Nidal Hasan"), ids 0, 1, ... in dump order as in their TSV; an article without
-  text is skipped. ``R1SearcherProtocol`` with ``passage_format="hotpotqa_abstracts"`` writes each passage back
-  as the released TSV line, ``(1)Title: T Text:  abstract`` (see ``abstract_line``);
+  text is skipped. ``openrlhf_search.protocol.R1SearcherProtocol`` with ``passage_format="hotpotqa_abstracts"``
+  writes each passage back as the released TSV line, ``(1)Title: T Text:  abstract``;
 - ``wiki18``: FlashRAG / Search-R1 rows ``{"id", "contents": "\"Title\"\ntext"}``, passed through;
 - ``plain``: ``{"id", "title", "text"}`` rows (or ``{"id","title","contents"}``), passed through;
 - ``auto``: decided from the first row.
@@ -92,16 +92,6 @@ def abstract_text(sentences) -> str:
             raise CorpusError("HotpotQA abstract 'text' holds something that is not a sentence string")
         flat.extend(items)
     return " ".join(flat).strip()
-
-
-def abstract_line(title: str, text: str) -> str:
-    """The line of R1-Searcher's HotpotQA abstracts TSV after its id, ``Title: T Text:  abstract`` TSV-quoted (what
-    its released client renders after ``(i)``; ``protocol.R1SearcherProtocol.format_passage``)."""
-    from openrlhf_search.protocol import get_protocol
-    from openrlhf_search.types import Passage
-
-    line = get_protocol("r1searcher").with_options("hotpotqa_abstracts").format_passage(1, Passage("", title, text))
-    return line[len("(1)"):-1]
 
 
 def _abstract_rows(path: str) -> Iterator[tuple[str, int, object]]:
