@@ -185,6 +185,43 @@ def group_baseline_rewards(
 
 
 @torch.no_grad()
+def zero_padded_group_norm(rewards: torch.Tensor, group_size: int, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """R1-Searcher's released Llama stage-1 ``group_norm``: each prompt's samples normalised in two rows of
+    ``group_size`` values, ``group_size / 2`` of its samples and as many zeros.
+
+    Why that shape: ``train/reward_server_llama_stage1.py:226`` returns ``[score, 0]`` per sample, the vendored
+    ``train_ppo_ray.py:21-22`` ``reward_fn`` keeps the [M, 2] tensor, and ``experience_maker.py:564-567`` normalises
+    the concatenated [N, 2] rewards with ``reshape(-1, n_samples_per_prompt)`` (rows of 16 values = 8 consecutive
+    samples' scores and their 8 zeros, ``std`` unbiased, ``+ 1e-9``); with ``--micro_rollout_batch_size 1``
+    (``scripts/llama_reinforce_plus_train_stage1.sh:58``) each sample's reward is the first value of its own pair
+    (``models/utils.py:74-77``), its normalised score. A group whose 8 samples all score s > 0 gets
+    s / 2 / std([s] * 8 + [0] * 8) = +0.968 each instead of 0.
+
+    Args:
+        rewards: [N] float, ``group_size`` consecutive samples per prompt (prompt order), N a multiple of it.
+        group_size: samples per prompt; even.
+        valid: optional [N] bool; invalid samples get 0 and leave their row (its zeros stay).
+    Returns:
+        [N] float32 (or wider) shaped rewards.
+    Raises:
+        ValueError: odd ``group_size``, N not a multiple of it, non-finite rewards among the valid samples.
+    """
+    if group_size < 2 or group_size % 2:
+        raise ValueError(f"zero-padded group_norm needs an even group size, got {group_size}")
+    base = group_baseline_rewards(rewards, group_size, "reinforce", valid=valid)  # checks, zeroes invalid samples
+    dtype = base.dtype
+    half = group_size // 2
+    ok = torch.ones_like(base, dtype=torch.bool) if valid is None else valid.to(torch.bool).reshape(base.shape)
+    g = base.reshape(-1, half)
+    m = ok.reshape(-1, half).to(dtype)
+    n = m.sum(-1, keepdim=True) + half  # the row's valid samples and its zeros
+    mean = (g * m).sum(-1, keepdim=True) / n
+    var = ((((g - mean) * m) ** 2).sum(-1, keepdim=True) + half * mean ** 2) / (n - 1)
+    out = (g - mean) / (var.sqrt() + GROUP_NORM_EPS)
+    return torch.where(m > 0, out, torch.zeros_like(out)).reshape(-1)
+
+
+@torch.no_grad()
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, scale: bool = True, eps: float = 1e-8) -> torch.Tensor:
     """Whiten ``x`` with the mean and (population) variance of its masked entries, all entries pooled.
 

@@ -28,6 +28,7 @@ from openrlhf_search.config import ConfigError, SearchConfig
 from openrlhf_search.metrics import parse_golds
 from openrlhf_search.protocol import Protocol, get_protocol
 from openrlhf_search.retrieval_client import RetrievalClient, RetrievalError, start_retrieval_trace
+from openrlhf_search.types import Action
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ class SearchAgentExecutor(AgentExecutorBase):
             raise ConfigError(f"search config: unknown reward_scheme {self.config.reward_scheme!r}; "
                               f"known: {sorted(REWARD_SCHEMES)}")
         self.protocol = protocol if protocol is not None else get_protocol(self.config.protocol)
+        if self.config.passage_format or self.config.query_cleaning:  # ConfigError on a name the protocol lacks
+            self.protocol = self.protocol.with_options(self.config.passage_format, self.config.query_cleaning)
         self.client = retrieval_client if retrieval_client is not None else RetrievalClient.from_config(self.config)
         self._token_cache: Dict[Tuple[int, str], List[int]] = {}
 
@@ -85,16 +88,23 @@ class SearchAgentExecutor(AgentExecutorBase):
         return ids
 
     def observation_tokens(self, passages, tokenizer) -> List[int]:
-        """Token ids of one documents block, at most ``config.max_obs_tokens`` long.
+        """Token ids of one documents block, at most ``config.max_obs_tokens`` long (no cap when it is None).
 
-        ``doc_open``, the passages body and ``doc_close`` are tokenised separately; only the body is cut (at a token
-        boundary that does not split a character), so the closing tag is always kept. When the tags alone exceed the
-        cap the body is empty. Returns list[int].
+        ``obs_cut`` "body": ``doc_open``, the passages body and ``doc_close`` are tokenised separately; only the body
+        is cut (at a token boundary that does not split a character), so the closing tag is always kept; when the
+        tags alone exceed the cap the body is empty. "block": the whole block is tokenised as one string and its
+        first ``max_obs_tokens`` tokens are kept, closing tag or not (Search-R1's released cut). Returns list[int].
         """
+        cap = self.config.max_obs_tokens
+        if self.config.obs_cut == "block":
+            ids = self._encode(tokenizer, self.protocol.render_documents(passages))
+            return ids if cap is None else ids[:cap]
         open_ids = self._encode_cached(tokenizer, self.protocol.doc_open)
         close_ids = self._encode_cached(tokenizer, self.protocol.doc_close)
         body_ids = self._encode(tokenizer, self.protocol.format_passages(passages))
-        room = max(0, self.config.max_obs_tokens - len(open_ids) - len(close_ids))
+        if cap is None:
+            return open_ids + body_ids + close_ids
+        room = max(0, cap - len(open_ids) - len(close_ids))
         if len(body_ids) > room:
             body_ids = body_ids[:room]
             # do not end on half a UTF-8 character (the model would read a replacement char)
@@ -193,12 +203,15 @@ class SearchAgentExecutor(AgentExecutorBase):
             parsed = proto.parse_action(hf_tokenizer.decode(action, skip_special_tokens=False))
             if parsed.kind == "answer":
                 break
+            query = proto.clean_query(parsed.content) if parsed.kind == "query" else ""
+            if parsed.kind == "query" and not query:  # nothing left to search for: invalid, as released
+                parsed = Action("invalid", "query empty after cleaning")
             if parsed.kind == "query":
                 logs["queries"] += 1
                 if turn == cfg.max_turns - 1:
                     break  # no generation call left to read the documents
                 try:
-                    passages = await self.client.search(parsed.content)
+                    passages = await self.client.search(query)
                 except RetrievalError as e:
                     failed = True
                     logs["retrieval_failures"] += 1

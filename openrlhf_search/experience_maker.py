@@ -42,7 +42,7 @@ from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from openrlhf.utils.logging_utils import init_logger
 
-from openrlhf_search.advantages import group_baseline_rewards, masked_gae, masked_whiten
+from openrlhf_search.advantages import group_baseline_rewards, masked_gae, masked_whiten, zero_padded_group_norm
 
 logger = init_logger(__name__)
 
@@ -344,7 +344,9 @@ class SearchExperienceMaker(RemoteExperienceMaker):
             for exp, s in zip(experiences, stds):
                 exp.info["group_reward_std"] = s
 
-        if estimator in GROUP_BASELINE_ESTIMATORS:
+        if estimator == "group_norm" and getattr(getattr(args, "search", None), "group_norm_zero_pad", False):
+            shaped = zero_padded_group_norm(rewards, n, valid=valid)  # R1-Searcher's released Llama stage 1
+        elif estimator in GROUP_BASELINE_ESTIMATORS:
             shaped = group_baseline_rewards(rewards, n, estimator, valid=valid)
         elif estimator == "flash_reinforce":
             mean = rewards[valid].mean() if valid.any() else rewards.new_zeros(())

@@ -173,6 +173,8 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
             kind = _parse_bool_or_auto
         elif hint in (int, float, str):
             kind = hint
+        elif origin is typing.Union and int in args:  # Optional[int]: the field's doc says what 0 means
+            kind = int
         else:
             kind = str
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -222,6 +224,14 @@ def validate_search(args, cfg: SearchConfig) -> None:
         RewardSchedule.from_args(args).validate(known_reward_schemes())
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    from openrlhf_search.protocol import get_protocol
+
+    get_protocol(cfg.protocol).with_options(cfg.passage_format, cfg.query_cleaning)  # a typo fails here, not in vLLM
+    if cfg.group_norm_zero_pad and (args.algo.advantage.estimator != "group_norm"
+                                    or args.rollout.n_samples_per_prompt % 2):
+        raise ConfigError("--search.group_norm_zero_pad needs --algo.advantage.estimator group_norm and an even "
+                          f"--rollout.n_samples_per_prompt (got {args.algo.advantage.estimator}, "
+                          f"{args.rollout.n_samples_per_prompt})")
     if not (0.0 <= args.search.max_failed_fraction <= 1.0):
         raise ConfigError(f"--search.max_failed_fraction must be in [0, 1], got {args.search.max_failed_fraction}")
     if not os.path.isfile(args.train.agent_func_path):
