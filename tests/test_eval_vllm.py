@@ -21,6 +21,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -372,6 +374,111 @@ def test_cpu_kv_cache_is_capped(monkeypatch):
     assert "kv_cache_memory_bytes" not in vllm_engine_kwargs("org/model", on_cpu=True)
     gpu = vllm_engine_kwargs("org/model", on_cpu=False, dtype="auto")
     assert gpu["dtype"] == "auto" and "kv_cache_memory_bytes" not in gpu and "enforce_eager" not in gpu
+
+
+class _FakeLLMEngine:
+    """``vllm.LLMEngine``'s request surface: each request finishes after ``steps`` steps with its prompt reversed;
+    an empty prompt is rejected by ``add_request``, ``fail_at`` makes that step raise."""
+
+    def __init__(self, steps=2, fail_at=None):
+        self.steps, self.fail_at, self.n_steps = steps, fail_at, 0
+        self.live, self.aborted = {}, []
+        self.threads = set()
+
+    def add_request(self, request_id, prompt, params):
+        self.threads.add(threading.current_thread().name)
+        if not prompt["prompt_token_ids"]:
+            raise ValueError("empty prompt")
+        assert params.output_kind.name == "FINAL_ONLY"
+        self.live[request_id] = [list(prompt["prompt_token_ids"]), 0]
+
+    def abort_request(self, ids):
+        self.aborted += ids
+        for r in ids:
+            self.live.pop(r, None)
+
+    def step(self):
+        self.threads.add(threading.current_thread().name)
+        self.n_steps += 1
+        if self.fail_at is not None and self.n_steps >= self.fail_at:
+            raise RuntimeError("kernel exploded")
+        out = []
+        for rid, state in list(self.live.items()):
+            state[1] += 1
+            if state[1] >= self.steps:
+                del self.live[rid]
+                out.append(SimpleNamespace(request_id=rid, finished=True,
+                                           outputs=[SimpleNamespace(token_ids=state[0][::-1])]))
+        return out
+
+    def reset_prefix_cache(self):
+        self.threads.add(threading.current_thread().name)
+        return True
+
+
+def test_in_process_engine_thread():
+    """The engine thread answers each concurrent request with its own output, a rejected request fails alone, a
+    cancelled request is aborted in vLLM, and every ``LLMEngine`` call runs on the engine thread (catches: answers
+    crossed between requests, one bad prompt failing the batch, KV blocks of abandoned requests kept, the event loop
+    thread touching the engine)."""
+    import asyncio
+
+    from vllm import SamplingParams
+
+    from openrlhf_search.evaluation.engines import VLLMInProcessEngine
+
+    fake = _FakeLLMEngine(steps=3)
+    engine = VLLMInProcessEngine.from_llm_engine(fake)
+
+    async def go():
+        params = SamplingParams(max_tokens=4)
+        outs = await asyncio.gather(*(engine.generate([i, i + 1, i + 2], params) for i in range(8)),
+                                    engine.generate([], params), return_exceptions=True)
+        fake.steps = 10 ** 9  # nothing finishes now: the next request can only end by cancellation
+        slow = asyncio.ensure_future(engine.generate([7, 7], SamplingParams(max_tokens=4)))
+        await asyncio.sleep(0.05)
+        slow.cancel()
+        await asyncio.sleep(0.2)
+        return outs, slow
+
+    try:
+        outs, slow = asyncio.run(asyncio.wait_for(go(), 30))
+        assert engine.reset_prefix_cache() is True
+    finally:
+        engine.shutdown()
+    assert [o.outputs[0].token_ids for o in outs[:8]] == [[i + 2, i + 1, i] for i in range(8)]
+    assert isinstance(outs[8], ValueError) and "empty prompt" in str(outs[8])
+    assert slow.cancelled() and len(fake.aborted) == 1 and not fake.live
+    assert fake.threads == {"vllm-engine"}
+
+
+def test_in_process_engine_failure_is_loud():
+    """A failing step fails every waiting request with ``EngineDeadError`` and every later request at once (catches:
+    rollouts that wait forever on a dead engine, a silent hang of a multi-hour eval); shutdown does the same."""
+    import asyncio
+
+    from vllm import SamplingParams
+
+    from openrlhf_search.evaluation.engines import EngineDeadError, VLLMInProcessEngine
+
+    engine = VLLMInProcessEngine.from_llm_engine(_FakeLLMEngine(steps=5, fail_at=2))
+
+    async def go():
+        first = await asyncio.gather(*(engine.generate([1, 2], SamplingParams(max_tokens=4)) for _ in range(3)),
+                                     return_exceptions=True)
+        with pytest.raises(EngineDeadError, match="kernel exploded"):
+            await engine.generate([1], SamplingParams(max_tokens=4))
+        return first
+
+    try:
+        first = asyncio.run(asyncio.wait_for(go(), 30))
+    finally:
+        engine.shutdown()
+    assert all(isinstance(e, EngineDeadError) and "kernel exploded" in str(e) for e in first), first
+    closed = VLLMInProcessEngine.from_llm_engine(_FakeLLMEngine())
+    closed.shutdown()
+    with pytest.raises(EngineDeadError, match="shut down"):
+        asyncio.run(asyncio.wait_for(closed.generate([1], SamplingParams(max_tokens=4)), 30))
 
 
 if __name__ == "__main__":  # the driver process of ``runs``

@@ -205,7 +205,23 @@ class VLLMInProcessEngine:
         except Exception as e:
             self._free_engine()
             raise EngineLoadError(f"vLLM loaded {model} but cannot run it: {type(e).__name__}: {_one_line(e)}") from e
-        self.max_model_len = self.llm.model_config.max_model_len  # tokens of prompt + output per request
+        self._start()
+
+    @classmethod
+    def from_llm_engine(cls, llm) -> "VLLMInProcessEngine":
+        """Serve an ``LLMEngine`` built elsewhere (anything with its ``add_request`` / ``step`` / ``abort_request``
+        / ``reset_prefix_cache``); no load check is run. The engine thread owns ``llm`` from now on."""
+        from vllm.sampling_params import RequestOutputKind
+
+        self = cls.__new__(cls)
+        self._final_only = RequestOutputKind.FINAL_ONLY
+        self.llm = llm
+        self._start()
+        return self
+
+    def _start(self) -> None:
+        model_config = getattr(self.llm, "model_config", None)
+        self.max_model_len = getattr(model_config, "max_model_len", None)  # tokens of prompt + output per request
         self._cv = threading.Condition()
         self._inbox: List[_Pending] = []
         self._aborts: List[str] = []
@@ -231,7 +247,7 @@ class VLLMInProcessEngine:
         """
         from vllm.inputs import TokensPrompt
 
-        if self.dead is not None:
+        if self.dead is not None:  # fail fast; checked again under the lock below
             raise EngineDeadError(f"vLLM engine is not running: {_one_line(self.dead)}")
         prompt = TokensPrompt(prompt_token_ids=[int(t) for t in prompt_token_ids])
         if multi_modal_data:
@@ -240,7 +256,9 @@ class VLLMInProcessEngine:
         params.output_kind = self._final_only  # one output per request, not a cumulative copy every step
         loop = asyncio.get_running_loop()
         item = _Pending(uuid.uuid4().hex, prompt, params, loop.create_future(), loop)
-        with self._cv:
+        with self._cv:  # ``dead`` is set under this lock: a request queued here is answered or failed
+            if self.dead is not None:
+                raise EngineDeadError(f"vLLM engine is not running: {_one_line(self.dead)}")
             self._inbox.append(item)
             self._cv.notify()
         try:
