@@ -176,10 +176,10 @@ class VLLMInProcessEngine:
     retrieval I/O. Greedy decoding, stop strings (``include_stop_str_in_output``), ``finish_reason`` / ``stop_reason``
     and ``logprobs`` are vLLM's.
 
-    Sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` for this process (vLLM's switch for an in-process engine core and
-    executor; ``vllm/platforms/cpu.py`` would otherwise start a worker process). vLLM's CPU worker then binds this
-    process's OpenMP threads, replaces ``torch.set_num_threads`` by a warning and starts a one-rank gloo group;
-    ``shutdown`` tears the group down again.
+    Builds the engine under ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (vLLM's switch for an in-process engine core and
+    executor; ``vllm/platforms/cpu.py`` would otherwise start a worker process), restored afterwards. vLLM's CPU worker
+    then binds this process's OpenMP threads, replaces ``torch.set_num_threads`` by a warning, reseeds the global RNGs
+    with the engine seed and starts a one-rank gloo group; ``shutdown`` tears the group down again.
 
     Args:
         engine_kwargs: ``vllm.EngineArgs`` fields (``vllm_engine_kwargs``).
@@ -192,14 +192,23 @@ class VLLMInProcessEngine:
     """
 
     def __init__(self, **engine_kwargs):
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         import vllm
         from vllm.sampling_params import RequestOutputKind
 
         self._final_only = RequestOutputKind.FINAL_ONLY
         model = engine_kwargs.get("model", "?")
-        self.llm = _build_vllm(lambda kw: vllm.LLMEngine.from_engine_args(vllm.EngineArgs(**kw)), model,
-                               engine_kwargs)
+        # vLLM reads the switch only while building the engine; restored afterwards so that processes started later
+        # from this one (Ray workers, vLLM actors) keep vLLM's multiprocessing default
+        previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        try:
+            self.llm = _build_vllm(lambda kw: vllm.LLMEngine.from_engine_args(vllm.EngineArgs(**kw)), model,
+                                   engine_kwargs)
+        finally:
+            if previous is None:
+                os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+            else:
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
         try:  # vLLM loads some models it cannot run (a head size its CPU attention lacks fails at the 1st step)
             self._smoke_step(vllm.SamplingParams(max_tokens=2, temperature=0.0))
         except Exception as e:
