@@ -12,9 +12,11 @@
   scheduler, paged KV cache, prefix caching, sampler and stop-string detokenizer), as ``vllm.LLMEngine`` in this
   process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) stepped by one engine thread. In process because on CPU ``AsyncLLM``'s
   engine core is a ``spawn``-ed child that re-imports torch, vLLM and the caller's ``__main__`` module (so every
-  caller needs an ``if __name__ == "__main__"`` guard), and a second process holding torch on a 2-core machine:
-  loading the tiny test model took 29 s that way against 11 s in process here. Errors of an in-process engine are
-  also plain exceptions of this process, not a child's log.
+  caller needs an ``if __name__ == "__main__"`` guard), and more processes holding torch on a 2-core machine:
+  loading the tiny test model took 29 s that way against 11 s in process here, and on SmolLM2-135M at the CPU main
+  job's rollout shape (16 x 32 tokens, T 0.7) it loaded in 105 s against 17 s and generated 12 against 26 tokens/s
+  (one run each, load average 11 on the shared machine). Errors of an in-process engine are also plain exceptions of
+  this process, not a child's log.
 - CPU default (``--backend auto``): ``openrlhf_search.local.engine.HFEngine`` over a ``transformers`` causal LM.
   ``benchmarks/engine_compare.py`` measures both engines on the CPU main job's shapes; see README (evaluation) for
   why HF stays the CPU default.
