@@ -49,7 +49,8 @@ class SearchConfig:
         max_obs_tokens: cap on tokens of one retrieved-documents block; passages are cut, the closing tag kept.
             500 in Search-R1.
         max_query_chars: queries longer than this are cut before retrieval (characters). Default 1000.
-        retrieval_timeout_s: timeout of one HTTP request to the retriever, seconds. Default 30.
+        retrieval_timeout_s: wall-clock deadline of one request attempt to the retriever (sending to the parsed
+            answer; a server that keeps dribbling bytes is cut off at it), seconds. Default 30.
         retrieval_max_retries: retries of a failed request (with exponential backoff) before the samples waiting on
             it are marked failed. Default 4.
         retrieval_backoff_s: first backoff delay in seconds, doubled on each retry. Default 0.5.
