@@ -15,6 +15,14 @@ named ``AgentExecutor``), so the configuration comes from ``SearchConfig.from_en
 A sample whose retrieval fails past the client's retry budget is marked ``extra_logs["retrieval_failed"] = 1.0``
 with reward 0.0 and ends there: it must be dropped by the experience maker, never trained on as if the search had
 returned nothing.
+
+A query the retriever refuses (``QueryRejected``: the server answered, it found this one query bad; issue 18 item
+3) is the policy's own doing, not an outage: the sample is kept and trained on, the turn gets an empty documents
+block (the observation a blank query or a query without any matching passage gets, so the policy can search again
+or answer), and it is counted in ``extra_logs["rejected_queries"]`` (not in ``valid_searches``). The client already
+cuts a query to the server's advertised length and replaces characters UTF-8 cannot carry, so with our server a
+rejection is rare; marking it ``retrieval_failed`` instead would hide a policy that writes malformed queries from
+training, and at more than ``--search.max_failed_fraction`` of a batch stop the run.
 """
 
 import logging
@@ -27,7 +35,7 @@ from openrlhf.utils.agent import AgentExecutorBase
 from openrlhf_search.config import ConfigError, SearchConfig
 from openrlhf_search.metrics import parse_golds
 from openrlhf_search.protocol import Protocol, get_protocol
-from openrlhf_search.retrieval_client import RetrievalClient, RetrievalError, start_retrieval_trace
+from openrlhf_search.retrieval_client import QueryRejected, RetrievalClient, RetrievalError, start_retrieval_trace
 from openrlhf_search.types import Action
 
 logger = logging.getLogger(__name__)
@@ -35,7 +43,7 @@ logger = logging.getLogger(__name__)
 # Keys of ``extra_logs`` written by the executor itself (reward components are added next to them).
 ROLLOUT_LOG_KEYS = ("turns", "valid_searches", "queries", "answer_present", "truncated", "context_full",
                     "retrieval_failures", "retrieval_failed", "response_tokens", "obs_tokens", "invalid_actions",
-                    "retrieval_failovers")
+                    "retrieval_failovers", "rejected_queries")
 
 
 class SearchAgentExecutor(AgentExecutorBase):
@@ -210,8 +218,15 @@ class SearchAgentExecutor(AgentExecutorBase):
                 logs["queries"] += 1
                 if turn == cfg.max_turns - 1:
                     break  # no generation call left to read the documents
+                rejected = False
                 try:
                     passages = await self.client.search(query)
+                except QueryRejected as e:  # the query is at fault, not the retriever: empty block, sample kept
+                    rejected = True
+                    passages = []
+                    logs["rejected_queries"] += 1
+                    logger.info("retriever refused a query of the policy; the turn gets an empty documents block "
+                                "(sample kept): %s", e)
                 except RetrievalError as e:
                     failed = True
                     logs["retrieval_failures"] += 1
@@ -238,7 +253,7 @@ class SearchAgentExecutor(AgentExecutorBase):
             obs_tokens += len(env_ids)
             if want_logprobs:
                 log_probs.extend([0.0] * len(env_ids))
-            if parsed.kind == "query":
+            if parsed.kind == "query" and not rejected:
                 logs["valid_searches"] += 1
 
         response_text = self._decode_response(hf_tokenizer, tokens[prompt_len:])

@@ -67,7 +67,8 @@ class SearchConfig:
             stage 1 did (its reward server returns ``[score, 0]`` per sample,
             ``train/reward_server_llama_stage1.py:226``; ``openrlhf_search.advantages.zero_padded_group_norm``).
         max_query_chars: queries longer than this are cut before retrieval (characters). Default 1000.
-        retrieval_timeout_s: timeout of one HTTP request to the retriever, seconds. Default 30.
+        retrieval_timeout_s: wall-clock deadline of one request attempt to the retriever (sending to the parsed
+            answer; a server that keeps dribbling bytes is cut off at it), seconds. Default 30.
         retrieval_max_retries: retries of a failed request (with exponential backoff) before the samples waiting on
             it are marked failed. Default 4.
         retrieval_backoff_s: first backoff delay in seconds, doubled on each retry. Default 0.5.

@@ -42,6 +42,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 from openrlhf_search.config import ENV_VAR, ConfigError, SearchConfig
+from openrlhf_search.length_penalty import check_overlong_args, document_overlong_flags
 from openrlhf_search.schedules import add_schedule_arguments, resolved_schedule, validate_schedule_args
 
 OPENRLHF_TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
@@ -202,7 +203,9 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
 
 def build_parser() -> argparse.ArgumentParser:
     """OpenRLHF's ``train_ppo_ray`` parser (built by its own code) with the search options added."""
-    return add_search_arguments(openrlhf_main().build_parser())
+    parser = add_search_arguments(openrlhf_main().build_parser())
+    document_overlong_flags(parser)  # the overlong budget is the trajectory's (openrlhf_search.length_penalty)
+    return parser
 
 
 def search_config_from_args(args) -> SearchConfig:
@@ -243,6 +246,10 @@ def validate_search(args, cfg: SearchConfig) -> None:
     if args.train.async_enable:
         raise ConfigError("--train.async_enable is not supported: OpenRLHF's async trainer bypasses the search "
                           "experience maker (masked GAE, failure handling)")
+    try:
+        check_overlong_args(args)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     check_prompt_files(args, cfg)
 
 
