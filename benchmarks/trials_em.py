@@ -202,7 +202,11 @@ def analyze(name: str) -> dict:
     from openrlhf_search.metrics import exact_match, f1_score
 
     out = os.path.join(TRIALS, name)
-    before, after = (json.load(open(os.path.join(out, f))) for f in ("eval_before.json", "eval.json"))
+    before = json.load(open(os.path.join(out, "eval_before.json")))
+    # a trial stopped before its end (T0, T2 in docs/trials_em.md) has no eval.json: its before-RL half is analysed,
+    # with the after-RL records standing in as the before-RL ones so that every paired figure below stays defined
+    finished = os.path.exists(os.path.join(out, "eval.json"))
+    after = json.load(open(os.path.join(out, "eval.json"))) if finished else before
     rb, ra = before["records"], after["records"]
     # the QA loader keeps no supporting_ids: take them (and the type) from the split's file
     val = {r["question"]: r for r in (json.loads(x) for x in open(os.path.join(SPLIT, "val.jsonl")) if x.strip())}
@@ -221,13 +225,15 @@ def analyze(name: str) -> dict:
     best_k = max(range(1, 8), key=lambda k: sum(score([suffix(r["prediction"], k) for r in rb], f1_score)))
     base[f"b_suffix_{best_k}"] = score([suffix(r["prediction"], best_k) for r in rb], f1_score)
     base["c_top_entity"] = score([first_entity(top_passage(r), ents.get(r["type"], [])) for r in rb], f1_score)
-    base["c_top_entity_after"] = score([first_entity(top_passage(r), ents.get(r["type"], [])) for r in ra], f1_score)
-    res = {"name": name, "n": len(rb), "em": paired_difference(em_b, em_a), "f1": paired_difference(f1_b, f1_a),
+    if finished:
+        base["c_top_entity_after"] = score([first_entity(top_passage(r), ents.get(r["type"], [])) for r in ra],
+                                           f1_score)
+    res = {"name": name, "finished": finished, "n": len(rb), "em": paired_difference(em_b, em_a), "f1": paired_difference(f1_b, f1_a),
            "em_after_ci": bootstrap_mean_ci(em_a), "f1_after_ci": bootstrap_mean_ci(f1_a),
            "baselines": {k: {"f1": sum(v) / len(v), "after_minus": paired_difference(v, f1_a)}
                          for k, v in base.items()},
            "decomposition": {}, "by_type": {}}
-    for tag, recs in (("before", rb), ("after", ra)):
+    for tag, recs in (("before", rb), ("after", ra))[:2 if finished else 1]:
         cats = [classify(r) for r in recs]
         res["decomposition"][tag] = {c: cats.count(c) for c in ("exact", "form", "reading", "retrieval")}
         res["decomposition"][tag]["searched"] = sum(1 for r in recs if r["documents"])
@@ -238,13 +244,16 @@ def analyze(name: str) -> dict:
                              "em_after": sum(em_a[i] for i in idx) / len(idx),
                              "f1_before": sum(f1_b[i] for i in idx) / len(idx),
                              "f1_after": sum(f1_a[i] for i in idx) / len(idx)}
-    trial = os.path.join(out, "trial.json")
-    res["trial"] = json.load(open(trial)) if os.path.exists(trial) else {}
+    parts = sorted(f for f in os.listdir(out) if f.startswith("trial_part"))  # a crashed run's record, if no other
+    trial = os.path.join(out, "trial.json") if os.path.exists(os.path.join(out, "trial.json")) else \
+        os.path.join(out, parts[-1]) if parts else ""
+    res["trial"] = json.load(open(trial)) if trial else {}
     metrics = os.path.join(out, "metrics.jsonl")
     if os.path.exists(metrics):
         steps = [json.loads(x) for x in open(metrics) if x.strip()]
         steps = [s for s in steps if "time_step_s" in s]
         res["steps"] = len(steps)
+        res["reward_scheme"] = sorted({s.get("reward_scheme") for s in steps if s.get("reward_scheme")})
         res["step_s"] = sum(s["time_step_s"] for s in steps) / max(1, len(steps))
         res["reward_first_last"] = (steps[0].get("reward"), steps[-1].get("reward")) if steps else None
     with open(os.path.join(out, "analysis.json"), "w") as fh:
@@ -260,15 +269,24 @@ def print_analysis(res: dict) -> None:
     t = res.get("trial", {})
     print(f"== {res['name']} (validation n={res['n']}; {res.get('steps')} steps, {res.get('step_s', 0):.1f} s/step; "
           f"job {t.get('wall_s', 0):.0f} s, load {t.get('load_start', 0):.1f} -> {t.get('load_end', 0):.1f})")
-    print(f"  EM {res['em']['before']:.3f} -> {res['em']['after']:.3f}  {_ci(res['em'])}")
-    print(f"  F1 {res['f1']['before']:.3f} -> {res['f1']['after']:.3f}  {_ci(res['f1'])}")
-    for k, v in res["baselines"].items():
-        print(f"  baseline {k:<20} F1 {v['f1']:.3f}; after RL minus it {_ci(v['after_minus'])}")
+    if not res.get("finished", True):  # stopped: before-RL figures and the baselines only
+        print(f"  stopped before its end (no eval.json): before RL only; EM {res['em']['before']:.3f}, "
+              f"F1 {res['f1']['before']:.3f}")
+        for k, v in res["baselines"].items():
+            print(f"  baseline {k:<20} F1 {v['f1']:.3f}")
+    else:
+        print(f"  EM {res['em']['before']:.3f} -> {res['em']['after']:.3f}  {_ci(res['em'])}")
+        print(f"  F1 {res['f1']['before']:.3f} -> {res['f1']['after']:.3f}  {_ci(res['f1'])}")
+        for k, v in res["baselines"].items():
+            print(f"  baseline {k:<20} F1 {v['f1']:.3f}; after RL minus it {_ci(v['after_minus'])}")
     for tag, d in res["decomposition"].items():
         print(f"  {tag:<6} " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in d.items()))
     for ty, d in res["by_type"].items():
-        print(f"  {ty:<9} n={d['n']} EM {d['em_before']:.3f} -> {d['em_after']:.3f}, "
-              f"F1 {d['f1_before']:.3f} -> {d['f1_after']:.3f}")
+        if res.get("finished", True):
+            print(f"  {ty:<9} n={d['n']} EM {d['em_before']:.3f} -> {d['em_after']:.3f}, "
+                  f"F1 {d['f1_before']:.3f} -> {d['f1_after']:.3f}")
+        else:
+            print(f"  {ty:<9} n={d['n']} EM {d['em_before']:.3f}, F1 {d['f1_before']:.3f} (before RL)")
 
 
 def main(argv=None):
