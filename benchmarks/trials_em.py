@@ -134,7 +134,8 @@ def run_trial(name: str, flags, resume: bool = False, warmstart_from: str = "") 
     with open(os.path.join(out, "job.log"), "a" if resume else "w") as log:
         rc = subprocess.call(["nice", "-n", "10", sys.executable, os.path.abspath(__file__), "_job", "--"] + argv,
                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    summary = {"name": name, "flags": list(flags), "warmstart_from": warmstart_from, "rc": rc, "wall_s": time.time() - t0,
+    summary = {"name": name, "flags": list(flags), "warmstart_from": warmstart_from, "rc": rc,
+               "wall_s": time.time() - t0,
                "load_start": load0[0], "load_end": os.getloadavg()[0], "started": time.strftime(
                    "%Y-%m-%d %H:%M", time.localtime(t0))}
     if earlier:  # a resumed trial: its time is that of every part
@@ -228,7 +229,8 @@ def analyze(name: str) -> dict:
     if finished:
         base["c_top_entity_after"] = score([first_entity(top_passage(r), ents.get(r["type"], [])) for r in ra],
                                            f1_score)
-    res = {"name": name, "finished": finished, "n": len(rb), "em": paired_difference(em_b, em_a), "f1": paired_difference(f1_b, f1_a),
+    res = {"name": name, "finished": finished, "n": len(rb),
+           "em": paired_difference(em_b, em_a), "f1": paired_difference(f1_b, f1_a),
            "em_after_ci": bootstrap_mean_ci(em_a), "f1_after_ci": bootstrap_mean_ci(f1_a),
            "baselines": {k: {"f1": sum(v) / len(v), "after_minus": paired_difference(v, f1_a)}
                          for k, v in base.items()},
