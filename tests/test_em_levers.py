@@ -163,8 +163,11 @@ def test_trainer_switches_the_executor_scheme_at_the_start_step():
         seen.append((LocalSearchTrainer._apply_reward_schedule(fake), fake.executor.config.reward_scheme))
     assert seen == [("r1searcher_stage2",) * 2] * 2 + [("searchr1_em",) * 2] * 2
     assert cfg.reward_scheme == "r1searcher_stage2"  # the shared SearchConfig is not mutated
-    fake = SimpleNamespace(args=SimpleNamespace(), executor=SimpleNamespace(config=cfg), step=5)  # no schedule
-    assert LocalSearchTrainer._apply_reward_schedule(fake) == "r1searcher_stage2"
+    # one stage (what parse_args builds without the stage-2 flags) or no schedule: the configured scheme, and an
+    # executor without a config (tests' stub executors) is not read: catches a schedule that reads it every step
+    for args in (SimpleNamespace(reward_schedule=RewardSchedule("r1searcher_stage2", None, -1)), SimpleNamespace()):
+        fake = SimpleNamespace(args=args, cfg=cfg, executor=object(), step=5)
+        assert LocalSearchTrainer._apply_reward_schedule(fake) == "r1searcher_stage2"
 
 
 def test_curriculum_scores_real_steps_with_each_stage(tmp_path, default_bm25_url, default_data):

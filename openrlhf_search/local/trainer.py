@@ -426,10 +426,12 @@ class LocalSearchTrainer:
     def _apply_reward_schedule(self) -> str:
         """Point the executor at the reward scheme of this step (``args.reward_schedule``, the cluster trainer's
         :class:`~openrlhf_search.reward_schedule.RewardSchedule`: stage 1 before ``--search.stage2_start_step``,
-        stage 2 from it on); returns the scheme's name. Without a schedule the configured scheme stays."""
+        stage 2 from it on); returns the scheme's name. Without a two-stage schedule the configured scheme
+        (``--search.reward_scheme``) stays and the executor is not touched: any executor works, even one without a
+        ``config``."""
         schedule = getattr(self.args, "reward_schedule", None)
-        if schedule is None:
-            return self.executor.config.reward_scheme
+        if schedule is None or not schedule.two_stage:
+            return self.cfg.reward_scheme
         scheme = schedule.scheme_at(self.step)
         if scheme != self.executor.config.reward_scheme:
             logger.info("reward stage %d from step %d: %s", schedule.stage_at(self.step), self.step + 1, scheme)
