@@ -676,3 +676,22 @@ class SearchR1ShortProtocol(SearchR1Protocol):
 
     name = "searchr1_short"
     template_text = _SEARCHR1_SHORT_TEMPLATE
+
+
+# ------------------------------------------------------------------------------ Search-R1, short prompt, bare answer
+_SEARCHR1_BARE_TEMPLATE = (
+    "Answer the question. Think inside <think> and </think>. To search, write <search> query </search>; the results "
+    "come back between <information> and </information>. Give the final answer between <answer> and </answer>: only "
+    "the name or code as written in the results, no sentence, e.g. <answer> Beijing </answer>. Question: {question}\n"
+)
+
+
+@register_protocol
+class SearchR1BareProtocol(SearchR1ShortProtocol):
+    """``searchr1_short`` whose instruction asks for the bare answer span (the name or code as the results write it,
+    no sentence), the form Search-R1's exact-match reward (arXiv 2503.09516 eq. 4) and EM scoring need; everything
+    else (tags, documents block, "?" completion, invalid-action message) is ``searchr1_short``'s. Not a paper setting:
+    an instruction variant of the CPU main job (``--search.protocol searchr1_bare``)."""
+
+    name = "searchr1_bare"
+    template_text = _SEARCHR1_BARE_TEMPLATE

@@ -71,7 +71,8 @@ def _resolve_data(args):
 
 def make_warmstart(args):
     """The warm-start hook: scripted trajectories (real retrieval) + SFT, logged to ``warmstart.jsonl``."""
-    from openrlhf_search.local.warmstart import scripted_query, scripted_trajectory, self_answers, sft_warmstart
+    from openrlhf_search.local.warmstart import (answer_blocks, scripted_query, scripted_trajectory, self_answers,
+                                                 sft_warmstart)
 
     def run(trainer):
         w = args.warmstart
@@ -81,19 +82,22 @@ def make_warmstart(args):
         rows = rng.sample(trainer.train_rows, min(w.num_examples, len(trainer.train_rows)))
         queries = [scripted_query(r["question"]) for r in rows]
         passages = trainer.loop.run_until_complete(trainer.client.search_batch(queries))
+        reasonings = [None] * len(rows)
         if w.answers == "gold":
             answers = [r["golden_answers"][0] for r in rows]
         elif w.answers == "self":
-            answers = self_answers(trainer.engine, trainer.tokenizer, [r["question"] for r in rows], passages)
+            questions = [r["question"] for r in rows]
+            replies = self_answers(trainer.engine, trainer.tokenizer, questions, passages, prompt=w.self_prompt)
+            answers, reasonings = map(list, zip(*answer_blocks(replies, questions, w.self_form)))
         else:
             answers = [None] * len(rows)
         trajs = [scripted_trajectory(trainer.prompt_of(r), r["question"], a, p,
-                                     trainer.protocol, trainer.tokenizer, trainer.cfg.max_obs_tokens)
-                 for r, a, p in zip(rows, answers, passages)]
+                                     trainer.protocol, trainer.tokenizer, trainer.cfg.max_obs_tokens, reasoning=t)
+                 for r, a, p, t in zip(rows, answers, passages, reasonings)]
         path = os.path.join(trainer.out_dir, "warmstart.jsonl")
         with open(path, "w") as fh:
-            for r, a in zip(rows, answers):  # what the answer blocks were taught (gold / self / none)
-                fh.write(json.dumps({"question": r["question"], "taught_answer": a,
+            for r, a, t in zip(rows, answers, reasonings):  # what the answer turns were taught (gold / self / none)
+                fh.write(json.dumps({"question": r["question"], "taught_answer": a, "taught_reasoning": t,
                                      "gold": r["golden_answers"]}) + "\n")
             def log(row):
                 fh.write(json.dumps(row) + "\n")

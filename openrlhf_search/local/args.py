@@ -30,6 +30,8 @@ from openrlhf_search.length_penalty import OVERLONG_BUFFER_HELP, OVERLONG_FACTOR
 from openrlhf_search.local.device import DEVICE_CHOICES, DeviceError, resolve_device
 
 ESTIMATORS = ("gae", "group_norm", "reinforce_baseline", "rloo", "reinforce")
+# --search.* flags that are not SearchConfig fields: the reward schedule (args.reward_schedule)
+SCHEDULE_FLAGS = ("stage2_reward_scheme", "stage2_start_step")
 
 # Named flag sets; ``--preset NAME`` puts them before the user's flags, so the user's flags win.
 #
@@ -187,6 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "start also teaches the answers), 'self' (the policy's own greedy reply to the question and "
                         "the same passage in a plain chat turn, first sentence: the warm start teaches the protocol "
                         "only, and answering well is left to RL), 'none' (the turn stops at the answer's open tag)")
+    p.add_argument("--warmstart.self_prompt", default="few_words", choices=["few_words", "bare"],
+                   help="with --warmstart.answers self: the request that ends the plain chat turn of a self answer: "
+                        "'few_words' (default: \"Answer in a few words.\") or 'bare' (only the name or code as the "
+                        "text writes it); openrlhf_search.local.warmstart.SELF_ANSWER_PROMPTS")
+    p.add_argument("--warmstart.self_form", default="sentence", choices=["sentence", "span", "think_span"],
+                   help="with --warmstart.answers self: what the scripted answer turn holds of the reply: 'sentence' "
+                        "(default: its first sentence as the answer), 'span' (that sentence without the words that "
+                        "restate the question: \"The capital of Tonga is Nuku'alofa.\" -> \"Nuku'alofa\"; no gold "
+                        "answer read) or 'think_span' (the sentence in a <think> block, then the span as the answer)")
     # checkpoints and logs
     p.add_argument("--ckpt.output_dir", default="runs/train_local", help="run folder (metrics, checkpoints, model)")
     p.add_argument("--ckpt.path", default=None, help="checkpoint folder (default: <output_dir>/checkpoints)")
@@ -198,6 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logger.logging_steps", type=int, default=1)
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="start from a named flag set (flags given after it override it)")
+    # reward curriculum: the cluster trainer's names and meaning (openrlhf_search.reward_schedule.RewardSchedule)
+    p.add_argument("--search.stage2_reward_scheme", default=None,
+                   help="reward scheme from --search.stage2_start_step on (e.g. searchr1_em after "
+                        "r1searcher_stage2: F1 first, then exact match); default none (one scheme)")
+    p.add_argument("--search.stage2_start_step", type=int, default=-1,
+                   help="first RL step (count of finished steps) whose rollouts the stage-2 scheme scores; "
+                        "-1 (default): one stage")
     # search environment: one flag per SearchConfig field
     for f in dataclasses.fields(SearchConfig):
         p.add_argument(f"--search.{f.name}", type=_search_field_type(f), default=None,
@@ -211,7 +229,7 @@ def search_config_from_args(args) -> SearchConfig:
     Raises:
         ConfigError: an invalid field value.
     """
-    given = {k: v for k, v in vars(args.search).items() if v is not None}
+    given = {k: v for k, v in vars(args.search).items() if v is not None and k not in SCHEDULE_FLAGS}
     return SearchConfig.from_dict(given)
 
 
@@ -244,6 +262,16 @@ def parse_args(argv=None):
         args.search_config = search_config_from_args(args)
         check_overlong_args(args)
     except (ConfigError, ValueError) as e:
+        parser.error(str(e))
+    from openrlhf_search.reward_schedule import RewardSchedule, known_reward_schemes
+
+    if args.search.stage2_reward_scheme and args.search.stage2_start_step < 0:
+        parser.error("--search.stage2_reward_scheme needs --search.stage2_start_step >= 0 (the first RL step it "
+                     "scores)")
+    try:  # the same schedule object and checks as the cluster trainer's
+        args.reward_schedule = RewardSchedule(args.search_config.reward_scheme, args.search.stage2_reward_scheme,
+                                              args.search.stage2_start_step).validate(known_reward_schemes())
+    except ValueError as e:
         parser.error(str(e))
     try:  # "auto" becomes the device actually used; "cuda" without CUDA is an error here, before any work
         args.train.device = resolve_device(args.train.device)

@@ -26,6 +26,7 @@ device.
 """
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -335,6 +336,7 @@ class LocalSearchTrainer:
         rows = [self.train_rows[i] for i in self.cursor.take(a.rollout.batch_size)]
         for t in self.timers.values():
             t.reset()
+        scheme = self._apply_reward_schedule()
         engine_before = dict(self.engine.stats)
         outs = self.rollout(rows, self.n_samples, desc=f"rollout step {self.step + 1}/{a.train.max_steps}")
         t_rollout = time.perf_counter() - t0
@@ -367,7 +369,7 @@ class LocalSearchTrainer:
         row = {"step": self.step + 1, "data_epoch": data_before["epoch"], "data_pos": data_before["pos"],
                "samples": len(outs), "excluded_retrieval_failed": sum(
                    1 for o in outs if o["extra_logs"].get("retrieval_failed", 0.0) > 0),
-               "excluded": n_excluded,
+               "excluded": n_excluded, "reward_scheme": scheme,
                # throughput of the engine: tokens it sampled in this step's rollout, per second it was busy
                "generated_tokens": generated, "gen_tokens_per_s": generated / gen_s if gen_s > 0 else 0.0}
         if not keep_idx:
@@ -420,6 +422,21 @@ class LocalSearchTrainer:
         if torch.device(a.train.device).type == "cuda":
             row["cuda_max_memory_mb"] = torch.cuda.max_memory_allocated() / 2 ** 20
         return row
+
+    def _apply_reward_schedule(self) -> str:
+        """Point the executor at the reward scheme of this step (``args.reward_schedule``, the cluster trainer's
+        :class:`~openrlhf_search.reward_schedule.RewardSchedule`: stage 1 before ``--search.stage2_start_step``,
+        stage 2 from it on); returns the scheme's name. Without a two-stage schedule the configured scheme
+        (``--search.reward_scheme``) stays and the executor is not touched: any executor works, even one without a
+        ``config``."""
+        schedule = getattr(self.args, "reward_schedule", None)
+        if schedule is None or not schedule.two_stage:
+            return self.cfg.reward_scheme
+        scheme = schedule.scheme_at(self.step)
+        if scheme != self.executor.config.reward_scheme:
+            logger.info("reward stage %d from step %d: %s", schedule.stage_at(self.step), self.step + 1, scheme)
+            self.executor.config = dataclasses.replace(self.executor.config, reward_scheme=scheme)
+        return scheme
 
     def _sync(self) -> None:
         """Wait for queued GPU work, so that a phase's wall time includes it (a no-op on the CPU)."""

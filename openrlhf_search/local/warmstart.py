@@ -45,13 +45,16 @@ def scripted_query(question: str) -> str:
     return " ".join(kept) if kept else q
 
 
-def scripted_turns(prompt: str, question: str, answer: Optional[str], protocol) -> tuple:
+def scripted_turns(prompt: str, question: str, answer: Optional[str], protocol,
+                   reasoning: Optional[str] = None) -> tuple:
     """The two model turns of a scripted trajectory, in the protocol's tags.
 
     Args:
         answer: the answer written in the answer block; None to stop the second turn right after the answer's
             open tag (``--warmstart.answers none``: the warm start then teaches the protocol, not the answers, and what
             goes into the answer block is left to the model and to RL).
+        reasoning: text of a reasoning block written before the answer block of the second turn
+            (``--warmstart.self_form think_span``: the model's own sentence, then its answer span); None: none.
     Returns:
         (turn with the search call, turn with the answer); the environment's documents block goes between them.
     """
@@ -71,12 +74,51 @@ def scripted_turns(prompt: str, question: str, answer: Optional[str], protocol) 
         second = f"{p.answer_open} {answer} {p.answer_close}"
     if answer is None:  # the protocol only: the turn stops at the answer's open tag
         second = f"I found it. {p.think_close}\n\n{p.answer_open}" if opened else p.answer_open
+    elif reasoning is not None:  # the reply's own sentence as the reasoning, its answer span in the answer block
+        second = (f"{reasoning} {p.think_close}\n\n" if opened else f"{p.think_open} {reasoning} {p.think_close}\n") \
+            + f"{p.answer_open} {answer} {p.answer_close}"
     return first, second
 
 
 # The plain chat turn of a self answer: the retrieved passage, the question, and the same "short answer" request as the
 # protocol's instruction. No gold answer, no tags: what the model writes is its own answering style.
 SELF_ANSWER_TEMPLATE = "{passage}\n\nQuestion: {question}\nAnswer in a few words."
+# Requests a self answer can end with (``--warmstart.self_prompt``): "few_words" (the template above, the default) or
+# "bare" (only the name or code as the text writes it). SmolLM2-135M-Instruct answers both with a sentence, but the
+# sentence holds the answer more often after "bare" (docs/trials_em.md).
+SELF_ANSWER_PROMPTS = {
+    "few_words": SELF_ANSWER_TEMPLATE,
+    "bare": "{passage}\n\nQuestion: {question}\nReply with just the answer (a name or code from the text), nothing else.",
+}
+# What of a self answer the scripted answer turn holds (``--warmstart.self_form``, :func:`answer_blocks`): "sentence"
+# (its first sentence in the answer block, the default), "span" (that sentence without the words it repeats from the
+# question, :func:`answer_span`), or "think_span" (the sentence in a reasoning block, then the span in the answer block).
+SELF_ANSWER_FORMS = ("sentence", "span", "think_span")
+
+# Words a reply uses to restate a question around its answer ("The capital of X is Z."): dropped by answer_span.
+_RESTATEMENT_WORDS = _QUERY_STOPWORDS | {"was", "were", "be", "called", "named", "its", "it", "this", "for", "to",
+                                         "country", "city", "one", "you"}
+
+
+def _bare(word: str) -> str:
+    return re.sub(r"[^\w'-]", "", word).lower()
+
+
+def answer_span(reply: str, question: str) -> str:
+    """The words of ``reply`` that do not restate ``question``: the reply's own answer phrase, without gold or
+    passage, e.g. ("The capital of Tonga is Nuku'alofa.", "What is the capital of Tonga?") -> "Nuku'alofa" and
+    ("Asmara is the capital of Eritrea.", same kind of question) -> "Asmara".
+
+    A word is dropped when, lower-cased and without punctuation, it is a word of the question or a restating function
+    word (articles, copulas, "of", "in", ...); the kept words stay in order with their own spelling, commas and
+    parentheses, and the final punctuation is removed. A reply made only of such words is returned unchanged (minus the
+    final punctuation), so that an answer block is never empty.
+    """
+    asked = {_bare(w) for w in question.split()} | _RESTATEMENT_WORDS
+    words = reply.strip().split()
+    kept = [w for w in words if _bare(w) and _bare(w) not in asked]
+    out = " ".join(kept) if kept else reply.strip()
+    return out.rstrip(".!?;:, ").lstrip(",;: ").strip() or reply.strip()
 
 
 def first_sentence(text: str, max_chars: int = 120) -> str:
@@ -97,30 +139,54 @@ def first_sentence(text: str, max_chars: int = 120) -> str:
     return text.strip()
 
 
+def answer_blocks(replies: Sequence[str], questions: Sequence[str], form: str = "sentence") -> List[tuple]:
+    """(answer, reasoning) of each scripted answer turn, from the policy's own replies (:func:`self_answers`).
+
+    ``form`` (``--warmstart.self_form``): "sentence" -> (reply, None); "span" -> (:func:`answer_span`, None);
+    "think_span" -> (answer span, reply): the reply goes into a reasoning block before the answer block, so that the
+    answer is the end of a sentence the model just wrote. No gold answer is read.
+
+    Raises:
+        ValueError: an unknown ``form``, or ``replies`` and ``questions`` differ in length.
+    """
+    if form not in SELF_ANSWER_FORMS:
+        raise ValueError(f"self answers: unknown form {form!r}; known: {list(SELF_ANSWER_FORMS)}")
+    if len(replies) != len(questions):
+        raise ValueError(f"self answers: {len(replies)} replies but {len(questions)} questions")
+    if form == "sentence":
+        return [(r, None) for r in replies]
+    spans = [answer_span(r, q) for r, q in zip(replies, questions)]
+    return [(s, r if form == "think_span" else None) for s, r in zip(spans, replies)]
+
+
 def self_answers(engine, tokenizer, questions: Sequence[str], passages: Sequence[Sequence[Passage]],
-                 max_tokens: int = 24, progress: bool = True) -> List[str]:
+                 max_tokens: int = 24, progress: bool = True, prompt: str = "few_words") -> List[str]:
     """The policy's own greedy answers, one per question, given the passages the scripted query retrieved.
 
-    Each prompt is one user turn of the tokenizer's chat template with :data:`SELF_ANSWER_TEMPLATE` (passage texts
-    joined by blank lines); decoding is greedy with ``max_tokens`` new tokens; the reply is cut to its first sentence
-    (:func:`first_sentence`). An empty reply becomes "unknown" so that every answer block has content.
+    Each prompt is one user turn of the tokenizer's chat template with ``SELF_ANSWER_PROMPTS[prompt]`` (passage
+    texts joined by blank lines); decoding is greedy with ``max_tokens`` new tokens; the reply is cut to its first
+    sentence (:func:`first_sentence`). No gold answer is read. An empty reply becomes "unknown" so that every answer
+    block has content. :func:`answer_blocks` turns the replies into what the answer turns hold.
 
     Args:
         engine: an :class:`~openrlhf_search.local.engine.HFEngine` over the policy (vLLM ``generate`` contract).
         questions, passages: one list of passages per question (same length).
+        prompt: a key of :data:`SELF_ANSWER_PROMPTS`.
     Returns:
         answers, one string per question.
     Raises:
-        ValueError: ``questions`` and ``passages`` differ in length.
+        ValueError: ``questions`` and ``passages`` differ in length, or an unknown ``prompt``.
     """
     from vllm import SamplingParams
 
     if len(questions) != len(passages):
         raise ValueError(f"self_answers: {len(questions)} questions but {len(passages)} passage lists")
+    if prompt not in SELF_ANSWER_PROMPTS:
+        raise ValueError(f"self_answers: unknown prompt {prompt!r}; known: {sorted(SELF_ANSWER_PROMPTS)}")
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     prompts = []
     for q, ps in zip(questions, passages):
-        user = SELF_ANSWER_TEMPLATE.format(passage="\n\n".join(p.text for p in ps), question=q)
+        user = SELF_ANSWER_PROMPTS[prompt].format(passage="\n\n".join(p.text for p in ps), question=q)
         text = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
                                              add_generation_prompt=True)
         prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -141,15 +207,17 @@ def self_answers(engine, tokenizer, questions: Sequence[str], passages: Sequence
 
 
 def scripted_trajectory(prompt: str, question: str, answer: Optional[str], passages: Sequence[Passage], protocol,
-                        tokenizer, max_obs_tokens: Optional[int] = None) -> Trajectory:
+                        tokenizer, max_obs_tokens: Optional[int] = None,
+                        reasoning: Optional[str] = None) -> Trajectory:
     """Tokenise one scripted trajectory; ``action_ranges`` cover the two model turns.
 
     Args:
         prompt: the rendered prompt (``protocol.build_prompt``).
         passages: what the retriever returned for :func:`scripted_query`.
         max_obs_tokens: cap on the documents block tokens (closing tag kept), as the executor does.
+        reasoning: a reasoning block before the answer (:func:`scripted_turns`).
     """
-    first, second = scripted_turns(prompt, question, answer, protocol)
+    first, second = scripted_turns(prompt, question, answer, protocol, reasoning=reasoning)
     enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     docs = enc(protocol.render_documents(list(passages)))
     if max_obs_tokens is not None and len(docs) > max_obs_tokens:
