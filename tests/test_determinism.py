@@ -257,3 +257,40 @@ def test_tiny_preset_under_retrieval_latency_resume_and_thread_count(preset_runs
     finally:
         torch.set_num_threads(prev)
     _check_same(one, two, weights_exact=False)
+
+
+def test_seeded_sample_gives_each_turn_its_own_seed_and_leaves_the_callers_params_alone():
+    """The trajectory's view of the engine: turn t of (run seed, step, prompt, sample) is sent with
+    ``seed = rollout_seed(..., turn=t)`` on a copy of the params; greedy params pass through untouched. Mutations
+    caught: the turn not advanced (every turn replays the same noise), the seed written into the caller's params (the
+    trajectories of a step share one SamplingParams object, so one sample's seed would leak into another's), a seed
+    put on greedy params."""
+    from vllm import SamplingParams
+
+    from openrlhf_search.local.seeding import SeededSample, rollout_seed
+
+    class Recorder:
+        name = "engine"
+
+        def __init__(self):
+            self.seen = []
+
+        async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+            self.seen.append(sampling_params)
+            return len(self.seen)
+
+    eng = Recorder()
+    shared = SamplingParams(temperature=1.0, max_tokens=4)
+    a, b = SeededSample(eng, 42, 3, 1, 0), SeededSample(eng, 42, 3, 1, 1)
+
+    async def turns():
+        return [await a.generate([1], shared), await b.generate([1], shared), await a.generate([1, 2], shared)]
+
+    assert asyncio.run(turns()) == [1, 2, 3]
+    assert [p.seed for p in eng.seen] == [rollout_seed(42, 3, 1, 0, turn=0), rollout_seed(42, 3, 1, 1, turn=0),
+                                          rollout_seed(42, 3, 1, 0, turn=1)]
+    assert shared.seed is None and all(p is not shared for p in eng.seen)
+    assert (a.turn, b.turn) == (2, 1) and a.name == "engine"  # other attributes reach the wrapped engine
+    greedy = SamplingParams(temperature=0.0, max_tokens=4)
+    asyncio.run(a.generate([1], greedy))
+    assert eng.seen[-1] is greedy and greedy.seed is None

@@ -26,8 +26,14 @@ SHORT = ["--search.max_new_tokens_per_turn", "24", "--search.max_obs_tokens", "8
          "0", "--train.max_steps", "8"]
 
 
-def _start(out, data):
-    cmd = [sys.executable, "-m", "openrlhf_search.cli.train_local", "--preset", "tiny"] + SHORT + [
+# the fast test's policy: the tiny preset's architecture cut down (1 layer, hidden 32) so that the run reaches its
+# first checkpoint in seconds; the slow test keeps the preset's model, whose longer forward passes widen the window
+# in which a signal meets the engine thread inside one
+SMALL_MODEL = ["--actor.tiny.hidden_size", "32", "--actor.tiny.num_layers", "1", "--actor.tiny.num_heads", "2"]
+
+
+def _start(out, data, extra=()):
+    cmd = [sys.executable, "-m", "openrlhf_search.cli.train_local", "--preset", "tiny"] + SHORT + list(extra) + [
         "--train_data", data.train_path, "--eval_data", data.eval_path, "--corpus", data.corpus_path,
         "--retriever.encoder", "bm25", "--ckpt.output_dir", str(out)]
     env = dict(os.environ, PYTHONPATH=REPO_ROOT, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
@@ -87,7 +93,7 @@ def _check_after_sigterm(proc, stderr_path, out, label):
 
 def test_sigterm_during_a_rollout_exits_143_with_retriever_gone_and_checkpoint_intact(tmp_path, default_data):
     out = tmp_path / "run"
-    proc, err = _start(out, default_data)
+    proc, err = _start(out, default_data, SMALL_MODEL)
     latest = out / "checkpoints" / "latest"
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None and not latest.exists():
@@ -119,3 +125,76 @@ def test_sigterm_at_random_points_of_several_runs(tmp_path, default_data):
             time.sleep(0.05)
             proc.send_signal(signal.SIGTERM)  # a second signal must not interrupt the cleanup of the first
         _check_after_sigterm(proc, err, out, f"run {i}")
+
+
+@pytest.fixture
+def sigterm_handler():
+    """Installs local/shutdown's SIGTERM handler in this (main) thread and puts the previous one and the module's
+    state back afterwards, so that no later test inherits a handler that raises SystemExit."""
+    from openrlhf_search.local import shutdown
+
+    previous = signal.getsignal(signal.SIGTERM)
+    saved = dict(shutdown._state)
+    shutdown.install()
+    try:
+        yield shutdown
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        shutdown._state.clear()
+        shutdown._state.update(saved)
+
+
+def _sigterm_self():
+    """Send SIGTERM to this process and give the interpreter a bytecode boundary to run the handler at."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(100):
+        time.sleep(0.001)
+
+
+def test_sigterm_raises_system_exit_143_once_and_a_second_signal_is_ignored(sigterm_handler):
+    """Mutations caught: an exit code other than 128 + 15 (a scheduler reads 143 as "stopped by SIGTERM"), a second
+    signal raising again inside the cleanup the first one started (the engine join it interrupts is what aborted a
+    job with "terminate called without an active exception")."""
+    assert not sigterm_handler.terminated()
+    with pytest.raises(SystemExit) as exc:
+        _sigterm_self()
+    assert exc.value.code == 143 and sigterm_handler.terminated()
+    cleaned = []
+    _sigterm_self()  # during the cleanup: ignored
+    cleaned.append("engine joined")
+    assert cleaned == ["engine joined"]
+
+
+def test_a_signal_inside_a_critical_block_exits_when_the_outermost_block_ends(sigterm_handler):
+    """A checkpoint being written is finished before the exit. Mutations caught: a ``critical`` that does not defer
+    (the write is cut short: a half-written checkpoint), a deferred signal that is dropped (the job then runs on
+    after its scheduler stopped it), the exit raised at the end of an inner block (still inside the outer write)."""
+    written = []
+    with pytest.raises(SystemExit) as exc:
+        with sigterm_handler.critical():
+            with sigterm_handler.critical():
+                _sigterm_self()
+                written.append("weights")
+            written.append("trainer state")  # the inner block ended: still no exit
+        written.append("after the block")  # never reached
+    assert exc.value.code == 143 and written == ["weights", "trainer state"]
+    assert sigterm_handler.terminated()
+
+
+def test_critical_without_a_signal_or_without_install_changes_nothing():
+    """The trainer's ``save`` runs inside ``critical`` in tests and library use too, where nothing was installed."""
+    from openrlhf_search.local import shutdown
+
+    saved = dict(shutdown._state)
+    try:
+        shutdown._state.update(installed=False, exiting=False, pending=None, depth=0)
+        with shutdown.critical():
+            x = 1
+        assert x == 1 and not shutdown.terminated() and shutdown._state["depth"] == 0
+        with pytest.raises(KeyError):  # an error inside the block propagates, and the depth is restored
+            with shutdown.critical():
+                raise KeyError("boom")
+        assert shutdown._state["depth"] == 0
+    finally:
+        shutdown._state.clear()
+        shutdown._state.update(saved)
