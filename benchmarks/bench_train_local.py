@@ -4,9 +4,14 @@ Runs exactly what ``examples/scripts/run_default.sh`` runs (``train_local --pres
 warm start, greedy evaluation of the held-out questions before RL, RL with search, the same evaluation after RL)
 against a real retriever service started here, then reads the job's outputs:
 
-- the learning figure: held-out F1 (and EM, Cover-EM, answer rate, searches) before vs after RL on the same
-  questions, with the paired bootstrap 95% interval of the difference (``eval_compare.json``), against the targets
-  F1 difference >= 0.10 with the interval above zero, whole job <= 600 s on 2 idle cores;
+- the learning figure: F1 (and EM, Cover-EM, answer rate, searches) before vs after RL on the same questions, with
+  the paired bootstrap 95% interval of the difference (``eval_compare.json``), against the targets F1 difference >=
+  0.10 with the interval above zero, whole job <= 600 s on 2 idle cores; beside it the job's analysis
+  (``eval_analysis.json``): rows per question group (1-hop / 2-hop, each type), the trivial baselines on the same
+  questions and the decomposition of each difference into retrieval, reading and form;
+- ``--split validation`` evaluates the validation split carved from the training questions instead of the held-out
+  questions (``--eval.split validation``): trials, i.e. every choice of setting, run there; the reported run uses
+  the held-out split (the default);
 
 - peak RSS of the training process (``os.wait4`` rusage of that child; MiB) and of the retriever (sampled);
 - RL steps/s (steps over the summed step wall time, warm start and evaluation excluded);
@@ -14,6 +19,8 @@ against a real retriever service started here, then reads the job's outputs:
   Generation and retrieval are busy times of concurrent rollouts (they overlap), so shares can add up to > 100%.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_train_local.py            # the preset as is (BM25, 20 steps)
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_train_local.py --split validation \
+        --job_args "--actor.adam.lr 1e-4"                                      # a trial of a setting, on validation
 Prints a table and writes ``<out>/bench_train_local.json``.
 """
 
@@ -53,6 +60,9 @@ def main(argv=None) -> dict:
     p.add_argument("--encoder", default="bm25", choices=["minilm", "bm25"])
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_train_local"))
     p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the training process")
+    p.add_argument("--split", default="heldout", choices=["heldout", "validation"],
+                   help="--eval.split of the job: 'validation' for trials (choosing settings), 'heldout' for the "
+                        "reported run")
     p.add_argument("--job_args", default="", help="more train_local flags, one string, appended after the preset "
                                                    "(e.g. \"--actor.adam.lr 2e-4 --train.max_epochs 1\")")
     a = p.parse_args(argv)
@@ -78,6 +88,7 @@ def main(argv=None) -> dict:
         cmd += ["--train.seed", str(a.seed)]
     if a.sft_steps is not None:
         cmd += ["--warmstart.sft_steps", str(a.sft_steps)]
+    cmd += ["--eval.split", a.split]
     cmd += shlex.split(a.job_args)
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS=str(a.threads), TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
@@ -122,13 +133,21 @@ def main(argv=None) -> dict:
     cmp_path = os.path.join(run_dir, "eval_compare.json")
     cmp = json.load(open(cmp_path)) if os.path.exists(cmp_path) else None
     result["compare"] = cmp
+    analysis_path = os.path.join(run_dir, "eval_analysis.json")
+    result["analysis"] = json.load(open(analysis_path)) if os.path.exists(analysis_path) else None
+    result["split"] = a.split
     result["whole_s"] = t_index + t_job  # data + index + the job (model load, warm start, 2 evaluations, RL)
     with open(os.path.join(a.out, "bench_train_local.json"), "w") as fh:
         json.dump(result, fh, indent=1)
-    from openrlhf_search.evaluation.compare import format_comparison
+    from openrlhf_search.evaluation.compare import format_analysis, format_comparison
 
+    split = {"heldout": "held-out", "validation": "validation"}[a.split]
     if cmp:
-        print(format_comparison(cmp))
+        print(format_comparison(cmp, title=f"{split}, greedy: before RL vs after RL"))
+        if result["analysis"]:
+            print()
+            print(format_analysis(result["analysis"]))
+            print()
         f1 = cmp["f1"]
         print(f"target: F1 after - before >= 0.10 with the 95% interval above 0: "
               f"{f1['diff']:+.3f} [{f1['low']:+.3f}, {f1['high']:+.3f}] -> "

@@ -151,7 +151,8 @@ class SearchAgentExecutor(AgentExecutorBase):
             (floats), ``truncated`` (bool: the last generation call ended on a token budget, finish_reason
             "length"; a documents block that did not fit is ``extra_logs["context_full"]`` instead), ``extra_logs``
             (dict of floats, keys ``ROLLOUT_LOG_KEYS`` + reward components), plus ``response_text`` (decoded text
-            after the prompt).
+            after the prompt) and ``search_trace`` (one ``{"query", "passage_ids"}`` per search that returned, in
+            turn order: the ids of the passages the documents block was made of; per-question evaluation records).
         Raises:
             ValueError: images given, unreadable label, or a prompt that leaves no room to generate.
         """
@@ -180,6 +181,7 @@ class SearchAgentExecutor(AgentExecutorBase):
         context_full = False  # an environment block did not fit (the policy itself stopped properly)
         failed = False
         obs_tokens = 0
+        search_trace: List[dict] = []  # per search: the query and the ids of the passages returned
 
         for turn in range(cfg.max_turns):
             remaining = max_length - len(tokens)
@@ -235,6 +237,7 @@ class SearchAgentExecutor(AgentExecutorBase):
                                    "(%d such samples so far in this process): %s",
                                    SearchAgentExecutor.retrieval_failed_samples, e)
                     break
+                search_trace.append({"query": parsed.content, "passage_ids": [p.id for p in passages]})
                 env_ids = self.observation_tokens(passages, hf_tokenizer)
             else:
                 logs["invalid_actions"] += 1
@@ -286,6 +289,7 @@ class SearchAgentExecutor(AgentExecutorBase):
             "truncated": truncated,
             "extra_logs": extra_logs,
             "response_text": response_text,
+            "search_trace": search_trace,
         }
 
     def _reward(self, response_text: str, golds: List[str]):

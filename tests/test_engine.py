@@ -197,7 +197,7 @@ def test_training_mode_is_restored(qwen_tokenizer, prompt_ids):
     model = build_tiny_qwen2(qwen_tokenizer, seed=2).train()
     eng = HFEngine(model, qwen_tokenizer)
     gen(eng, prompt_ids, temperature=0, max_tokens=2)
-    assert model.training
+    assert model.training  # restored before the last answer is delivered, not after (no wait for the thread)
 
 
 def test_bad_requests_raise_clear_errors(engine, prompt_ids):
@@ -211,16 +211,87 @@ def test_bad_requests_raise_clear_errors(engine, prompt_ids):
         asyncio.run(engine.generate(prompt_ids, {"max_tokens": 2}))
 
 
-def test_inverse_cdf_sampler_follows_the_distribution():
+def test_exponential_race_sampler_follows_the_distribution():
+    """vLLM's exponential race (argmax probs / Exp(1)) draws each token with its probability; zero-probability tokens
+    never. Mutation caught: a race over the wrong scores (e.g. probs * q) skews the frequencies."""
     from openrlhf_search.local.engine import _sample_from
 
-    probs = torch.zeros(151_669)
-    probs[[7, 1000, 151_668]] = torch.tensor([0.5, 0.3, 0.2])
+    probs = torch.zeros(4_000)
+    probs[[7, 1000, 3_999]] = torch.tensor([0.5, 0.3, 0.2])
     g = torch.Generator().manual_seed(0)
     draws = [_sample_from(probs, g) for _ in range(20_000)]
-    assert set(draws) == {7, 1000, 151_668}  # zero-probability tokens are never drawn
-    freq = {t: draws.count(t) / len(draws) for t in (7, 1000, 151_668)}
-    assert abs(freq[7] - 0.5) < 0.02 and abs(freq[1000] - 0.3) < 0.02 and abs(freq[151_668] - 0.2) < 0.02
+    assert set(draws) == {7, 1000, 3_999}  # zero-probability tokens are never drawn
+    freq = {t: draws.count(t) / len(draws) for t in (7, 1000, 3_999)}
+    assert abs(freq[7] - 0.5) < 0.02 and abs(freq[1000] - 0.3) < 0.02 and abs(freq[3_999] - 0.2) < 0.02
+
+
+def test_a_seeded_request_samples_the_same_tokens_whatever_shares_its_batch(qwen_tokenizer, tiny_policy, prompt_ids):
+    """vLLM gives a request with a seed its own generator (seed + index for its index-th output): its tokens must not
+    depend on which requests share its batch or when they arrive (here: four unseeded requests drawing from the
+    engine's shared generator, the seeded one joining the running batch at different moments), and ``n=2`` gives
+    outputs seeded ``seed`` and ``seed + 1`` (vLLM's child requests). Mutation caught: a seeded row drawing from the
+    shared generator (its tokens then depend on the others and on the engine's seed)."""
+    others = [qwen_tokenizer(t, add_special_tokens=False).input_ids for t in
+              ["Hi", "A much longer prompt about rivers and cities " * 6, "Name a city.", "Why?"]]
+    sp = SamplingParams(temperature=1.0, seed=11, max_tokens=24)
+    alone = list(gen(HFEngine(tiny_policy, qwen_tokenizer, max_batch_size=1), prompt_ids,
+                     temperature=1.0, seed=11, max_tokens=24).outputs[0].token_ids)
+
+    async def crowded(first):
+        eng = HFEngine(tiny_policy, qwen_tokenizer, max_batch_size=8, seed=first)
+        noise = [SamplingParams(temperature=1.0, max_tokens=10 + 7 * i) for i in range(len(others))]
+        calls = [eng.generate(p, q) for p, q in zip(others, noise)]
+
+        async def late():  # joins the running batch after a few tokens
+            await asyncio.sleep(0.05 * first)
+            return await eng.generate(prompt_ids, sp)
+
+        outs = await asyncio.gather(*calls, late())
+        return list(outs[-1].outputs[0].token_ids)
+
+    for first in (0, 1, 3):
+        assert asyncio.run(crowded(first)) == alone
+    two = gen(HFEngine(tiny_policy, qwen_tokenizer), prompt_ids, temperature=1.0, seed=11, max_tokens=24, n=2)
+    assert list(two.outputs[0].token_ids) == alone  # index 0 -> seed 11, index 1 -> seed 12 (vLLM's child seeds)
+    assert list(two.outputs[1].token_ids) == list(gen(HFEngine(tiny_policy, qwen_tokenizer), prompt_ids,
+                                                      temperature=1.0, seed=12, max_tokens=24).outputs[0].token_ids)
+
+
+def test_shutdown_joins_the_engine_thread_and_fails_every_waiter(qwen_tokenizer, tiny_policy, prompt_ids):
+    """shutdown() mid-generation: the engine thread leaves at the next token and is joined, every request in flight
+    gets EngineShutdown (none hangs), later requests too. Mutation caught: a shutdown that does not stop the decode
+    loop (the join times out, the thread is still inside a forward pass when the process exits)."""
+    import threading
+    import time
+
+    from openrlhf_search.local.engine import EngineShutdown
+
+    eng = HFEngine(tiny_policy, qwen_tokenizer, max_batch_size=4)
+    results = {}
+
+    def client():
+        async def run():
+            calls = [eng.generate(prompt_ids, SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True))
+                     for _ in range(3)]
+            return await asyncio.gather(*calls, return_exceptions=True)
+
+        results["out"] = asyncio.run(run())
+
+    th = threading.Thread(target=client)
+    th.start()
+    deadline = time.time() + 60
+    while eng._worker is None and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # decoding now
+    worker = eng._worker
+    assert worker is not None and worker.is_alive()
+    t0 = time.perf_counter()
+    assert eng.shutdown(timeout_s=30)
+    assert time.perf_counter() - t0 < 10 and not worker.is_alive()
+    th.join(30)
+    assert not th.is_alive() and all(isinstance(r, EngineShutdown) for r in results["out"])
+    with pytest.raises(EngineShutdown):
+        gen(eng, prompt_ids, temperature=0, max_tokens=2)
 
 
 class _BrokenLM(torch.nn.Module):

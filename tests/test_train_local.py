@@ -90,7 +90,14 @@ def test_steps_checkpoint_and_resume_in_process(tmp_path, retriever_url, default
     reloaded = AutoModelForCausalLM.from_pretrained(str(ck / "actor"))
     for (n, p), (_, q) in zip(t1.actor.named_parameters(), reloaded.named_parameters()):
         assert torch.equal(p, q), n
-    assert json.loads((run / "eval.json").read_text())["n"] == 2
+    ev = json.loads((run / "eval.json").read_text())
+    assert ev["n"] == 2 and len(ev["records"]) == 2 and ev["split"] == "heldout"
+    for rec in ev["records"]:  # issue 17 item 1: a record per question
+        for k in ("question", "type", "hops", "gold", "prediction", "answer_words", "queries", "retrieved_ids",
+                  "support_retrieved", "gold_in_retrieved", "form", "stop_reason"):
+            assert k in rec, k
+    analysis = json.loads((run / "eval_analysis.json").read_text())
+    assert {"by_group", "baselines", "decomposition"} <= set(analysis)
 
     t2 = _trainer(tmp_path, retriever_url, default_data, ["--train.max_steps", "3", "--algo.advantage.estimator",
                                                           estimator, "--eval.disable"])
@@ -152,6 +159,39 @@ def test_real_data_r1searcher_stage1_over_hotpotqa_paragraphs(tmp_path):
     assert len(rows) == 1 and rows[0]["samples"] == 2 and rows[0]["excluded"] == 0
     ev = json.loads((out / "eval.json").read_text())
     assert ev["n"] == 2 and 0.0 <= ev["f1"] <= 1.0
+
+
+def test_cli_eval_split_validation_for_trials_and_heldout_for_the_report(tmp_path, retriever_url, default_data,
+                                                                        capsys):
+    """``--eval.split validation``: before/after on validation questions only (never held-out ones, never trained
+    on). ``heldout``: the held-out questions, plus a before-RL pass over validation that chooses the suffix length of
+    the "last k words" baseline; the printed table carries the per-group rows, the baselines and the decomposition.
+    Mutations caught: the split flag ignored, k chosen on the reported questions."""
+    from openrlhf_search.cli.train_local import main
+
+    common = FAST + ["--train_data", default_data.train_path, "--eval_data", default_data.eval_path,
+                     "--search.retriever_urls", retriever_url, "--train.max_steps", "1", "--data.validation_size", "3",
+                     "--eval.max_samples", "3", "--data.max_hops", "1"]
+    held = {json.loads(line)["question"] for line in open(default_data.eval_path)}
+    for split in ("validation", "heldout"):
+        out = tmp_path / split
+        assert main(common + ["--ckpt.output_dir", str(out), "--eval.split", split]) == 0
+        printed = capsys.readouterr().out
+        ev = json.loads((out / "eval.json").read_text())
+        before = json.loads((out / "eval_before.json").read_text())
+        assert ev["split"] == before["split"] == split and before["questions"] == ev["questions"]
+        assert (set(ev["questions"]) <= held) == (split == "heldout")
+        assert not set(ev["questions"]) & held if split == "validation" else True
+        analysis = json.loads((out / "eval_analysis.json").read_text())
+        val_path = out / "eval_before_validation.json"
+        assert val_path.exists() == (split == "heldout")
+        if split == "heldout":
+            val = json.loads(val_path.read_text())
+            assert not set(val["questions"]) & held and analysis["suffix_k"]["n"] == len(val["records"])
+        assert analysis["suffix_k"]["chosen_on"] == "validation"
+        for s in (f"{'held-out' if split == 'heldout' else 'validation'}, greedy: before RL vs after RL",
+                  "per question group", "trivial baselines", "where the differences come from"):
+            assert s in printed, s
 
 
 def test_cli_bad_data_corpus_and_dead_retriever_are_one_line_errors(tmp_path, capsys, caplog):

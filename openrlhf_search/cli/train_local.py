@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import random
-import signal
 import sys
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
@@ -54,19 +53,30 @@ def _max_hops(rows, max_hops):
 
 
 def _resolve_data(args):
-    from openrlhf_search.data.default_dataset import build_default_dataset
+    """(training rows, validation rows, held-out rows, corpus path) of the run.
+
+    The validation split is carved from the training questions (after ``--data.max_hops``, before
+    ``--data.max_samples``) by ``--data.seed``: ``--data.validation_size`` questions, at most a fifth of them.
+    """
+    from openrlhf_search.data.default_dataset import build_default_dataset, validation_split
     from openrlhf_search.data.qa import load_qa_jsonl
 
     out = args.ckpt.output_dir
     default = None
     if not args.data.prompt_dataset:  # the embedded default: corpus, train and eval questions
-        default = build_default_dataset(os.path.join(out, "data"), seed=args.train.seed)
+        default = build_default_dataset(os.path.join(out, "data"), seed=args.data.seed)
     train_path = args.data.prompt_dataset or default.train_path
-    train = _max_hops(load_qa_jsonl(train_path), args.data.max_hops)[: args.data.max_samples]
+    train = _max_hops(load_qa_jsonl(train_path), args.data.max_hops)
+    size = min(args.data.validation_size, len(train) // 5)
+    if size < args.data.validation_size:
+        logger.info("validation split: %d questions (a fifth of %d training questions), not %d", size, len(train),
+                    args.data.validation_size)
+    train, validation = validation_split(train, size, seed=args.data.seed)
+    train = train[: args.data.max_samples]
     eval_path = args.eval.dataset or (default.eval_path if not args.data.prompt_dataset else None)
     evalq = _max_hops(load_qa_jsonl(eval_path), args.data.max_hops)[: args.eval.max_samples] if eval_path else []
     corpus = args.corpus or (default.corpus_path if default else None)
-    return train, evalq, corpus
+    return train, validation, evalq, corpus
 
 
 def make_warmstart(args):
@@ -123,13 +133,17 @@ def print_table(result: dict, metrics_path: str) -> None:
               f"{r.get('answer_rate', 0):>12.2f} {r.get('kl', 0):>8.4f} {r['time_step_s']:>7.1f}")
     ev = result.get("eval")
     cmp = result.get("compare")
+    split = {"heldout": "held-out", "validation": "validation"}.get(result.get("split") or "heldout")
     if cmp:
-        from openrlhf_search.evaluation.compare import format_comparison
+        from openrlhf_search.evaluation.compare import format_analysis, format_comparison
 
         print()
-        print(format_comparison(cmp))
+        print(format_comparison(cmp, title=f"{split}, greedy: before RL vs after RL"))
+        if result.get("analysis"):
+            print()
+            print(format_analysis(result["analysis"]))
     elif ev and ev.get("n"):
-        print("\n== evaluation (held-out, greedy) ==")
+        print(f"\n== evaluation ({split}, greedy) ==")
         print(f"{'n':>4} {'EM':>6} {'F1':>6} {'Cover-EM':>9} {'answer_rate':>12} {'valid_searches':>15} "
               f"{'searches':>9}")
         print(f"{ev['n']:>4} {ev['em']:>6.3f} {ev['f1']:>6.3f} {ev['cover_em']:>9.3f} {ev['answer_rate']:>12.2f} "
@@ -144,15 +158,18 @@ def main(argv=None) -> int:
     for noisy in ("httpx", "httpcore", "openrlhf_search.retrieval_client"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args = parse_args(argv)
-    # SIGTERM (a scheduler stopping the job) must unwind through `finally` so the retriever we started is stopped.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # SIGTERM (a scheduler stopping the job) unwinds through `finally` (engine thread joined, retriever stopped) and
+    # exits 143; a checkpoint being written is finished first (openrlhf_search/local/shutdown.py).
+    from openrlhf_search.local import shutdown
+
+    shutdown.install()
     from openrlhf_search.data.qa import QADataError
     from openrlhf_search.local.trainer import LocalSearchTrainer, TrainingError
     from openrlhf_search.retrieval_client import RetrievalError
 
     os.makedirs(args.ckpt.output_dir, exist_ok=True)
     try:
-        train, evalq, corpus = _resolve_data(args)
+        train, validation, evalq, corpus = _resolve_data(args)
     except QADataError as e:  # missing / malformed data file: one line, not a traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -180,7 +197,8 @@ def main(argv=None) -> int:
         logger.info("retriever service started at %s (pid %d, index %s)", url, server.pid, index_dir)
     trainer = None
     try:
-        trainer = LocalSearchTrainer(args, train, evalq, warmstart_fn=make_warmstart(args))
+        trainer = LocalSearchTrainer(args, train, evalq, warmstart_fn=make_warmstart(args),
+                                     validation_rows=validation)
         result = trainer.fit()
         print_table(result, trainer.metrics_path)
         print(json.dumps({"steps": result["steps"], "resumed_from": result["resumed_from"],
@@ -198,5 +216,26 @@ def main(argv=None) -> int:
             stop_server_process(server)
 
 
+def _run_cli() -> None:
+    """``main()`` as a process: a signal's exit code (143 for SIGTERM) once the cleanup in ``main`` has run. After a
+    signal the process ends with ``os._exit`` (output flushed first): the interpreter's teardown would otherwise run
+    C++ destructors of libraries (torch's thread pools) that may still be in use by threads nobody owns, which is
+    what aborted a SIGTERMed job with "terminate called without an active exception" (exit -6)."""
+    from openrlhf_search.local import shutdown
+
+    try:
+        code = main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+        if not shutdown.terminated():
+            raise
+    if shutdown.terminated():
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _run_cli()

@@ -16,8 +16,14 @@ links a capital to a currency needs two passages (multi-hop, as in HotpotQA-styl
   (only when exactly one neighbour of X uses Y)
 
 Rows are written in both R1-Searcher (``question, answer``) and FlashRAG (``id, question, golden_answers``) form,
-plus ``hops``, ``type`` and ``supporting_ids`` (the passages a perfect searcher would read, in order).
+plus ``hops``, ``type`` and ``supporting_ids`` (the passages a perfect searcher would read, in order; the last one
+holds the answer).
 Everything is deterministic given ``seed``. Run ``python -m openrlhf_search.data.default_dataset --out DIR``.
+
+Splits: ``split_questions`` holds out 20% of the questions (``eval.jsonl``, reported once, at the end); the CPU job
+carves a validation split out of the training questions with :func:`validation_split` (never trained on, used for
+every choice of setting). :func:`entity_vocabulary` lists every entity of each answer type (the trivial
+"first entity of the asked type in the top passage" baseline, :mod:`openrlhf_search.evaluation.baselines`).
 """
 
 import argparse
@@ -33,6 +39,9 @@ from openrlhf_search.data.countries import CountryFacts, load_country_facts
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 QUESTION_TYPES = ("capital", "currency", "currency_of_capital", "capital_of_neighbor")
+# The entity type of each question type's answer (keys of :func:`entity_vocabulary`).
+ANSWER_ENTITY_TYPE = {"capital": "capital", "currency": "currency", "currency_of_capital": "currency",
+                      "capital_of_neighbor": "capital"}
 
 
 def _join(names) -> str:
@@ -170,6 +179,36 @@ def split_questions(rows: List[dict], seed: int = 0, eval_fraction: float = 0.2,
     if max_eval is not None:
         eval_rows = eval_rows[:max_eval]
     return train_rows, eval_rows
+
+
+def validation_split(train_rows: List[dict], size: int, seed: int = 0):
+    """Carve a validation split out of the training questions: ``size`` rows drawn without replacement by a
+    generator seeded from ``seed`` (the data seed), disjoint from the held-out questions because it is taken from the
+    training rows only. Both parts keep the input order. Returns ``(train_rows, validation_rows)``.
+
+    Raises:
+        ValueError: ``size`` negative, or leaving no training row.
+    """
+    if size < 0:
+        raise ValueError(f"validation size must be >= 0, got {size}")
+    if size and size >= len(train_rows):
+        raise ValueError(f"a validation split of {size} leaves no training question (of {len(train_rows)})")
+    picked = set(random.Random(f"validation-{seed}").sample(range(len(train_rows)), size))
+    return ([r for i, r in enumerate(train_rows) if i not in picked],
+            [r for i, r in enumerate(train_rows) if i in picked])
+
+
+def entity_vocabulary(facts: Optional[List[CountryFacts]] = None) -> Dict[str, List[str]]:
+    """Every entity of each type that answers a question: ``{"capital": [...], "currency": [...] (ISO 4217 codes,
+    all listed), "country": [...]}``, each sorted and unique.
+
+    Raises:
+        CountryDataError: ``countryinfo`` unusable (when ``facts`` is None).
+    """
+    facts = load_country_facts() if facts is None else facts
+    return {"capital": sorted({f.capital for f in facts if f.capital}),
+            "currency": sorted({c for f in facts for c in f.currencies}),
+            "country": sorted({f.name for f in facts})}
 
 
 def _write_jsonl(path: str, rows: List[dict]) -> None:

@@ -4,6 +4,11 @@ Used by the CPU main job (greedy evaluation of the held-out questions before RL 
 and ablation benchmarks. The interval of a difference is the percentile interval of the paired bootstrap (Efron &
 Tibshirani 1993, ch. 13): the questions are resampled with replacement, the same resample for both runs, and the
 mean of (after - before) is recomputed on each resample.
+
+:func:`analyse` adds, from the per-question records (:mod:`openrlhf_search.evaluation.records`), the rows per question
+group (1-hop and 2-hop, and each question type), the trivial baselines on the same questions
+(:mod:`openrlhf_search.evaluation.baselines`) and the decomposition of each difference into retrieval, reading and
+form (:mod:`openrlhf_search.evaluation.decompose`); :func:`format_analysis` prints them beside the before/after table.
 """
 
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -92,3 +97,126 @@ def mean_interval_str(values: List[float], seed: int = 0) -> str:
     """``0.412 [0.330, 0.495]``: mean and bootstrap interval of per-question scores."""
     m, lo, hi = bootstrap_mean_ci(values, seed=seed)
     return f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def _group_key(name: str):
+    hops, _, qtype = name.partition("/")
+    return (int(hops.split("-")[0]) if hops.split("-")[0].isdigit() else 99, qtype != "", qtype)
+
+
+def compare_by_group(before: Sequence[dict], after: Sequence[dict], metrics: Sequence[str] = ("em", "f1"),
+                     seed: int = 0) -> Dict[str, dict]:
+    """Paired before/after differences per question group (``records.group_of``: ``"1-hop"``, ``"1-hop/capital"``,
+    ...), from per-question records of the same questions in the same order.
+
+    Returns:
+        {group: {"n", metric: paired_difference(...)}}, 1-hop groups first, each hop count before its types; {} when
+        the records carry no ``hops``.
+    """
+    from openrlhf_search.evaluation.records import group_of
+
+    members: Dict[str, List[int]] = {}
+    for i, r in enumerate(after):
+        for g in group_of(r):
+            members.setdefault(g, []).append(i)
+    out = {}
+    for g in sorted(members, key=_group_key):
+        ix = members[g]
+        out[g] = {"n": len(ix)}
+        for m in metrics:
+            out[g][m] = paired_difference([before[i][m] for i in ix], [after[i][m] for i in ix], seed=seed)
+    return out
+
+
+def compare_baselines(after: Sequence[dict], baselines: Dict[str, dict], seed: int = 0) -> Dict[str, dict]:
+    """EM / F1 of after-RL answers and of each baseline (:func:`baselines.baseline_scores`) on the same questions,
+    with bootstrap intervals, and the paired difference after RL - baseline.
+
+    Returns:
+        {"after_rl": {"label", "n", "em": (mean, low, high), "f1": ...}, name: {... , "after_minus": {"em":
+         paired_difference(baseline, after), "f1": ...}, "defined": questions where the baseline is defined}}.
+    """
+    out = {"after_rl": {"label": "after RL (the policy's answers)", "n": len(after), "defined": len(after)}}
+    for m in ("em", "f1"):
+        out["after_rl"][m] = bootstrap_mean_ci([r[m] for r in after], seed=seed)
+    for name, b in baselines.items():
+        row = {"label": b["label"], "n": len(after), "defined": int(sum(b["defined"])), "after_minus": {}}
+        for m in ("em", "f1"):
+            row[m] = bootstrap_mean_ci(b[m], seed=seed)
+            row["after_minus"][m] = paired_difference(b[m], [r[m] for r in after], seed=seed)
+        out[name] = row
+    return out
+
+
+def analyse(before: dict, after: dict, suffix_k: Optional[dict] = None,
+            entity_answers: Optional[Sequence[Optional[str]]] = None, seed: int = 0) -> dict:
+    """Everything printed beside the before/after table, from two ``evaluate()`` results with ``records``.
+
+    Args:
+        before, after: evaluations of the same questions (``records`` in the same order).
+        suffix_k: {"k", "f1_by_k", "chosen_on", "n"}: baseline 2's suffix length and where it was chosen (None: left
+            out).
+        entity_answers: baseline 3's answer per question (``baselines.first_entity_predictions``; None: left out).
+    Returns:
+        {"n", "by_group", "baselines", "suffix_k", "decomposition"}.
+    Raises:
+        ValueError: records missing or over different questions.
+    """
+    from openrlhf_search.evaluation.baselines import baseline_scores
+    from openrlhf_search.evaluation.decompose import decompose
+
+    rb, ra = before.get("records"), after.get("records")
+    if not rb or not ra:
+        raise ValueError("analyse: both evaluations need per-question records")
+    if [r["question"] for r in rb] != [r["question"] for r in ra]:
+        raise ValueError("analyse: before/after records are over different questions")
+    k = suffix_k["k"] if suffix_k else None
+    return {"n": len(ra), "by_group": compare_by_group(rb, ra, seed=seed),
+            "baselines": compare_baselines(ra, baseline_scores(rb, k, entity_answers), seed=seed),
+            "suffix_k": suffix_k, "decomposition": decompose(rb, ra, seed=seed)}
+
+
+def _mean_ci(t) -> str:
+    return f"{t[0]:.3f} [{t[1]:.3f}, {t[2]:.3f}]"
+
+
+def format_analysis(analysis: dict) -> str:
+    """Plain-text tables of :func:`analyse`: per-group rows, baselines, decomposition."""
+    from openrlhf_search.evaluation.decompose import format_decomposition
+
+    lines = []
+    groups = analysis.get("by_group") or {}
+    if groups:
+        lines.append("== per question group: before RL vs after RL (paired bootstrap 95%) ==")
+        lines.append(f"{'group':<28} {'n':>4} {'EM before':>10} {'EM after':>9} {'EM diff [95%]':>26} "
+                     f"{'F1 before':>10} {'F1 after':>9} {'F1 diff [95%]':>26}")
+        for g, row in groups.items():
+            name = g if "/" not in g else "  " + g.split("/", 1)[1]
+            lines.append(f"{name:<28} {row['n']:>4} {row['em']['before']:>10.3f} {row['em']['after']:>9.3f} "
+                         f"{interval_str(row['em']):>26} {row['f1']['before']:>10.3f} {row['f1']['after']:>9.3f} "
+                         f"{interval_str(row['f1']):>26}")
+        lines.append("")
+    base = analysis.get("baselines") or {}
+    if base:
+        sk = analysis.get("suffix_k")
+        lines.append(f"== trivial baselines on the same {analysis['n']} questions (mean [bootstrap 95%]; "
+                     f"after RL - baseline paired) ==")
+        lines.append(f"{'answer':<56} {'EM':>21} {'F1':>21} {'after RL - it, EM':>25} {'after RL - it, F1':>25}")
+        for name, row in base.items():
+            label = row["label"] + (f" [defined for {row['defined']}]" if row["defined"] < row["n"] else "")
+            em_d = interval_str(row["after_minus"]["em"]) if "after_minus" in row else "-"
+            f1_d = interval_str(row["after_minus"]["f1"]) if "after_minus" in row else "-"
+            lines.append(f"{label:<56} {_mean_ci(row['em']):>21} {_mean_ci(row['f1']):>21} {em_d:>25} {f1_d:>25}")
+        if sk and sk.get("f1_by_k"):
+            lines.append(f"best k: chosen on the {sk['chosen_on']} split's before-RL answers (n = {sk['n']}); F1 by k: "
+                         + ", ".join(f"{int(k)}: {v:.3f}" for k, v in sorted(sk["f1_by_k"].items(),
+                                                                             key=lambda kv: int(kv[0]))))
+        elif sk:
+            lines.append(f"k = {sk['k']} from {sk['chosen_on']}")
+        if "first_entity" in base:
+            lines.append("first entity: of the asked answer type (capital, currency code), in the top-1 passage that a "
+                         "search with the question text returns (the run's retriever), whole words")
+        lines.append("")
+    if analysis.get("decomposition"):
+        lines.append(format_decomposition(analysis["decomposition"]))
+    return "\n".join(lines).rstrip()

@@ -127,7 +127,8 @@ def example_from_row(row: Dict[str, Any], index: int, data_source: str = "") -> 
                            f"reward_model.ground_truth.target; fields: {sorted(row)})")
     rid = row.get("id", row.get("idx", index))
     source = row.get("data_source") or row.get("datasource") or data_source
-    extra = {k: v for k, v in row.items() if k in ("pred_anses", "metadata", "extra_info", "hops", "type")}
+    extra = {k: v for k, v in row.items() if k in ("pred_anses", "metadata", "extra_info", "hops", "type",
+                                                    "supporting_ids")}
     return QAExample(id=str(rid), question=str(question).strip(), golds=golds, data_source=str(source), extra=extra)
 
 

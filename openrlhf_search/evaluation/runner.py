@@ -9,12 +9,18 @@ Row written per question and sample (jsonl)::
 
     {"id", "data_source", "sample", "question", "golds", "prediction", "trajectory", "queries", "searches",
      "turns", "stop_reason", "em", "f1", "cover_em", "reward", "response_tokens", "retrieval_failed", "error",
-     "prompt"}
+     "prompt", "type", "hops", "answer_words", "retrieved_ids", "supporting_ids", "support_retrieved",
+     "answer_passage_retrieved", "gold_in_retrieved", "gold_in_answer", "form"}
+
+The last ten are the per-question record fields the CPU job's evaluation writes too
+(:mod:`openrlhf_search.evaluation.records`: retrieved passage ids per search, supporting passage retrieved, gold
+span in the retrieved text, answer form).
 
 ``prompt`` is the exact prompt text the policy was given (rendered with its own tokenizer), for parity audits.
 
-``stop_reason``: "answer" (an answer block), "length" (token budget), "max_turns", "retrieval_failed",
-"no_action" (a turn with neither query nor answer ended the trajectory), "error".
+``stop_reason``: "answer" (an answer block), "length" (token budget), "context_full", "max_turns",
+"retrieval_failed", "no_action" (a turn with neither query nor answer ended the trajectory), "error"
+(:func:`openrlhf_search.evaluation.records.stop_reason`).
 """
 
 import asyncio
@@ -25,13 +31,17 @@ from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Union
 
 from openrlhf_search.evaluation.loaders import QAExample
+from openrlhf_search.evaluation.records import question_record, stop_reason
 from openrlhf_search.evaluation.summary import score_prediction
 
 logger = logging.getLogger(__name__)
 
 ROW_FIELDS = ("id", "data_source", "sample", "question", "golds", "prediction", "trajectory", "queries", "searches",
               "turns", "stop_reason", "em", "f1", "cover_em", "reward", "response_tokens", "retrieval_failed",
-              "error", "prompt")
+              "error", "prompt") + ("type", "hops", "answer_words", "retrieved_ids", "supporting_ids",
+                                    "support_retrieved", "answer_passage_retrieved", "gold_in_retrieved",
+                                    "gold_in_answer", "form")
+RECORD_FIELDS = ROW_FIELDS[-10:]  # taken from openrlhf_search.evaluation.records.question_record
 
 
 @dataclass
@@ -166,19 +176,6 @@ def context_length(engine, tokenizer=None) -> int:
     raise ValueError("the engine's context length is unknown: give --max_length")
 
 
-def _stop_reason(out: dict, prediction: str, max_turns: int) -> str:
-    logs = out.get("extra_logs") or {}
-    if float(logs.get("retrieval_failed", 0) or 0) > 0:
-        return "retrieval_failed"
-    if prediction or float(logs.get("answer_present", 0) or 0) > 0:
-        return "answer"
-    if out.get("truncated") or float(logs.get("truncated", 0) or 0) > 0:
-        return "length"
-    if int(float(logs.get("turns", 0) or 0)) >= max_turns:
-        return "max_turns"
-    return "no_action"
-
-
 def _num(x, default=0.0) -> float:
     try:
         return float(x.item() if hasattr(x, "item") else x)
@@ -191,11 +188,14 @@ def build_row(example: QAExample, sample: int, out: Optional[dict], protocol, to
     """One output row from an executor result (``out``) or an error; every ``ROW_FIELDS`` key is present."""
     row = {"id": example.id, "data_source": example.data_source, "sample": sample, "question": example.question,
            "golds": list(example.golds), "prompt": prompt}
+    source = {**example.extra, "id": example.id, "question": example.question, "golden_answers": list(example.golds)}
     if out is None:
         row.update({"prediction": "", "trajectory": "", "queries": [], "searches": 0, "turns": 0,
                     "stop_reason": "error", "reward": 0.0, "response_tokens": 0, "retrieval_failed": False,
                     "error": error or "unknown error"})
         row.update(score_prediction("", example.golds))
+        record = question_record(source, {}, protocol, max_turns)
+        row.update({k: record[k] for k in RECORD_FIELDS})
         return row
     text = out.get("response_text")
     if text is None:  # executor without response_text: decode everything after the prompt
@@ -209,11 +209,13 @@ def build_row(example: QAExample, sample: int, out: Optional[dict], protocol, to
     row.update({"prediction": prediction, "trajectory": text, "queries": queries,
                 "searches": int(_num(logs.get("valid_searches", len(queries)))),
                 "turns": int(_num(logs.get("turns", len(out.get("action_ranges") or [])))),
-                "stop_reason": _stop_reason(out, prediction, max_turns),
+                "stop_reason": stop_reason(out, prediction, max_turns),
                 "reward": _num(out.get("reward", 0.0)),
                 "response_tokens": int(_num(logs.get("response_tokens", 0))),
                 "retrieval_failed": _num(logs.get("retrieval_failed", 0)) > 0, "error": None})
     row.update(score_prediction(prediction, example.golds))
+    record = question_record(source, dict(out, response_text=text), protocol, max_turns)
+    row.update({k: record[k] for k in RECORD_FIELDS})
     return row
 
 

@@ -109,6 +109,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data.max_hops", type=int, default=None,
                    help="keep only questions with a 'hops' field <= N, in training and evaluation (the embedded "
                         "default has 1-hop and 2-hop questions; rows without the field are kept)")
+    p.add_argument("--data.seed", type=int, default=0,
+                   help="data seed: the embedded default's held-out split (when train_local builds it) and the "
+                        "validation split carved from the training questions")
+    p.add_argument("--data.validation_size", type=int, default=64,
+                   help="training questions set aside as the validation split (never trained on, the warm start "
+                        "included; at most a fifth of the training questions; 0: none)")
+    p.add_argument("--eval.split", default="heldout", choices=["heldout", "validation"],
+                   help="what the before/after evaluation runs on: 'heldout' (the reported run; held-out questions "
+                        "are evaluated only at the end of a choice of settings) or 'validation' (trials: every "
+                        "choice of setting is made on the validation split)")
+    p.add_argument("--eval.baselines", type=_bool, default=True,
+                   help="trivial baselines beside the before/after table (before-RL answers cut to the last word "
+                        "and to the last k words, k chosen on validation; first entity of the asked type in the "
+                        "top-1 passage of a search with the question); with --eval.split heldout this evaluates "
+                        "the validation split before RL too, to choose k")
+    p.add_argument("--eval.suffix_words", type=int, default=None,
+                   help="k of the 'last k words' baseline, fixed (skips choosing it on validation)")
     p.add_argument("--eval.max_samples", type=int, default=32, help="evaluate on at most this many rows")
     p.add_argument("--eval.steps", type=int, default=0, help="evaluate every N steps (0: only at the end)")
     p.add_argument("--eval.disable", action="store_true", help="skip the evaluations (before and after RL)")
@@ -254,6 +271,10 @@ def parse_args(argv=None):
         parser.error(f"--algo.advantage.estimator {est} needs --rollout.n_samples_per_prompt >= 2")
     if est == "group_norm" and not args.algo.kl.use_loss:
         args.algo.kl.use_loss = True  # GRPO puts the KL in the loss (DeepSeekMath eq. 3)
+    if args.data.validation_size < 0:
+        parser.error("--data.validation_size must be >= 0")
+    if args.eval.suffix_words is not None and args.eval.suffix_words < 1:
+        parser.error("--eval.suffix_words must be >= 1")
     for name in ("rollout.batch_size", "train.max_steps", "train.micro_batch_size", "ckpt.save_steps"):
         group, key = name.split(".")
         if getattr(getattr(args, group), key) < 1:

@@ -15,7 +15,15 @@ What follows vLLM (v1 engine, 0.29) exactly:
   ``finish_reason="stop"``; the stop token is left out of ``text`` unless ``include_stop_str_in_output``;
   ``stop_reason`` is the stop string, the stop token id, or None (EOS);
 - ``max_tokens`` ends with ``finish_reason="length"``; ``min_tokens`` masks EOS / stop tokens and delays stop-string
-  checks; ``temperature`` 0 is greedy; ``top_k`` / ``top_p`` filter; ``seed`` gives a per-request generator;
+  checks; ``temperature`` 0 is greedy; ``top_k`` / ``top_p`` filter;
+- sampling is vLLM's exponential race (``vllm/v1/sample/ops/topk_topp_sampler.py: random_sample``: the token is
+  ``argmax(probs / q)`` with ``q ~ Exp(1)`` per vocabulary entry), and a request with ``seed`` draws ``q`` from its
+  own generator, seeded ``seed + index`` for its ``index``-th output as vLLM's parallel sampling does
+  (``vllm/v1/engine/parallel_sampling.py: get_child_sampling_params``); requests without a seed share the engine's
+  generator. A seeded request's tokens therefore do not depend on which other rows share its batch, on arrival order
+  or on thread count: the race only flips when two candidates' scores are within float rounding of each other
+  (about one token in a million), where an inverse-CDF draw flips whenever rounding moves the cumulative sum across
+  the uniform draw (often, on a flat distribution);
 - ``logprobs`` are the raw model log-probabilities (log-softmax of the logits before temperature / top-p, vLLM's
   default ``logprobs_mode="raw_logprobs"``) of the sampled token plus the top ``logprobs`` tokens, with ranks.
 
@@ -65,6 +73,10 @@ class EngineInputError(ValueError):
     """A generate request the engine cannot serve (bad params, empty prompt, multimodal data); says which."""
 
 
+class EngineShutdown(RuntimeError):
+    """The engine was shut down (:meth:`HFEngine.shutdown`) before this request finished."""
+
+
 def _common_prefix_len(a: str, b: str) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -111,6 +123,7 @@ class HFEngine:
         self._worker: Optional[threading.Thread] = None  # the engine thread, while there is work
         self._request_counter = itertools.count()
         self._unfinished = 0
+        self._stopping = False  # set by shutdown(): the engine thread leaves at the next token
         self._was_training = False  # the model's mode when the engine thread took it (restored before the last answer)
         cfg = getattr(model, "config", None)
         self.max_model_len = max_model_len or getattr(cfg, "max_position_embeddings", None) or 32768
@@ -154,6 +167,8 @@ class HFEngine:
                 ``max_model_len``, multimodal data, or unsupported params (beam search, penalties).
         """
         prompt = self._check_request(prompt_token_ids, sampling_params, multi_modal_data)
+        if self._stopping:
+            raise EngineShutdown("HFEngine is shut down")
         params = deepcopy(sampling_params)
         request_id = str(next(self._request_counter))
         self._unfinished += 1
@@ -172,11 +187,30 @@ class HFEngine:
             self._unfinished -= 1
 
     def reset_prefix_cache(self) -> bool:
-        """Drop every cached key/value state (vLLM's ``LLM.reset_prefix_cache``); returns True. Weight changes made in
-        place are detected without it; call it after replacing parameters by other means."""
+        """Drop every cached key/value state and captured trunk state (vLLM's ``LLM.reset_prefix_cache``); returns
+        True. Call it after every change of the model's weights (an optimiser step, a load): the version-counter check
+        misses fused optimisers. Waits for the batch being decoded, if any."""
         with self._lock:
             self._prefix_cache.clear()
             self._prefix_cache_size = 0
+            self._weights_version = None
+        return True
+
+    def shutdown(self, timeout_s: float = 60.0) -> bool:
+        """Stop the engine thread at its next token and join it; requests in flight or queued fail with
+        :class:`EngineShutdown`, later ``generate`` calls too. Returns True when no engine thread is left (False:
+        it was still inside a forward pass after ``timeout_s`` seconds)."""
+        self._stopping = True
+        with self._queue_lock:
+            worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout_s)
+            if worker.is_alive():
+                return False
+        with self._queue_lock:  # requests queued after the thread left
+            pending, self._queue = self._queue, []
+        for item in pending:
+            _deliver(item, _set_exception, EngineShutdown("HFEngine is shut down"))
         return True
 
     def get_num_unfinished_requests(self) -> int:
@@ -248,6 +282,12 @@ class HFEngine:
         """The engine thread: serve until the queue is empty, then exit (a later request starts a new one, so an
         idle engine holds no thread and can be garbage-collected). Whatever escapes reaches every queued request."""
         while True:
+            if self._stopping:
+                with self._queue_lock:
+                    pending, self._queue, self._worker = self._queue, [], None
+                for item in pending:
+                    _deliver(item, _set_exception, EngineShutdown("HFEngine is shut down"))
+                return
             try:
                 self._drain()
             except BaseException as e:  # e.g. model.eval() failing: nothing may be left waiting
@@ -300,6 +340,8 @@ class HFEngine:
         try:
             with torch.no_grad():
                 while True:
+                    if self._stopping:  # shutdown(): leave at a token boundary; every waiter learns it below
+                        raise EngineShutdown("HFEngine is shut down")
                     # a model whose cache cannot be re-batched (not a DynamicCache) finishes its batch first
                     rows_now = len(running.rows) if running is not None else 0
                     items = self._admit(self.max_batch_size - rows_now) \
@@ -668,11 +710,16 @@ class _CacheEntry:
 
 
 def _sample_from(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One draw from the categorical ``probs`` [V] by inverse CDF (float64): same law as ``torch.multinomial``,
-    about 20x faster on a 150k vocabulary, where multinomial dominated the decode step."""
-    cdf = torch.cumsum(probs.detach().cpu().double(), dim=0)
-    u = torch.rand((), generator=generator, dtype=torch.float64) * cdf[-1]
-    return int(torch.searchsorted(cdf, u, right=True).clamp(max=probs.numel() - 1))
+    """One draw from the categorical ``probs`` [V] (float32, zeros allowed) by vLLM's exponential race
+    (``vllm/v1/sample/ops/topk_topp_sampler.py: random_sample``): ``argmax(probs / q)`` with ``q ~ Exp(1)``, i.i.d.
+    per entry, drawn from ``generator``; ``P(token = i) = probs[i] / sum(probs)`` exactly (the first of independent
+    exponential clocks with rates ``probs``). ``q`` is ``-log(u)``, ``u ~ U[0, 1)`` (the same law as
+    ``Tensor.exponential_``, whose CPU kernel is 4x slower). A draw only flips under a perturbation of ``probs`` when
+    the two best scores are within that perturbation, so float rounding from batching or thread count almost never
+    changes a seeded request's tokens. A zero-probability entry is never drawn."""
+    u = torch.rand(probs.shape, generator=generator, dtype=torch.float32)
+    scores = probs.detach().cpu().float() / -torch.log(u)  # u == 0 -> q = inf -> score 0: never that entry
+    return int(torch.argmax(scores))
 
 
 def _deliver(item, setter, value):

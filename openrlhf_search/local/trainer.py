@@ -20,6 +20,19 @@ logged). Metrics go to ``<output_dir>/metrics.jsonl`` (one row per step); checkp
 data position and RNG (:mod:`openrlhf_search.local.checkpoint`), and a restarted job resumes from the newest one
 with the same step count and data position.
 
+Determinism: every sampled generation call carries its own seed, a function of (run seed, step, prompt index, sample
+index, turn) (:mod:`openrlhf_search.local.seeding`), which the engine honours as vLLM does (its own generator per
+seeded request), so a run's tokens do not depend on retrieval timing, batch order or thread count, and a resumed run
+samples the next step as the uninterrupted run would. After every weight change (the warm start, each optimiser
+step) the trainer drops the engine's prefix cache (``reset_prefix_cache``, as OpenRLHF does on its vLLM engines after
+a weight sync), whatever the optimiser.
+
+Evaluation: ``--eval.split heldout`` (default) evaluates the held-out questions before and after RL;
+``--eval.split validation`` the validation split carved from the training questions (trials: every choice of setting
+is made there). Each evaluation keeps a record per question (:mod:`openrlhf_search.evaluation.records`), and the
+end of the run writes ``eval_analysis.json`` (per question type, trivial baselines, decomposition of each difference:
+:func:`openrlhf_search.evaluation.compare.analyse`).
+
 ``--train.device cuda`` (or ``auto`` on a machine with a GPU) runs the same job with the policy, the reference, the
 critic and every tensor of the update on the GPU (:mod:`openrlhf_search.local.device`); checkpoints load on either
 device.
@@ -44,16 +57,18 @@ from vllm import SamplingParams
 
 from openrlhf_search.agent import SearchAgentExecutor
 from openrlhf_search.config import SearchConfig
+from openrlhf_search.evaluation.records import question_record
 from openrlhf_search.length_penalty import overlong_penalized_from_args
 from openrlhf_search.local import checkpoint as ckpt
+from openrlhf_search.local import shutdown
 from openrlhf_search.local.critic import ValueCritic
 from openrlhf_search.local.device import describe_device
 from openrlhf_search.local.engine import HFEngine
 from openrlhf_search.local.experience import Trajectory
 from openrlhf_search.local.freeze import freeze_lower_layers, trunk_boundary
 from openrlhf_search.local.rl_step import RLSettings, RLUpdater
+from openrlhf_search.local.seeding import SeededSample
 from openrlhf_search.local.timing import BusyTimer, TimedEngine, TimedRetrievalClient
-from openrlhf_search.metrics import cover_em, exact_match, f1_score
 from openrlhf_search.protocol import get_protocol
 from openrlhf_search.retrieval_client import RetrievalClient
 
@@ -180,12 +195,22 @@ class LocalSearchTrainer:
         train_rows: QA rows ``{"question", "golden_answers"}`` (see :func:`openrlhf_search.data.qa.load_qa_jsonl`).
         eval_rows: held-out rows (may be empty).
         warmstart_fn: optional ``fn(trainer) -> None`` run once before RL on a fresh start (never on resume).
+        validation_rows: the validation split (from the training questions, never trained on; may be empty).
+            ``--eval.split validation`` evaluates these instead of ``eval_rows``; with ``heldout`` their before-RL
+            answers choose the suffix length of the "last k words" baseline.
+    Raises:
+        TrainingError: no training rows, or ``--eval.split validation`` without validation rows.
     """
 
-    def __init__(self, args, train_rows: List[dict], eval_rows: Optional[List[dict]] = None, warmstart_fn=None):
+    def __init__(self, args, train_rows: List[dict], eval_rows: Optional[List[dict]] = None, warmstart_fn=None,
+                 validation_rows: Optional[List[dict]] = None):
         self.args = args
         self.cfg: SearchConfig = args.search_config
         self.train_rows, self.eval_rows = list(train_rows), list(eval_rows or [])
+        self.validation_rows = list(validation_rows or [])
+        self.eval_split = getattr(args.eval, "split", "heldout")
+        if self.eval_split == "validation" and not self.validation_rows and not args.eval.disable:
+            raise TrainingError("--eval.split validation needs a validation split (--data.validation_size > 0)")
         if not self.train_rows:
             raise TrainingError("no training rows")
         self.warmstart_fn = warmstart_fn
@@ -209,6 +234,7 @@ class LocalSearchTrainer:
         self.timers = {k: BusyTimer() for k in ("generation", "retrieval", "reward")}
         self.loop = asyncio.new_event_loop()
         self.client = RetrievalClient.from_config(self.cfg)
+        self.search_client = self.client  # the real retriever, also under --train.no_search (baselines)
         if args.train.no_search:  # ablation: the same RL, but every search call returns an empty documents block
             self.client = NoSearchClient(self.client)
         self._build_engine()
@@ -245,10 +271,17 @@ class LocalSearchTrainer:
             return
         if self.warmstart_fn is not None:
             self.warmstart_fn(self)
+            self.weights_changed()
         self.updater = RLUpdater(self.actor, self.settings, self.pad_id)  # reference = the warm-started policy
         self.updater.ref.save_pretrained(os.path.join(self.ckpt_dir, "ref"), safe_serialization=True)
         if os.path.exists(self.metrics_path):
             os.remove(self.metrics_path)  # a fresh run: old rows would mix two runs
+
+    def weights_changed(self) -> None:
+        """Tell the engine the policy's weights changed (after the warm start and every optimiser step): it drops its
+        prefix cache, as OpenRLHF calls ``reset_prefix_cache`` on its vLLM engines after a weight sync. Not left to
+        the engine's version-counter check, which a fused AdamW (what ``local/optim.py`` builds) never triggers."""
+        self.engine.reset_prefix_cache()
 
     def _resume(self, path: str) -> None:
         from transformers import AutoModelForCausalLM
@@ -295,9 +328,10 @@ class LocalSearchTrainer:
         opts = self.updater.optimizers()
         state = {"data": self.cursor.state(), "excluded_total": self.excluded_total,
                  "estimator": self.estimator, "max_steps": self.args.train.max_steps}
-        return ckpt.save_checkpoint(self.ckpt_dir, self.step, self.actor, self.tokenizer, opts, state,
-                                    ckpt.rng_state(self.engine._generator), critic=self.updater.critic,
-                                    max_num=self.args.ckpt.max_num)
+        with shutdown.critical():  # a SIGTERM now exits once the checkpoint is complete
+            return ckpt.save_checkpoint(self.ckpt_dir, self.step, self.actor, self.tokenizer, opts, state,
+                                        ckpt.rng_state(self.engine._generator), critic=self.updater.critic,
+                                        max_num=self.args.ckpt.max_num)
 
     # ------------------------------------------------------------------ rollout
     def sampling_params(self, greedy: bool = False) -> SamplingParams:
@@ -306,21 +340,27 @@ class LocalSearchTrainer:
         return SamplingParams(temperature=0.0 if greedy else a.temperature, top_p=1.0 if greedy else a.top_p,
                               max_tokens=self.max_new_tokens, skip_special_tokens=False)
 
-    def rollout(self, rows: List[dict], n: int, greedy: bool = False, desc: Optional[str] = None) -> List[dict]:
+    def rollout(self, rows: List[dict], n: int, greedy: bool = False, desc: Optional[str] = None,
+                step: Optional[int] = None) -> List[dict]:
         """Run ``n`` trajectories per row concurrently; returns the executor dicts in row-major order.
 
-        ``desc``: label of a tqdm bar counting finished trajectories (with an ETA); None for no bar."""
+        Sampled (not greedy) trajectories get per-call seeds from (``--train.seed``, ``step``, row index, sample index,
+        turn) (:class:`~openrlhf_search.local.seeding.SeededSample`); ``step`` defaults to the step being trained
+        (``self.step + 1``). ``desc``: label of a tqdm bar counting finished trajectories (with an ETA); None for no
+        bar."""
         params = self.sampling_params(greedy)
+        step = self.step + 1 if step is None else step
         bar = tqdm(total=len(rows) * n, desc=desc, unit="traj", leave=False, disable=desc is None)
 
-        async def one(r):
+        async def one(r, i, j):
+            engine = self.timed_engine if greedy else SeededSample(self.timed_engine, self.args.train.seed, step, i, j)
             out = await self.executor.execute(self.prompt_of(r), r["golden_answers"], params, self.args.data.max_len,
-                                              self.tokenizer, self.timed_engine)
+                                              self.tokenizer, engine)
             bar.update(1)
             return out
 
         async def run_all():
-            return await asyncio.gather(*[one(r) for r in rows for _ in range(n)])
+            return await asyncio.gather(*[one(r, i, j) for i, r in enumerate(rows) for j in range(n)])
 
         try:
             return self.loop.run_until_complete(run_all())
@@ -395,6 +435,7 @@ class LocalSearchTrainer:
         t_exp = time.perf_counter() - t1
         t2 = time.perf_counter()
         upd = self.updater.update(exp)
+        self.weights_changed()  # the engine's cached states are of the old weights now
         self._sync()
         t_upd = time.perf_counter() - t2
 
@@ -451,80 +492,89 @@ class LocalSearchTrainer:
             os.fsync(fh.fileno())
 
     # ------------------------------------------------------------------ evaluation
+    def split_rows(self, split: Optional[str] = None) -> List[dict]:
+        """The questions of ``split`` ("heldout" or "validation"; default ``--eval.split``), cut to
+        ``--eval.max_samples``."""
+        split = split or self.eval_split
+        rows = self.validation_rows if split == "validation" else self.eval_rows
+        return rows[: self.args.eval.max_samples] if self.args.eval.max_samples else list(rows)
+
     def evaluate(self, rows: Optional[List[dict]] = None, limit: Optional[int] = None,
                  desc: str = "evaluation") -> dict:
-        """Greedy rollouts on held-out rows; EM / F1 / Cover-EM of the last answer block, search statistics.
+        """Greedy rollouts of questions (default: the ``--eval.split`` questions); EM / F1 / Cover-EM of the last
+        answer block, search statistics and one record per question.
 
         Returns:
             {"n", "em", "f1", "cover_em", "answer_rate", "valid_searches" (mean valid search calls per question),
              "valid_search_rate" (share of questions with at least one valid search), "searches" (mean search calls
              per question), "turns", "response_tokens", "retrieval_failed", "questions" (scored questions, in order),
              "per_question" ({metric: [score per scored question]}, for paired comparisons),
+             "records" (per scored question: :func:`openrlhf_search.evaluation.records.question_record`: type, hops,
+             gold, prediction, answer length, queries, retrieved passage ids per search, supporting passage retrieved,
+             gold span in the retrieved text, answer form, stop reason, trajectory), "failed_questions",
              "examples": first few (question, gold, prediction)}. Questions whose retrieval failed are not scored.
         """
-        rows = list(rows if rows is not None else self.eval_rows)[:limit]
+        rows = list(rows if rows is not None else self.split_rows())[:limit]
         if not rows:
             return {"n": 0}
         outs = self.rollout(rows, 1, greedy=True, desc=desc)
         scores = {k: [] for k in ("em", "f1", "cover_em", "answer_rate", "valid_searches", "valid_search_rate",
                                   "searches", "turns", "response_tokens")}
-        failed, examples, questions = 0, [], []
+        failed, examples, questions, records = [], [], [], []
         for r, o in zip(rows, outs):
             logs = o["extra_logs"]
             if logs.get("retrieval_failed", 0.0) > 0:
-                failed += 1
+                failed.append(r["question"])
                 continue
-            pred = self.protocol.extract_answer(o["response_text"])
-            golds = r["golden_answers"]
+            rec = question_record(r, o, self.protocol, self.cfg.max_turns)
+            records.append(rec)
             questions.append(r["question"])
-            scores["em"].append(exact_match(pred, golds))
-            scores["f1"].append(f1_score(pred, golds))
-            scores["cover_em"].append(cover_em(pred, golds))
-            scores["answer_rate"].append(float(bool(pred)))
+            for k in ("em", "f1", "cover_em"):
+                scores[k].append(rec[k])
+            scores["answer_rate"].append(float(bool(rec["prediction"])))
             scores["valid_searches"].append(logs.get("valid_searches", 0.0))
             scores["valid_search_rate"].append(float(logs.get("valid_searches", 0.0) > 0))
             scores["searches"].append(logs.get("queries", 0.0))
             scores["turns"].append(logs.get("turns", 0.0))
             scores["response_tokens"].append(logs.get("response_tokens", 0.0))
             if len(examples) < 3:
-                examples.append({"question": r["question"], "gold": golds, "prediction": pred,
-                                 "response": o["response_text"][:600]})
+                examples.append({"question": r["question"], "gold": r["golden_answers"],
+                                 "prediction": rec["prediction"], "response": o["response_text"][:600]})
         out = {k: (sum(v) / len(v) if v else 0.0) for k, v in scores.items()}
-        out.update(n=len(rows) - failed, retrieval_failed=failed, examples=examples, questions=questions,
-                   per_question=scores)
+        out.update(n=len(rows) - len(failed), retrieval_failed=len(failed), examples=examples, questions=questions,
+                   per_question=scores, records=records, failed_questions=failed)
         return out
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict:
         """Set up (resume or warm start), train to ``--train.max_steps``, checkpoint, evaluate.
 
-        With ``--eval.before`` (default) the same held-out questions are first evaluated greedily after the warm
-        start and before any RL step (``eval_before.json``), so that the final table shows what RL added, with
-        paired bootstrap intervals (``eval_compare.json``; :mod:`openrlhf_search.evaluation.compare`).
+        With ``--eval.before`` (default) the same questions (``--eval.split``: held-out or validation) are first
+        evaluated greedily after the warm start and before any RL step (``eval_before.json``), so that the final table
+        shows what RL added, with paired bootstrap intervals (``eval_compare.json``;
+        :mod:`openrlhf_search.evaluation.compare`) and the analysis beside it (``eval_analysis.json``: per question
+        type, trivial baselines, decomposition). With ``--eval.split heldout`` and ``--eval.baselines`` the
+        validation questions are also evaluated before RL (``eval_before_validation.json``), only to choose the
+        suffix length of the "last k words" baseline (``--eval.suffix_words K`` fixes it instead).
 
         Returns:
             {"steps": final step, "eval": eval metrics or None, "eval_before": metrics before RL or None,
-             "compare": {metric: paired difference} or None, "resumed_from": step or None}
+             "compare": {metric: paired difference} or None, "analysis": :func:`compare.analyse` or None,
+             "split": the evaluated split, "resumed_from": step or None}
         Raises:
             TrainingError: 3 consecutive steps without a usable sample (retriever down, every sample failed).
         """
         a = self.args
         self.setup()
         resumed_from = self.step if self.step else None
-        before_path = os.path.join(self.out_dir, "eval_before.json")
-        ev_before = None
-        do_eval = bool(self.eval_rows) and not a.eval.disable
+        ev_before = val_before = None
+        do_eval = bool(self.split_rows()) and not a.eval.disable
         if do_eval and a.eval.before:
-            if resumed_from is None or not os.path.exists(before_path):
-                if resumed_from is not None:
-                    logger.warning("no eval_before.json in %s: the 'before' evaluation is of the resumed policy "
-                                   "(step %d), not of the warm start", self.out_dir, self.step)
-                ev_before = self.evaluate(limit=a.eval.max_samples, desc="evaluation before RL")
-                ev_before["step"] = self.step
-                _write_json(before_path, ev_before)
-            else:
-                with open(before_path) as fh:
-                    ev_before = json.load(fh)
+            ev_before = self._before_rl("eval_before.json", self.eval_split, resumed_from,
+                                        f"evaluation before RL ({self.eval_split})")
+            if self._needs_validation_before():
+                val_before = self._before_rl("eval_before_validation.json", "validation", resumed_from,
+                                             "evaluation before RL (validation, for the baselines)", required=False)
         if resumed_from is not None and self.step >= a.train.max_steps:
             logger.info("checkpoint at step %d >= --train.max_steps %d: nothing left to train (use --ckpt.no_load "
                         "to start over)", self.step, a.train.max_steps)
@@ -540,20 +590,20 @@ class LocalSearchTrainer:
                 logger.info("step %d reward %.3f valid_searches %.2f kl %.4f loss %.4f (%.1fs)", self.step,
                             row.get("reward", float("nan")), row.get("valid_searches", 0.0), row.get("kl", 0.0),
                             row.get("policy_loss", 0.0), row["time_step_s"])
-            if a.eval.steps and self.step % a.eval.steps == 0 and self.eval_rows:
-                ev = self.evaluate(limit=a.eval.max_samples, desc=f"evaluation at step {self.step}")
-                self.log({"step": self.step, "eval": {k: v for k, v in ev.items()
-                                                      if k not in ("examples", "per_question", "questions")}})
+            if a.eval.steps and self.step % a.eval.steps == 0 and do_eval:
+                ev = self.evaluate(desc=f"evaluation at step {self.step} ({self.eval_split})")
+                self.log({"step": self.step, "eval": {k: v for k, v in ev.items() if k not in (
+                    "examples", "per_question", "questions", "records", "failed_questions")}})
             if self.step % a.ckpt.save_steps == 0 or self.step == a.train.max_steps:
                 self.save()
         final_dir = os.path.join(self.out_dir, "final")
         self.actor.save_pretrained(final_dir, safe_serialization=True)
         self.tokenizer.save_pretrained(final_dir)
         self.plot_curves()
-        ev, cmp = None, None
+        ev, cmp, analysis = None, None, None
         if do_eval:
-            ev = self.evaluate(limit=a.eval.max_samples, desc="evaluation after RL")
-            ev["step"] = self.step
+            ev = self.evaluate(desc=f"evaluation after RL ({self.eval_split})")
+            ev.update(step=self.step, split=self.eval_split)
             _write_json(os.path.join(self.out_dir, "eval.json"), ev)
             if ev_before is not None and ev_before.get("n") and ev.get("n"):
                 from openrlhf_search.evaluation.compare import compare_evaluations
@@ -563,8 +613,88 @@ class LocalSearchTrainer:
                     _write_json(os.path.join(self.out_dir, "eval_compare.json"), cmp)
                 except ValueError as e:  # e.g. a retrieval failure left a question unscored in one of the two
                     logger.warning("before/after comparison skipped: %s", e)
-        return {"steps": self.step, "eval": ev, "eval_before": ev_before, "compare": cmp,
-                "resumed_from": resumed_from}
+                if cmp is not None:
+                    analysis = self._analysis(ev_before, ev, val_before)
+        return {"steps": self.step, "eval": ev, "eval_before": ev_before, "compare": cmp, "analysis": analysis,
+                "split": self.eval_split, "resumed_from": resumed_from}
+
+    def _needs_validation_before(self) -> bool:
+        """A before-RL pass over the validation split is needed only to choose the baseline suffix length of a
+        held-out report (on validation the evaluated questions are that split already)."""
+        a = self.args.eval
+        return (self.eval_split == "heldout" and a.baselines and a.suffix_words is None
+                and bool(self.validation_rows))
+
+    def _before_rl(self, name: str, split: str, resumed_from: Optional[int], desc: str,
+                   required: bool = True) -> Optional[dict]:
+        """The before-RL evaluation of ``split``'s questions stored as ``name`` (run now on a fresh start, read back on
+        resume). A resumed run without the file re-evaluates the resumed policy when ``required`` (with a warning),
+        else returns None."""
+        path = os.path.join(self.out_dir, name)
+        if resumed_from is not None and os.path.exists(path):
+            with open(path) as fh:
+                stored = json.load(fh)
+            if stored.get("split", "heldout") == split:
+                return stored
+            logger.warning("%s holds the %s split, this run evaluates %s", name, stored.get("split"), split)
+        if resumed_from is not None:
+            if not required:
+                logger.warning("no %s in %s: left out (it must be of the warm-started policy)", name, self.out_dir)
+                return None
+            logger.warning("no %s in %s: the 'before' evaluation is of the resumed policy (step %d), not of the "
+                           "warm start", name, self.out_dir, self.step)
+        ev = self.evaluate(self.split_rows(split), desc=desc)
+        ev.update(step=self.step, split=split)
+        _write_json(path, ev)
+        return ev
+
+    def _analysis(self, ev_before: dict, ev: dict, val_before: Optional[dict]) -> Optional[dict]:
+        """Per-type rows, trivial baselines and the decomposition (``eval_analysis.json``); None when the
+        evaluations carry no records (an older run's ``eval_before.json``)."""
+        from openrlhf_search.evaluation.baselines import choose_suffix_length
+        from openrlhf_search.evaluation.compare import analyse
+
+        a = self.args.eval
+        if not ev_before.get("records") or not ev.get("records"):
+            logger.warning("analysis skipped: the before-RL evaluation has no per-question records")
+            return None
+        suffix = entity = None
+        if a.baselines:
+            if a.suffix_words is not None:
+                suffix = {"k": int(a.suffix_words), "f1_by_k": {}, "chosen_on": "--eval.suffix_words", "n": 0}
+            else:
+                source = ev_before if self.eval_split == "validation" else val_before
+                if source and source.get("records"):
+                    k, f1_by_k = choose_suffix_length(source["records"])
+                    suffix = {"k": k, "f1_by_k": f1_by_k, "chosen_on": "validation", "n": len(source["records"])}
+            entity = self._first_entity_answers(ev["records"])
+        try:
+            analysis = analyse(ev_before, ev, suffix_k=suffix, entity_answers=entity, seed=self.args.train.seed)
+        except ValueError as e:
+            logger.warning("analysis skipped: %s", e)
+            return None
+        analysis["split"] = self.eval_split
+        _write_json(os.path.join(self.out_dir, "eval_analysis.json"), analysis)
+        return analysis
+
+    def _first_entity_answers(self, records: List[dict]) -> Optional[List[Optional[str]]]:
+        """Baseline 3 (:mod:`openrlhf_search.evaluation.baselines`): the first entity of the asked type in the top-1
+        passage of a search with the question text (the run's retriever); None when no question has a type the
+        embedded default knows, or the retriever fails."""
+        from openrlhf_search.data.default_dataset import ANSWER_ENTITY_TYPE, entity_vocabulary
+        from openrlhf_search.evaluation.baselines import EntityMatcher, first_entity_predictions
+        from openrlhf_search.retrieval_client import RetrievalError
+
+        if not any(r.get("type") in ANSWER_ENTITY_TYPE for r in records):
+            return None
+        try:
+            passages = self.loop.run_until_complete(
+                self.search_client.search_batch([r["question"] for r in records], topk=1))
+            matcher = EntityMatcher(entity_vocabulary())
+        except (RetrievalError, ImportError, RuntimeError, ValueError) as e:
+            logger.warning("first-entity baseline left out: %s", e)
+            return None
+        return first_entity_predictions(records, passages, matcher, ANSWER_ENTITY_TYPE)
 
     def plot_curves(self) -> Optional[str]:
         """Write ``learning_curves.png`` (reward, valid searches, response length, KL per step, with fitted linear
@@ -581,8 +711,16 @@ class LocalSearchTrainer:
             return None
 
     def close(self) -> None:
-        """Close the retrieval client and the event loop."""
+        """Stop and join the engine thread, cancel rollouts still pending (a signal interrupted them), close the
+        retrieval client and the event loop. Safe to call after an interrupted ``fit``."""
         try:
+            if not self.engine.shutdown(timeout_s=120):
+                logger.warning("the engine thread did not stop within 120 s")
+            pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self.loop.run_until_complete(self.client.aclose())
         finally:
             self.loop.close()
