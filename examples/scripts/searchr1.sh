@@ -59,6 +59,8 @@ EVAL_DATA_FILE="${EVAL_DATA:-$DATA_DIR/searchr1_eval_qwen2.5_${VARIANT}.jsonl}"
 # Search-R1's retriever: e5-base-v2, flat inner-product index over wiki-18 (retrieval_launch.sh).
 export RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-e5-base-v2}" RETRIEVER_INDEX_TYPE="${RETRIEVER_INDEX_TYPE:-flat}"
 
+RUN_DESC="searchr1.sh $ALGO $SIZE $VARIANT"
+cpu_cluster_setup searchr1 true "$([[ "$ALGO" == ppo ]] && echo 1 || echo 4)"
 check_inputs
 layout_args
 start_retrievers
