@@ -10,12 +10,13 @@ hook in every worker, :mod:`openrlhf_search.cpu_cluster`) wraps, without changin
   engine worker) are compared with the policy's (read inside the DeepSpeed policy actor) -> ``sync.jsonl``
   (max |difference| per fused vLLM parameter, and a digest of the policy weights);
 * ``SearchExperienceMaker.make_experience_batch``: the experience trained on -> ``experience_<n>.pt`` (sequences,
-  masks, rewards, log-probs, values, advantages, returns, info);
+  masks, rewards, log-probs, values, the per-token KL that entered the reward, advantages, returns, info);
 * ``ActorPPOTrainer.training_step`` (policy actor): per micro-batch the gradient of the loss with respect to the
   per-token log-probabilities, the log-probs, advantages, mask and policy loss -> ``policy_<n>.pt``; and the status
   ``ppo_train`` returns -> ``actor_status.jsonl``;
 * the ``SearchAgentExecutor`` inside each vLLM actor (:func:`wrap_executor`): prompt, response text, reward, the reward scheme the
-  executor scored with and the process id -> ``executor_<pid>.jsonl``.
+  executor scored with and the process id -> ``executor_<pid>.jsonl``; and the wall-clock span of every search
+  request -> ``retrieval_<pid>.jsonl``.
 
 Files are written by the process that records them (one Ray node: one shared folder).
 """
@@ -182,6 +183,7 @@ def _experience_record(exp) -> Dict[str, Any]:
         v = getattr(exp, f, None)
         rec[f] = v.detach().cpu().clone() if torch.is_tensor(v) else v
     rec["info"] = {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v) for k, v in exp.info.items()}
+    rec["kl"] = getattr(exp, "_probe_kl", None)  # per-token KL, before the advantages consumed it
     return rec
 
 
@@ -189,7 +191,14 @@ def _wrap_experience_maker(module) -> None:
     cls = module.SearchExperienceMaker
     if getattr(cls, "_probe_installed", False):
         return
-    make = cls.make_experience_batch
+    make, forwards = cls.make_experience_batch, cls.make_experience
+
+    @functools.wraps(forwards)
+    def probed_forwards(self, samples_list):
+        experiences = forwards(self, samples_list)
+        for e in experiences:  # OpenRLHF drops the reference log-probs when the KL goes into the reward
+            e._probe_kl = e.kl.detach().cpu().clone() if e.kl is not None else None
+        return experiences
 
     @functools.wraps(make)
     def probed(self, rollout_samples):
@@ -206,6 +215,7 @@ def _wrap_experience_maker(module) -> None:
         return experiences
 
     cls.make_experience_batch = probed
+    cls.make_experience = probed_forwards
     cls._probe_installed = True
 
 
@@ -283,6 +293,20 @@ def wrap_executor(executor) -> None:
         return out
 
     executor.execute = probed
+    client = getattr(executor, "client", None)
+    if client is not None and callable(getattr(client, "search", None)):
+        search = client.search
+
+        async def timed_search(query, *args, **kwargs):  # wall-clock spans of retrieval (benchmark)
+            t0, ok = time.time(), False
+            try:
+                out = await search(query, *args, **kwargs)
+                ok = True
+                return out
+            finally:
+                _append_jsonl(f"retrieval_{os.getpid()}.jsonl", {"start": t0, "end": time.time(), "ok": ok})
+
+        client.search = timed_search
     executor._probe_installed = True
 
 
@@ -313,9 +337,10 @@ def read_jsonl(path: str) -> List[Dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def read_executor_records(folder: str) -> List[Dict[str, Any]]:
+def read_executor_records(folder: str, prefix: str = "executor_") -> List[Dict[str, Any]]:
+    """Every ``<prefix><pid>.jsonl`` row of ``folder`` (all vLLM actors), in time order."""
     rows = []
     for name in sorted(os.listdir(folder)):
-        if name.startswith("executor_") and name.endswith(".jsonl"):
+        if name.startswith(prefix) and name.endswith(".jsonl"):
             rows += read_jsonl(os.path.join(folder, name))
-    return sorted(rows, key=lambda r: r["time"])
+    return sorted(rows, key=lambda r: r.get("time", r.get("start", 0.0)))

@@ -11,8 +11,11 @@ and 1-/2-hop questions, :mod:`openrlhf_search.data.default_dataset`), prompts re
 * the model (hidden 128, 2 layers, 2 heads of 64: vLLM-CPU's attention kernels take head sizes 32..256) is warm
   started with :func:`openrlhf_search.local.warmstart.sft_warmstart` on scripted trajectories of the protocol's
   shape (a search call, the supporting passage as the documents block, the gold answer), so that its rollouts search
-  and answer: the retriever, the documents mask and the reward all get exercised. At temperature 1 it still answers
-  wrongly often enough for groups to have reward spread.
+  and answer: the retriever, the documents mask and the reward all get exercised. Every scripted question is taught
+  twice, its answer turn once after a closed reasoning block and once without one (:func:`answer_turn`); every reward scheme's format
+  check tells the two apart (Search-R1 ``searchr1_format`` 0.2 / 0.1 for a wrong answer, R1-Searcher stage 1
+  1.0 / 0.5, stage 2 0 / -2), so rollout groups have reward spread from the first step although the tiny policy
+  rarely answers correctly.
 
     python -m openrlhf_search.cpu_cluster_assets --out .cache/cpu_cluster --protocol searchr1 --chat true
 
@@ -28,7 +31,7 @@ import sys
 from typing import Dict, List, Optional
 
 VOCAB_SIZE = 4096
-RECIPE_VERSION = 1
+RECIPE_VERSION = 5
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 MODEL_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                    num_key_value_heads=2)
@@ -66,6 +69,20 @@ def build_tokenizer(texts: List[str], out_dir: str):
     os.makedirs(out_dir, exist_ok=True)
     fast.save_pretrained(out_dir)
     return AutoTokenizer.from_pretrained(out_dir)
+
+
+def answer_turn(protocol, prompt: str, answer: str, close_think: bool) -> str:
+    """The scripted second model turn: the answer block, after a closed reasoning block when ``close_think``.
+
+    R1-Searcher's base prompt already opens ``<think>`` (the turn then continues it); other prompts get a whole
+    ``<think> ... </think>`` block, or none."""
+    p = protocol
+    opened = prompt.rstrip().endswith(p.think_open)
+    if opened:
+        reason = f"I found it. {p.think_close}\n\n" if close_think else "I found it.\n\n"
+    else:
+        reason = f"{p.think_open} I found it. {p.think_close}\n" if close_think else ""
+    return f"{reason}{p.answer_open} {answer} {p.answer_close}"
 
 
 def _corpus_passages(corpus_path: str) -> Dict[str, "object"]:
@@ -117,10 +134,9 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
         return paths
 
     data = build_default_dataset(os.path.join(root, "data"), seed=seed)
-    from openrlhf_search.data.qa import load_qa_jsonl
-
-    train_rows = load_qa_jsonl(data.train_path)[:n_train]
-    eval_rows = load_qa_jsonl(data.eval_path)[:n_eval]
+    # the default dataset's own rows: id, question, golden_answers and supporting_ids (the passages that answer it)
+    train_rows = [json.loads(line) for line in open(data.train_path, encoding="utf-8")][:n_train]
+    eval_rows = [json.loads(line) for line in open(data.eval_path, encoding="utf-8")][:n_eval]
     os.makedirs(here, exist_ok=True)
     tmp_qa = os.path.join(here, "qa_train.jsonl"), os.path.join(here, "qa_eval.jsonl")
     _write_jsonl(tmp_qa[0], train_rows)
@@ -146,7 +162,10 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
 
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from openrlhf_search.local.warmstart import scripted_trajectory, sft_warmstart
+    from openrlhf_search.agent import SearchAgentExecutor
+    from openrlhf_search.config import SearchConfig
+    from openrlhf_search.local.experience import Trajectory
+    from openrlhf_search.local.warmstart import scripted_turns, sft_warmstart
 
     config = Qwen2Config(vocab_size=len(tokenizer), max_position_embeddings=4096, tie_word_embeddings=True,
                          bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
@@ -156,12 +175,23 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     rendered = [json.loads(line) for line in open(paths["train_data"], encoding="utf-8")]
+    # the documents block exactly as the executor builds it in a rollout (tags and passages tokenised apart)
+    executor = SearchAgentExecutor(SearchConfig(protocol=protocol, max_obs_tokens=WARMSTART["obs_tokens"]),
+                                   retrieval_client=object())
+    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     trajs = []
     for row, qa in list(zip(rendered, train_rows))[: WARMSTART["examples"]]:
-        support = [passages[i] for i in qa.get("supporting_ids", []) if i in passages] or [next(iter(passages.values()))]
-        trajs.append(scripted_trajectory(row["prompt"], qa["question"], qa["golden_answers"][0],
-                                         support[: WARMSTART["passages"]], proto, tokenizer,
-                                         max_obs_tokens=WARMSTART["obs_tokens"]))
+        support = [passages[i] for i in qa["supporting_ids"] if i in passages]
+        if not support:
+            raise RuntimeError(f"no supporting passage of {qa['id']} in {data.corpus_path}")
+        first, _ = scripted_turns(row["prompt"], qa["question"], qa["golden_answers"][0], proto)
+        p_ids, a1 = enc(row["prompt"]), enc(first)
+        docs = executor.observation_tokens(support[: WARMSTART["passages"]], tokenizer)
+        s1, s2 = len(p_ids), len(p_ids) + len(a1) + len(docs)
+        for close_think in (True, False):  # both styles for every question: a 50/50 choice, not a per-prompt one
+            a2 = enc(answer_turn(proto, row["prompt"], qa["golden_answers"][0], close_think))
+            trajs.append(Trajectory(tokens=p_ids + a1 + docs + a2,
+                                    action_ranges=[(s1, s1 + len(a1)), (s2, s2 + len(a2))], reward=0.0, group=0))
     sft_warmstart(model, trajs, tokenizer.pad_token_id, WARMSTART["steps"], WARMSTART["lr"], WARMSTART["batch_size"],
                   seed=seed, progress=progress)
     model.eval()
@@ -227,7 +257,6 @@ def run_train(argv: List[str], log_path: str, timeout_s: float, probe_dir: Optio
 
     The whole session (driver, local Ray, every actor and vLLM engine process) is killed when the run ends, fails or
     passes ``timeout_s`` (then the return code is -9), so nothing outlives it. Output goes to ``log_path``."""
-    import signal
     import subprocess
     import time
 

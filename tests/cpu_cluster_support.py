@@ -150,7 +150,7 @@ def flat_samples(record: dict) -> List[dict]:
                  "index": exp["index"][r], "reward": float(exp["rewards"][r]),
                  "failed": float(exp["info"].get("retrieval_failed", torch.zeros(len(exp["sequences"])))[r]) > 0.5}
             for key in ("action_mask", "action_log_probs", "base_action_log_probs", "values", "returns",
-                        "advantages"):
+                        "advantages", "kl"):
                 v = exp.get(key)
                 s[key] = None if v is None else v[r][pos]
             s["info"] = {k: float(v.reshape(-1)[r]) for k, v in exp["info"].items()
