@@ -14,8 +14,12 @@ tokens are not decisions of the policy, so the MDP's time steps are the action t
   prompt group, with exactly OpenRLHF 0.11.2's definitions (``compute_advantages_and_returns``): ``group_norm``
   (GRPO, arXiv 2402.03300), ``reinforce_baseline`` (REINFORCE++ baseline, arXiv 2501.03262; also ``dr_grpo``),
   ``rloo`` (arXiv 2402.14740) and ``reinforce`` (no baseline). It adds a ``valid`` mask so samples left out of
-  training (a failed retrieval) do not move their group's statistics.
-* :func:`masked_whiten` normalises advantages over action tokens only (OpenRLHF's ``masked_normalize``).
+  training (a failed retrieval) do not move their group's statistics. Two guards against float residue
+  (issue 18 item 2; OpenRLHF 0.11.2 has neither): a group whose rewards are equal within :func:`equal_within_tol`
+  gets exactly 0 under every baselined estimator, and ``group_norm`` divides by the group std only when it is at
+  least :data:`GROUP_NORM_STD_FLOOR`.
+* :func:`masked_whiten` normalises advantages over action tokens only (OpenRLHF's ``masked_normalize``); equal
+  entries whiten to exactly 0.
 """
 
 from typing import Optional, Tuple
@@ -27,8 +31,47 @@ from openrlhf.models.utils import masked_normalize
 
 GROUP_ESTIMATORS = ("group_norm", "reinforce_baseline", "dr_grpo", "rloo", "reinforce")
 
-# OpenRLHF 0.11.2 divides by (std + 1e-9) for group_norm; kept identical so both paths agree to the bit.
+# OpenRLHF 0.11.2 divides by (std + 1e-9) for group_norm; kept identical so both paths agree to the bit
+# whenever the group std is at least GROUP_NORM_STD_FLOOR.
 GROUP_NORM_EPS = 1e-9
+
+# Rewards (or advantages) count as equal when their spread max - min is at most EQUAL_ATOL + EQUAL_RTOL * max|x|.
+# Why: equal float32 values that cannot be represented exactly (0.8, -1.2, 0.2: R1-Searcher's F1 and format
+# rewards) leave a mean residue of ~1 ulp (6e-8 for eight 0.8s). OpenRLHF's group_norm divides that residue by a
+# std of ~1e-8, which passes its 1e-9 guard: eight 0.8s got -0.921 each (issue 18 item 2). 1e-6 relative is ~8
+# float32 ulps (2^-23 = 1.2e-7), enough for the same value reached by two float paths, far below any reward
+# difference that means something; the absolute part covers rewards near 0.
+EQUAL_RTOL = 1e-6
+EQUAL_ATOL = 1e-6
+
+# group_norm leaves a group unnormalised (r - mean) when its unbiased std is below this floor: the floor NVIDIA
+# NeMo-RL chose for the same fp32-residue fault (PR #4161, "STD_FLOOR = 1e-3 (rewards are O(1); a genuine std
+# below that carries no usable signal). Groups under the floor keep the unnormalized reward - baseline").
+# Without it a spread just above the equality tolerance would still be blown up to +-1 by the division.
+GROUP_NORM_STD_FLOOR = 1e-3
+
+
+def equal_within_tol(values: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Whether the masked entries of ``values`` are all equal within float tolerance, along ``dim``.
+
+    Equal means ``max - min <= EQUAL_ATOL + EQUAL_RTOL * max|x|`` over the masked entries (see the constants for
+    why). The spread of identical floats is exactly 0, so identical inputs are always equal however many there are.
+
+    Args:
+        values: float tensor, e.g. [G, n] rewards of G prompt groups.
+        mask: same shape, nonzero/True on the entries that count.
+        dim: the dimension reduced.
+
+    Returns:
+        bool tensor with ``dim`` kept as size 1; True also where fewer than two entries are masked.
+    """
+    m = mask.to(torch.bool)
+    big = torch.finfo(values.dtype).max
+    hi = torch.where(m, values, torch.full_like(values, -big)).amax(dim, keepdim=True)
+    lo = torch.where(m, values, torch.full_like(values, big)).amin(dim, keepdim=True)
+    scale = torch.where(m, values.abs(), torch.zeros_like(values)).amax(dim, keepdim=True)
+    spread = (hi - lo).clamp(min=0)
+    return (spread <= EQUAL_ATOL + EQUAL_RTOL * scale) | (m.sum(dim, keepdim=True) < 2)
 
 
 def _check_same_shape(**tensors: torch.Tensor) -> None:
@@ -131,13 +174,17 @@ def group_baseline_rewards(
     """Baseline-subtracted outcome rewards within prompt groups (OpenRLHF 0.11.2 definitions).
 
     ``rewards`` holds ``group_size`` consecutive samples per prompt. Per group with rewards r_1..r_n:
-        group_norm:          (r_i - mean) / (std + 1e-9), std unbiased (GRPO, DeepSeekMath eq. 3)
+        group_norm:          (r_i - mean) / (std + 1e-9), std unbiased (GRPO, DeepSeekMath eq. 3);
+                             r_i - mean when std < GROUP_NORM_STD_FLOOR (1e-3, NeMo-RL PR #4161)
         reinforce_baseline:  r_i - mean (REINFORCE++-baseline); ``dr_grpo`` is the same shaping
         rloo:                r_i - (sum_{j != i} r_j) / (n - 1)
         reinforce:           r_i (no baseline)
-    With ``valid`` given, the statistics use the valid samples of each group only (n = number valid) and invalid
-    samples get 0. A group with a single valid sample gets 0 for the baselined estimators (no baseline can be
-    formed, as OpenRLHF refuses n_samples_per_prompt = 1 for them).
+    A group whose valid rewards are equal within :func:`equal_within_tol` (spread <= 1e-6 + 1e-6 * max|r|) gets
+    exactly 0 under every baselined estimator: such a group says nothing about which sample was better, and the
+    float32 mean of equal values that are not dyadic (0.8, -1.2, 0.2) leaves a residue that group_norm would
+    otherwise divide up to ~1 (issue 18 item 2). With ``valid`` given, the statistics use the valid samples of each
+    group only (n = number valid) and invalid samples get 0. A group with a single valid sample gets 0 for the
+    baselined estimators (no baseline can be formed, as OpenRLHF refuses n_samples_per_prompt = 1 for them).
 
     Args:
         rewards: [N] float, N a multiple of group_size.
@@ -178,10 +225,48 @@ def group_baseline_rewards(
         mean = total / n.clamp(min=1)
         out = g - mean
         if estimator == "group_norm":
-            var = (((g - mean) * m) ** 2).sum(-1, keepdim=True) / (n - 1).clamp(min=1)
-            out = out / (var.sqrt() + GROUP_NORM_EPS)
-    out = torch.where((m > 0) & (n > 1), out, torch.zeros_like(out))
+            std = ((((g - mean) * m) ** 2).sum(-1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
+            out = torch.where(std >= GROUP_NORM_STD_FLOOR, out / (std + GROUP_NORM_EPS), out)
+    informative = (m > 0) & (n > 1) & ~equal_within_tol(g, m)
+    out = torch.where(informative, out, torch.zeros_like(out))
     return out.reshape(-1)
+
+
+@torch.no_grad()
+def zero_padded_group_norm(rewards: torch.Tensor, group_size: int, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """R1-Searcher's released Llama stage-1 ``group_norm``: each prompt's samples normalised in two rows of
+    ``group_size`` values, ``group_size / 2`` of its samples and as many zeros.
+
+    Why that shape: ``train/reward_server_llama_stage1.py:226`` returns ``[score, 0]`` per sample, the vendored
+    ``train_ppo_ray.py:21-22`` ``reward_fn`` keeps the [M, 2] tensor, and ``experience_maker.py:564-567`` normalises
+    the concatenated [N, 2] rewards with ``reshape(-1, n_samples_per_prompt)`` (rows of 16 values = 8 consecutive
+    samples' scores and their 8 zeros, ``std`` unbiased, ``+ 1e-9``); with ``--micro_rollout_batch_size 1``
+    (``scripts/llama_reinforce_plus_train_stage1.sh:58``) each sample's reward is the first value of its own pair
+    (``models/utils.py:74-77``), its normalised score. A group whose 8 samples all score s > 0 gets
+    s / 2 / std([s] * 8 + [0] * 8) = +0.968 each instead of 0.
+
+    Args:
+        rewards: [N] float, ``group_size`` consecutive samples per prompt (prompt order), N a multiple of it.
+        group_size: samples per prompt; even.
+        valid: optional [N] bool; invalid samples get 0 and leave their row (its zeros stay).
+    Returns:
+        [N] float32 (or wider) shaped rewards.
+    Raises:
+        ValueError: odd ``group_size``, N not a multiple of it, non-finite rewards among the valid samples.
+    """
+    if group_size < 2 or group_size % 2:
+        raise ValueError(f"zero-padded group_norm needs an even group size, got {group_size}")
+    base = group_baseline_rewards(rewards, group_size, "reinforce", valid=valid)  # checks, zeroes invalid samples
+    dtype = base.dtype
+    half = group_size // 2
+    ok = torch.ones_like(base, dtype=torch.bool) if valid is None else valid.to(torch.bool).reshape(base.shape)
+    g = base.reshape(-1, half)
+    m = ok.reshape(-1, half).to(dtype)
+    n = m.sum(-1, keepdim=True) + half  # the row's valid samples and its zeros
+    mean = (g * m).sum(-1, keepdim=True) / n
+    var = ((((g - mean) * m) ** 2).sum(-1, keepdim=True) + half * mean ** 2) / (n - 1)
+    out = (g - mean) / (var.sqrt() + GROUP_NORM_EPS)
+    return torch.where(m > 0, out, torch.zeros_like(out)).reshape(-1)
 
 
 @torch.no_grad()
@@ -189,7 +274,10 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, scale: bool = True, eps: 
     """Whiten ``x`` with the mean and (population) variance of its masked entries, all entries pooled.
 
     This is the advantage normalisation of OpenRLHF's ``compute_advantages_and_returns`` restricted to action
-    tokens (via OpenRLHF's ``masked_normalize``); entries outside the mask become 0.
+    tokens (via OpenRLHF's ``masked_normalize``); entries outside the mask become 0. When the masked entries are
+    all equal within :func:`equal_within_tol` the result is exactly 0: their float mean leaves a residue of ~1 ulp,
+    which the variance floor ``eps`` would scale by 1/sqrt(eps) = 1e4 (eight 0.8s whitened to -6e-4 each; issue 18
+    item 2).
 
     Args:
         x: any shape, e.g. [B, T] advantages.
@@ -198,7 +286,7 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, scale: bool = True, eps: 
         eps: variance floor.
 
     Returns:
-        Tensor of x's shape, float32 or wider. All zeros when the mask is empty.
+        Tensor of x's shape, float32 or wider. All zeros when the mask is empty or its entries are equal.
 
     Raises:
         ValueError: shapes differ.
@@ -208,6 +296,8 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, scale: bool = True, eps: 
     dtype = torch.promote_types(x.dtype, torch.float32)
     flat = x.reshape(1, -1).to(dtype)
     m = mask.reshape(1, -1).to(dtype)
+    if equal_within_tol(flat, m).all():
+        return torch.zeros(x.shape, dtype=dtype, device=x.device)
     if scale:
         out = masked_normalize(flat, m, dim=1, eps=eps)
     else:

@@ -15,6 +15,14 @@ named ``AgentExecutor``), so the configuration comes from ``SearchConfig.from_en
 A sample whose retrieval fails past the client's retry budget is marked ``extra_logs["retrieval_failed"] = 1.0``
 with reward 0.0 and ends there: it must be dropped by the experience maker, never trained on as if the search had
 returned nothing.
+
+A query the retriever refuses (``QueryRejected``: the server answered, it found this one query bad; issue 18 item
+3) is the policy's own doing, not an outage: the sample is kept and trained on, the turn gets an empty documents
+block (the observation a blank query or a query without any matching passage gets, so the policy can search again
+or answer), and it is counted in ``extra_logs["rejected_queries"]`` (not in ``valid_searches``). The client already
+cuts a query to the server's advertised length and replaces characters UTF-8 cannot carry, so with our server a
+rejection is rare; marking it ``retrieval_failed`` instead would hide a policy that writes malformed queries from
+training, and at more than ``--search.max_failed_fraction`` of a batch stop the run.
 """
 
 import logging
@@ -27,14 +35,15 @@ from openrlhf.utils.agent import AgentExecutorBase
 from openrlhf_search.config import ConfigError, SearchConfig
 from openrlhf_search.metrics import parse_golds
 from openrlhf_search.protocol import Protocol, get_protocol
-from openrlhf_search.retrieval_client import RetrievalClient, RetrievalError, start_retrieval_trace
+from openrlhf_search.retrieval_client import QueryRejected, RetrievalClient, RetrievalError, start_retrieval_trace
+from openrlhf_search.types import Action
 
 logger = logging.getLogger(__name__)
 
 # Keys of ``extra_logs`` written by the executor itself (reward components are added next to them).
 ROLLOUT_LOG_KEYS = ("turns", "valid_searches", "queries", "answer_present", "truncated", "context_full",
                     "retrieval_failures", "retrieval_failed", "response_tokens", "obs_tokens", "invalid_actions",
-                    "retrieval_failovers")
+                    "retrieval_failovers", "rejected_queries")
 
 
 class SearchAgentExecutor(AgentExecutorBase):
@@ -62,6 +71,8 @@ class SearchAgentExecutor(AgentExecutorBase):
             raise ConfigError(f"search config: unknown reward_scheme {self.config.reward_scheme!r}; "
                               f"known: {sorted(REWARD_SCHEMES)}")
         self.protocol = protocol if protocol is not None else get_protocol(self.config.protocol)
+        if self.config.passage_format or self.config.query_cleaning:  # ConfigError on a name the protocol lacks
+            self.protocol = self.protocol.with_options(self.config.passage_format, self.config.query_cleaning)
         self.client = retrieval_client if retrieval_client is not None else RetrievalClient.from_config(self.config)
         self._token_cache: Dict[Tuple[int, str], List[int]] = {}
 
@@ -85,16 +96,23 @@ class SearchAgentExecutor(AgentExecutorBase):
         return ids
 
     def observation_tokens(self, passages, tokenizer) -> List[int]:
-        """Token ids of one documents block, at most ``config.max_obs_tokens`` long.
+        """Token ids of one documents block, at most ``config.max_obs_tokens`` long (no cap when it is None).
 
-        ``doc_open``, the passages body and ``doc_close`` are tokenised separately; only the body is cut (at a token
-        boundary that does not split a character), so the closing tag is always kept. When the tags alone exceed the
-        cap the body is empty. Returns list[int].
+        ``obs_cut`` "body": ``doc_open``, the passages body and ``doc_close`` are tokenised separately; only the body
+        is cut (at a token boundary that does not split a character), so the closing tag is always kept; when the
+        tags alone exceed the cap the body is empty. "block": the whole block is tokenised as one string and its
+        first ``max_obs_tokens`` tokens are kept, closing tag or not (Search-R1's released cut). Returns list[int].
         """
+        cap = self.config.max_obs_tokens
+        if self.config.obs_cut == "block":
+            ids = self._encode(tokenizer, self.protocol.render_documents(passages))
+            return ids if cap is None else ids[:cap]
         open_ids = self._encode_cached(tokenizer, self.protocol.doc_open)
         close_ids = self._encode_cached(tokenizer, self.protocol.doc_close)
         body_ids = self._encode(tokenizer, self.protocol.format_passages(passages))
-        room = max(0, self.config.max_obs_tokens - len(open_ids) - len(close_ids))
+        if cap is None:
+            return open_ids + body_ids + close_ids
+        room = max(0, cap - len(open_ids) - len(close_ids))
         if len(body_ids) > room:
             body_ids = body_ids[:room]
             # do not end on half a UTF-8 character (the model would read a replacement char)
@@ -193,12 +211,22 @@ class SearchAgentExecutor(AgentExecutorBase):
             parsed = proto.parse_action(hf_tokenizer.decode(action, skip_special_tokens=False))
             if parsed.kind == "answer":
                 break
+            query = proto.clean_query(parsed.content) if parsed.kind == "query" else ""
+            if parsed.kind == "query" and not query:  # nothing left to search for: invalid, as released
+                parsed = Action("invalid", "query empty after cleaning")
             if parsed.kind == "query":
                 logs["queries"] += 1
                 if turn == cfg.max_turns - 1:
                     break  # no generation call left to read the documents
+                rejected = False
                 try:
-                    passages = await self.client.search(parsed.content)
+                    passages = await self.client.search(query)
+                except QueryRejected as e:  # the query is at fault, not the retriever: empty block, sample kept
+                    rejected = True
+                    passages = []
+                    logs["rejected_queries"] += 1
+                    logger.info("retriever refused a query of the policy; the turn gets an empty documents block "
+                                "(sample kept): %s", e)
                 except RetrievalError as e:
                     failed = True
                     logs["retrieval_failures"] += 1
@@ -225,7 +253,7 @@ class SearchAgentExecutor(AgentExecutorBase):
             obs_tokens += len(env_ids)
             if want_logprobs:
                 log_probs.extend([0.0] * len(env_ids))
-            if parsed.kind == "query":
+            if parsed.kind == "query" and not rejected:
                 logs["valid_searches"] += 1
 
         response_text = self._decode_response(hf_tokenizer, tokens[prompt_len:])

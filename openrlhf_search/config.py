@@ -46,10 +46,29 @@ class SearchConfig:
         max_turns: maximum model turns (generation calls) per trajectory. Search-R1 uses 4; R1-Searcher allows up
             to 8 retrievals.
         max_new_tokens_per_turn: cap on tokens generated in one turn. 500 in Search-R1.
-        max_obs_tokens: cap on tokens of one retrieved-documents block; passages are cut, the closing tag kept.
-            500 in Search-R1.
+        max_obs_tokens: cap on tokens of one retrieved-documents block (cut as ``obs_cut`` says); None or 0: no
+            cap, the block is appended whole (R1-Searcher's released rollout loop,
+            ``OpenRLHF-RAG/openrlhf/trainer/ppo_utils/experience_maker.py:1196-1207``, and eval,
+            ``evaluation/eval_search_loacl.py:275-285``). 500 in Search-R1 (``max_obs_length``). 0 is stored as None.
+        obs_cut: how a block over ``max_obs_tokens`` is cut. "body" (default): the passages are cut and the closing
+            tag kept, so the policy always sees a closed block. "block": the first ``max_obs_tokens`` tokens of the
+            whole block, tokenised as one string, closing tag included in what can be cut (Search-R1's released
+            ``_process_next_obs``, ``search_r1/llm_agent/generation.py:80-89``, over the block of line 391).
+        passage_format: how the protocol writes one passage; "" = the protocol's default. R1-Searcher: "kilt"
+            (default, ``(i)Title   text``: its KILT TSV line, ``wiki_corpus_index_bulid/split_kilt_to_100.py:47``) or
+            "hotpotqa_abstracts" (``(i)Title: T Text:  abstract``, the HotpotQA 2017 abstracts TSV line its released
+            training serves, TSV-quoted as that file is; ``Protocol.passage_formats``).
+        query_cleaning: what the protocol does to a query before retrieval; "" = nothing beyond stripping.
+            R1-Searcher: "r1searcher_train" (double quotes removed, whitespace collapsed: the released rollout loop,
+            ``experience_maker.py:1143-1145``) or "r1searcher_eval" (quotes, tabs and "..." removed:
+            ``evaluation/eval_search_loacl.py:227-228``); ``Protocol.query_cleanings``.
+        group_norm_zero_pad: with ``--algo.advantage.estimator group_norm``, normalise each prompt's samples in rows
+            of n_samples_per_prompt values holding n/2 of its samples and n/2 zeros, as R1-Searcher's released Llama
+            stage 1 did (its reward server returns ``[score, 0]`` per sample,
+            ``train/reward_server_llama_stage1.py:226``; ``openrlhf_search.advantages.zero_padded_group_norm``).
         max_query_chars: queries longer than this are cut before retrieval (characters). Default 1000.
-        retrieval_timeout_s: timeout of one HTTP request to the retriever, seconds. Default 30.
+        retrieval_timeout_s: wall-clock deadline of one request attempt to the retriever (sending to the parsed
+            answer; a server that keeps dribbling bytes is cut off at it), seconds. Default 30.
         retrieval_max_retries: retries of a failed request (with exponential backoff) before the samples waiting on
             it are marked failed. Default 4.
         retrieval_backoff_s: first backoff delay in seconds, doubled on each retry. Default 0.5.
@@ -70,7 +89,7 @@ class SearchConfig:
     topk: int = 3
     max_turns: int = 8
     max_new_tokens_per_turn: int = 500
-    max_obs_tokens: int = 500
+    max_obs_tokens: Optional[int] = 500
     max_query_chars: int = 1000
     retrieval_timeout_s: float = 30.0
     retrieval_max_retries: int = 4
@@ -80,14 +99,21 @@ class SearchConfig:
     reward_scheme: str = "r1searcher_stage2"
     answer_max_words: int = 10
     stop_at_answer: bool = True
+    obs_cut: str = "body"
+    passage_format: str = ""
+    query_cleaning: str = ""
+    group_norm_zero_pad: bool = False
 
     def __post_init__(self):
         self.validate()
 
     def validate(self) -> "SearchConfig":
         """Check every field; raises ConfigError naming the first bad field."""
-        positive_ints = ["topk", "max_turns", "max_new_tokens_per_turn", "max_obs_tokens", "max_query_chars",
-                         "max_batch_queries", "answer_max_words"]
+        if self.max_obs_tokens == 0 and not isinstance(self.max_obs_tokens, bool):
+            self.max_obs_tokens = None  # 0 on the command line: no cap
+        positive_ints = ["topk", "max_turns", "max_new_tokens_per_turn", "max_query_chars",
+                         "max_batch_queries", "answer_max_words"] + (["max_obs_tokens"] if self.max_obs_tokens
+                                                                      is not None else [])
         for name in positive_ints:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -104,6 +130,14 @@ class SearchConfig:
             raise ConfigError(f"search config: retrieval_max_retries must be >= 0, got {self.retrieval_max_retries!r}")
         if not isinstance(self.stop_at_answer, bool):
             raise ConfigError(f"search config: stop_at_answer must be true or false, got {self.stop_at_answer!r}")
+        if not isinstance(self.group_norm_zero_pad, bool):
+            raise ConfigError(f"search config: group_norm_zero_pad must be true or false, "
+                              f"got {self.group_norm_zero_pad!r}")
+        if self.obs_cut not in ("body", "block"):
+            raise ConfigError(f"search config: obs_cut must be 'body' or 'block', got {self.obs_cut!r}")
+        for name in ("passage_format", "query_cleaning"):  # the protocol checks the names (Protocol.with_options)
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"search config: {name} must be a name, got {getattr(self, name)!r}")
         if self.chat_template is not None and not isinstance(self.chat_template, bool):  # "false" is truthy
             raise ConfigError(f"search config: chat_template must be true, false or null, got {self.chat_template!r}")
         if isinstance(self.retriever_urls, str):

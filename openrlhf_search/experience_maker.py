@@ -18,7 +18,9 @@ What changes against OpenRLHF 0.11.2 (everything else, model forwards included, 
 * **Trajectory length = tokens the policy sampled** (issue 10 item 2): OpenRLHF measures ``response_length`` from
   the first to the last action token, so retrieved passages between them count; here it is the action-mask sum,
   set on every sample before the length penalties (``--reward.overlong_buffer_len``) and the
-  ``rollout/response_length_mean`` log read it (:func:`sampled_lengths`).
+  ``rollout/response_length_mean`` log read it (:func:`sampled_lengths`). The overlong penalty measures it against
+  the trajectory's budget ``--search.max_turns x --search.max_new_tokens_per_turn``, not the per-turn
+  ``--rollout.max_new_tokens`` (issue 18 item 5; :mod:`openrlhf_search.length_penalty`).
 * **Dynamic filtering on the training reward's spread** (:class:`SearchSamplesGenerator`): a prompt group is kept
   when at least two of its samples have a successful retrieval and their training rewards differ; failed samples
   never enter the decision.
@@ -42,7 +44,8 @@ from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from openrlhf.utils.logging_utils import init_logger
 
-from openrlhf_search.advantages import group_baseline_rewards, masked_gae, masked_whiten
+from openrlhf_search.advantages import group_baseline_rewards, masked_gae, masked_whiten, zero_padded_group_norm
+from openrlhf_search.length_penalty import args_with_overlong_budget
 
 logger = init_logger(__name__)
 
@@ -327,7 +330,7 @@ class SearchExperienceMaker(RemoteExperienceMaker):
 
         for exp in experiences:
             exp.rewards = exp.rewards.to(torch.promote_types(exp.rewards.dtype, torch.float32))
-        apply_length_penalties(experiences, args)
+        apply_length_penalties(experiences, args_with_overlong_budget(args))  # L_max: all turns, not one
 
         # Back to prompt order so that groups are contiguous (micro-batches may cut across groups).
         exp_len = [len(exp.index) for exp in experiences]
@@ -349,7 +352,9 @@ class SearchExperienceMaker(RemoteExperienceMaker):
             for exp, s in zip(experiences, stds):
                 exp.info["group_reward_std"] = s
 
-        if estimator in GROUP_BASELINE_ESTIMATORS:
+        if estimator == "group_norm" and getattr(getattr(args, "search", None), "group_norm_zero_pad", False):
+            shaped = zero_padded_group_norm(rewards, n, valid=valid)  # R1-Searcher's released Llama stage 1
+        elif estimator in GROUP_BASELINE_ESTIMATORS:
             shaped = group_baseline_rewards(rewards, n, estimator, valid=valid)
         elif estimator == "flash_reinforce":
             mean = rewards[valid].mean() if valid.any() else rewards.new_zeros(())

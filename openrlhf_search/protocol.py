@@ -34,6 +34,7 @@ __all__ = [
     "PROTOCOLS",
     "register_protocol",
     "get_protocol",
+    "engine_prompt",
 ]
 
 
@@ -88,6 +89,36 @@ class Protocol(ABC):
     default_chat: bool = False
     prompt_opens_think: bool = False
     role_markers: Tuple[str, ...] = ("<|im_start|>", "<|start_header_id|>", "User:", "Assistant:")
+    #: passage renderings :meth:`format_passage` knows (``SearchConfig.passage_format``); the first is the default
+    passage_formats: Tuple[str, ...] = ()
+    #: query cleanings :meth:`clean_query` knows (``SearchConfig.query_cleaning``) besides "" (none)
+    query_cleanings: Tuple[str, ...] = ()
+    #: this instance's choices ("" = the defaults); set through :meth:`with_options`
+    passage_format: str = ""
+    query_cleaning: str = ""
+
+    def with_options(self, passage_format: str = "", query_cleaning: str = "") -> "Protocol":
+        """A copy of this protocol that writes passages as ``passage_format`` and cleans queries as
+        ``query_cleaning`` ("" keeps the defaults).
+
+        Raises:
+            ConfigError: a name this protocol does not know (the message lists the known ones).
+        """
+        import copy as _copy
+
+        if passage_format and passage_format not in self.passage_formats:
+            raise ConfigError(f"protocol {self.name}: unknown passage_format {passage_format!r}; known: "
+                              f"{list(self.passage_formats) or 'none (one fixed rendering)'}")
+        if query_cleaning and query_cleaning not in self.query_cleanings:
+            raise ConfigError(f"protocol {self.name}: unknown query_cleaning {query_cleaning!r}; known: "
+                              f"{list(self.query_cleanings) or 'none'}")
+        out = _copy.copy(self)
+        out.passage_format, out.query_cleaning = passage_format, query_cleaning
+        return out
+
+    def clean_query(self, query: str) -> str:
+        """The query as sent to the retriever (``query_cleaning``; default: unchanged). May return ""."""
+        return query
 
     # ------------------------------------------------------------------ tags
     @property
@@ -358,6 +389,53 @@ def get_protocol(name) -> Protocol:
     return cls()
 
 
+def _tsv_field(field: str) -> str:
+    """``field`` as a minimally quoted TSV cell (Python ``csv``, tab delimiter): quoted, inner quotes doubled, when it
+    holds a double quote, a tab or a line break; unchanged otherwise."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    csv.writer(buf, delimiter="\t", lineterminator="\n").writerow([field])
+    return buf.getvalue()[:-1]
+
+
+def engine_prompt(prompt: str, tokenizer) -> str:
+    """``prompt`` with the special tokens an inference engine adds when it tokenises a text prompt itself, written in
+    front as text, so that a tokenisation without special tokens (our executors, ``add_special_tokens=False``) gives
+    the token ids the engine would have used.
+
+    vLLM's ``LLM.generate(str)`` tokenises with ``add_special_tokens=True`` (``vllm/renderers/base.py:353`` of the
+    installed vllm 0.29: ``default_cmpl_tok_params``; the HF tokenizer default, as in the vLLM R1-Searcher ran):
+    Llama-3's tokenizer then puts ``<|begin_of_text|>`` in front, also when the text already starts with it (a
+    chat-rendered Llama-3.1 prompt, whose template writes ``bos_token``, gets two); Qwen's adds nothing. R1-Searcher
+    gives vLLM strings in training (``experience_maker.py:1107``) and eval (``eval_search_loacl.py:186``).
+
+    Args:
+        prompt: the rendered prompt text.
+        tokenizer: the policy's tokenizer; None: ``prompt`` unchanged (no engine tokens can be known).
+    Returns:
+        ``prefix + prompt`` (``prefix`` "" when the tokenizer adds nothing).
+    Raises:
+        ValueError: the tokenizer adds tokens after the text (not expressible as a prefix), or the prefix does not
+            tokenise back to the same ids.
+    """
+    if tokenizer is None:
+        return prompt
+    plain = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    full = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    if full == plain:
+        return prompt
+    k = len(full) - len(plain)
+    if k <= 0 or full[k:] != plain:
+        raise ValueError("protocol: the tokenizer adds special tokens after the prompt text; an engine prompt cannot "
+                         "be written as a prefix")
+    out = tokenizer.decode(full[:k], skip_special_tokens=False) + prompt
+    if list(tokenizer(out, add_special_tokens=False)["input_ids"]) != full:
+        raise ValueError(f"protocol: the engine's special tokens {full[:k]} do not tokenise back from their text")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------- R1-Searcher
 # Prompt text as released in R1-Searcher's OpenRLHF-RAG/openrlhf/datasets/prompts_dataset.py (verbatim).
 _R1_BASE_INSTRUCTIONS = (
@@ -419,7 +497,9 @@ class R1SearcherProtocol(Protocol):
     which applies no chat template); ``chat=True`` with it is refused.
     The question goes in as written (stripped); no "?" is added.
     Documents, as in their rollouts (checked against their Llama-3.1-8B Bamboogle trace):
-    ``<|end_of_query|>`` + ``\\n\\n<|begin_of_documents|>\\n(1)Title   text\\n(2)...\\n<|end_of_documents|>\\n\\n``.
+    ``<|end_of_query|>`` + ``\\n\\n<|begin_of_documents|>\\n(1)Title   text\\n(2)...\\n<|end_of_documents|>\\n\\n``
+    for KILT passages (``passage_format`` "kilt"), ``(1)Title: T Text:  abstract`` for the HotpotQA abstracts that
+    released training serves ("hotpotqa_abstracts"; :meth:`format_passage`).
     There is no environment message: an invalid turn ends the trajectory.
     """
 
@@ -432,6 +512,8 @@ class R1SearcherProtocol(Protocol):
     prompt_opens_think = True
     # Title and text are joined by three spaces in their retriever's passages (KILT 100-word chunks).
     title_separator = "   "
+    passage_formats = ("kilt", "hotpotqa_abstracts")
+    query_cleanings = ("r1searcher_train", "r1searcher_eval")
 
     def instructions(self) -> str:
         return _R1_CHAT_SYSTEM
@@ -454,11 +536,37 @@ class R1SearcherProtocol(Protocol):
         return f"{_R1_BASE_INSTRUCTIONS}\n\nUser:{question}\nAssistant: {self.think_open}"
 
     def format_passage(self, index: int, passage: Passage) -> str:
-        """``(i)Title   text\n``; newlines inside the passage become spaces (one passage per line)."""
+        """One passage line, as R1-Searcher's released client writes the corpus line its retriever returns (minus the
+        leading id: ``re.sub(r'^\\d+\\s+', '', doc)`` then ``f"({j+1}){doc_now}\\n"``,
+        ``OpenRLHF-RAG/openrlhf/trainer/ppo_utils/experience_maker.py:1200-1201``,
+        ``evaluation/eval_search_loacl.py:278-279``); newlines inside a passage become spaces (one passage per line).
+
+        ``passage_format``:
+            "kilt" (default): ``(i)Title   text`` (the KILT 100-word TSV line, ``split_kilt_to_100.py:47``);
+            "hotpotqa_abstracts": ``(i)Title: T Text:  abstract``, the line of the HotpotQA 2017 abstracts TSV that
+            released training serves (``train/wiki_corpus_load.py:55-56``, read whole at lines 12-16): the field is
+            TSV-quoted as that file is (in double quotes, inner quotes doubled, when it holds a double quote or a
+            tab: Python ``csv`` minimal quoting reproduces every one of the 12,270 abstract lines of R1-Searcher's
+            published HotpotQA traces, ``data/eval_results/hotpotqa_{llama,qwen}.jsonl``).
+        """
         text = " ".join(passage.text.split("\n")).strip()
         title = passage.title.strip()
+        if self.passage_format == "hotpotqa_abstracts":
+            return f"({index}){_tsv_field(f'Title: {title} Text:  {text}')}\n"
         body = f"{title}{self.title_separator}{text}" if title else text
         return f"({index}){body}\n"
+
+    def clean_query(self, query: str) -> str:
+        """``query_cleaning``: "r1searcher_train" removes double quotes, strips and collapses whitespace (the released
+        rollout loop, ``experience_maker.py:1143-1145``); "r1searcher_eval" removes double and single quotes, turns
+        tabs into spaces and removes "..." (``evaluation/eval_search_loacl.py:227-228``); "" leaves it unchanged.
+        The executor treats a query that cleans to "" as an invalid action, as both released loops end the
+        trajectory there (``experience_maker.py:1146,1161``; ``eval_search_loacl.py:229,242-251``)."""
+        if self.query_cleaning == "r1searcher_train":
+            return " ".join(query.replace('"', "").strip().split())
+        if self.query_cleaning == "r1searcher_eval":
+            return query.replace('"', "").replace("'", "").replace("\t", " ").replace("...", "")
+        return query
 
     def format_passages(self, passages: Sequence[Passage]) -> str:
         return "".join(self.format_passage(i + 1, p) for i, p in enumerate(passages))

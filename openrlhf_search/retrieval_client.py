@@ -19,6 +19,24 @@ Several endpoints (``--search.retriever_urls``) are used as one service that sur
 - failover: a failed request is sent again at once to a healthy endpoint it has not tried yet (this does not use
   the retry budget); only when none is left does it wait (exponential backoff) and retry, at most ``max_retries``
   times. Then every waiting ``search`` raises ``RetrievalError`` (the executor marks those samples failed).
+- deadlines (issue 18 item 4): every attempt (its ``/health`` limits look-up, the POST and reading the whole
+  answer) and every health probe ends after ``timeout_s`` / ``health_timeout_s`` of wall time, however the server
+  paces its bytes (httpx's own timeouts only bound the silence between two reads: a server dribbling one byte per
+  1.5 s held a search for 40 s). A timed-out attempt is a failure like a refused connection: breaker, failover.
+  One ``search`` therefore ends within about ``(len(urls) + max_retries) * timeout_s`` plus the backoffs.
+
+A query the server rejects fails alone (issue 18 item 3), never the queries coalesced with it:
+
+- the limits an endpoint advertises on ``GET /health`` (``limits.max_query_chars``, ``limits.max_queries``; read
+  once per endpoint before its first request, and again by every health probe) are applied before sending:
+  queries are cut to the server's length limit, batches split at its query count;
+- requests ask for per-query errors (``"per_query_errors": true``, our server's mode): a query the server still
+  refuses comes back with an error of its own and only its ``search`` raises :class:`QueryRejected`;
+- a server without that mode answers a bad query with a 4xx for the whole request: the batch is then halved and
+  re-sent until the rejected query is alone (a 413 is halved on any server), so the others get their passages;
+- a 4xx is the server working as designed: it never counts against the endpoint (no breaker, no failover, no
+  retry). A 4xx that is about the request itself (a topk above the server's maximum, from a server that has
+  per-query errors) is a configuration fault: every query of the request raises ``RetrievalError``.
 
 Failovers, breaker openings and health checks are counted in ``stats`` and logged (a warning when an endpoint is
 routed around, info when it is back); :func:`start_retrieval_trace` gives a rollout per-sample counts (the executor
@@ -44,8 +62,27 @@ class RetrievalError(RuntimeError):
     """The retriever could not answer within the retry budget (all endpoints down, timeouts, bad responses)."""
 
 
+class QueryRejected(RetrievalError):
+    """The retriever refused this one query (a per-query error, or a 4xx for a request holding it alone): the
+    query is at fault, not the service; the other queries coalesced with it were answered. A subclass of
+    ``RetrievalError`` so that callers that do not tell the two apart still see a failure."""
+
+
 class _BadRequest(Exception):
     """The server rejected the payload (HTTP 4xx other than 408/429): retrying cannot help."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+class _Split(Exception):
+    """Internal: send this batch as parts of at most ``size`` queries (an endpoint's limit, or halving a batch
+    that a server without per-query errors rejected)."""
+
+    def __init__(self, size: int):
+        super().__init__(size)
+        self.size = max(1, size)
 
 
 def passage_from_document(doc: dict, score=None) -> Passage:
@@ -123,6 +160,8 @@ class _Endpoint:
     in_flight: int = 0
     requests: int = 0
     failures: int = 0
+    limits: Optional[dict] = None  # what GET /health advertised ({} when nothing); None until read
+    per_query_errors: bool = False  # the server answers a bad query with its own error (our server's mode)
 
 
 @dataclass
@@ -134,6 +173,7 @@ class _LoopState:
     probes: set = field(default_factory=set)
     flush_handle: Optional[asyncio.TimerHandle] = None
     tasks: set = field(default_factory=set)
+    limit_reads: Dict[str, asyncio.Task] = field(default_factory=dict)  # url -> GET /health in flight
 
 
 class RetrievalClient:
@@ -142,7 +182,8 @@ class RetrievalClient:
     Args:
         urls: base URLs (``http://host:port``); ``/retrieve`` is appended.
         topk: default passages per query.
-        timeout_s: timeout of one HTTP request, seconds.
+        timeout_s: deadline of one request attempt, seconds of wall time from sending to the parsed answer (and
+            httpx's inactivity timeout inside it).
         max_retries: retries after a backoff, once a failed request has no healthy endpoint left that it has not
             tried. Failing over to an untried healthy endpoint is immediate and does not count: with four endpoints
             and ``max_retries=0`` a request survives three of them failing.
@@ -150,13 +191,15 @@ class RetrievalClient:
         coalesce_window_ms: how long the first pending query waits for others before the request goes out, ms.
             0 still coalesces the calls made in the same event-loop iteration.
         max_batch_queries: most queries in one request; a larger batch is split.
-        max_query_chars: queries are cut to this many characters (a runaway query must not reach the server whole).
+        max_query_chars: queries are cut to this many characters (a runaway query must not reach the server whole);
+            an endpoint that advertises a smaller ``limits.max_query_chars`` on ``/health`` gets them cut to that.
         failed_endpoint_cooldown_s: how long an endpoint whose breaker opened gets no request before its health is
             checked, seconds (default ``max(1, 4 * backoff_s)``); doubled after each failed check.
         breaker_failures: consecutive failed requests that open an endpoint's breaker (default 1: a refused
             connection or a timeout is rarely a one-off).
         max_cooldown_s: cap on the doubled cooldown, seconds.
-        health_timeout_s: timeout of one ``GET /health`` probe (default ``min(timeout_s, 5)``).
+        health_timeout_s: deadline of one ``GET /health`` (probe or limits look-up), seconds of wall time (default
+            ``min(timeout_s, 5)``).
 
     Attributes:
         stats: counters ``requests`` (HTTP attempts), ``queries`` (search calls), ``queries_sent`` (queries in
@@ -164,7 +207,11 @@ class RetrievalClient:
             once to another endpoint after a failure), ``retries`` (attempts after a backoff), ``errors`` (batches
             given up), ``breaker_opens``,
             ``breaker_closes``, ``health_checks``, ``health_check_failures``, ``truncated_queries``,
-            ``empty_queries``.
+            ``empty_queries``, ``sanitized_queries`` (characters UTF-8 cannot carry replaced), ``limit_reads``
+            (``GET /health`` for an endpoint's limits), ``server_cut_queries`` (queries cut to an endpoint's
+            advertised length, per attempt), ``rejected_requests`` (4xx answers), ``rejected_queries`` (searches
+            that raised :class:`QueryRejected`), ``splits`` (batches re-sent in parts), ``timeouts`` (attempts
+            or probes ended by their deadline).
     Raises:
         ValueError: no URL, or a count / duration out of range.
     """
@@ -200,7 +247,9 @@ class RetrievalClient:
         self._states: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState]" = weakref.WeakKeyDictionary()
         self.stats = {"requests": 0, "queries": 0, "queries_sent": 0, "failures": 0, "retries": 0, "failovers": 0,
                       "errors": 0, "breaker_opens": 0, "breaker_closes": 0, "health_checks": 0,
-                      "health_check_failures": 0, "truncated_queries": 0, "empty_queries": 0}
+                      "health_check_failures": 0, "truncated_queries": 0, "empty_queries": 0,
+                      "sanitized_queries": 0, "limit_reads": 0, "server_cut_queries": 0, "rejected_requests": 0,
+                      "rejected_queries": 0, "splits": 0, "timeouts": 0}
 
     @classmethod
     def from_config(cls, cfg) -> "RetrievalClient":
@@ -220,7 +269,8 @@ class RetrievalClient:
         Returns:
             list of at most ``topk`` ``Passage`` objects, best first.
         Raises:
-            RetrievalError: the request failed on every attempt.
+            QueryRejected: the server refused this query (the others sent with it are not affected).
+            RetrievalError: the request failed on every attempt (or the server refused the request as a whole).
         """
         self.stats["queries"] += 1
         query = self._clean(query)
@@ -255,9 +305,10 @@ class RetrievalClient:
         result = {}
         for url in self.urls:
             try:
-                response = await state.client.get(url + "/health", timeout=self.health_timeout_s)
+                response = await asyncio.wait_for(state.client.get(url + "/health", timeout=self.health_timeout_s),
+                                                  self.health_timeout_s)
                 result[url] = response.status_code == 200
-            except httpx.HTTPError:
+            except (httpx.HTTPError, TimeoutError):
                 result[url] = False
         return result
 
@@ -289,6 +340,11 @@ class RetrievalClient:
         if len(query) > self.max_query_chars:
             self.stats["truncated_queries"] += 1
             query = query[: self.max_query_chars]
+        try:
+            query.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: no server can read it back, replace it rather than fail
+            self.stats["sanitized_queries"] += 1
+            query = query.encode("utf-8", "replace").decode("utf-8")
         return query
 
     def _state(self, loop) -> _LoopState:
@@ -334,12 +390,66 @@ class RetrievalClient:
         state.probes.add(e.probe)
         e.probe.add_done_callback(state.probes.discard)
 
+    async def _get_health(self, state: _LoopState, e: _Endpoint) -> httpx.Response:
+        """``GET /health`` within ``health_timeout_s`` of wall time; learns the endpoint's limits from a 200.
+        Raises httpx.HTTPError or TimeoutError."""
+        try:
+            response = await asyncio.wait_for(state.client.get(e.url + "/health", timeout=self.health_timeout_s),
+                                              self.health_timeout_s)
+        except TimeoutError:
+            self.stats["timeouts"] += 1
+            raise TimeoutError(f"GET {e.url}/health took more than {self.health_timeout_s}s") from None
+        if response.status_code == 200 or e.limits is None:
+            self._learn_limits(e, response)
+        return response
+
+    @staticmethod
+    def _learn_limits(e: _Endpoint, response: httpx.Response) -> None:
+        body = None
+        if response.status_code == 200:
+            try:
+                body = response.json()
+            except ValueError:
+                body = None
+        limits = body.get("limits") if isinstance(body, dict) else None
+        e.limits = {k: v for k, v in limits.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0} \
+            if isinstance(limits, dict) else {}
+        e.per_query_errors = bool(isinstance(body, dict) and body.get("per_query_errors") is True)
+
+    async def _ensure_limits(self, state: _LoopState, e: _Endpoint) -> None:
+        """Read the endpoint's advertised limits once (concurrent requests share one look-up). A look-up that
+        cannot reach the endpoint raises, and so counts as the attempt's failure."""
+        if e.limits is not None:
+            return
+        task = state.limit_reads.get(e.url)
+        if task is None:
+            self.stats["limit_reads"] += 1
+            task = state.limit_reads[e.url] = asyncio.ensure_future(self._get_health(state, e))
+
+            def done(t, url=e.url):
+                if state.limit_reads.get(url) is t:
+                    del state.limit_reads[url]
+                if not t.cancelled():
+                    t.exception()  # retrieved: the attempts awaiting it may have met their own deadline first
+
+            task.add_done_callback(done)
+        await asyncio.shield(task)
+
+    def _fit(self, e: _Endpoint, queries: List[str]) -> List[str]:
+        """The queries cut to the endpoint's advertised ``max_query_chars``."""
+        limit = (e.limits or {}).get("max_query_chars")
+        if not limit:
+            return queries
+        cut = [q[:limit] for q in queries]
+        self.stats["server_cut_queries"] += sum(len(q) > limit for q in queries)
+        return cut
+
     async def _probe(self, state: _LoopState, e: _Endpoint) -> None:
         self.stats["health_checks"] += 1
         try:
-            response = await state.client.get(e.url + "/health", timeout=self.health_timeout_s)
+            response = await self._get_health(state, e)
             healthy, why = response.status_code == 200, f"HTTP {response.status_code}"
-        except httpx.HTTPError as err:
+        except (httpx.HTTPError, TimeoutError) as err:
             healthy, why = False, repr(err)
         if healthy:
             self._close_breaker(e, "health check passed")
@@ -402,24 +512,55 @@ class RetrievalClient:
 
     async def _run_batch(self, state: _LoopState, queries: List[str], topk: int, waiters: List[_Pending]):
         try:
-            results = await self._post_with_retries(state, queries, topk, waiters)
+            results = await self._resolve(state, queries, topk, waiters)
         except Exception as e:  # every waiter learns the failure; nothing hangs
             self.stats["errors"] += 1
             err = e if isinstance(e, RetrievalError) else RetrievalError(f"retrieval failed: {e!r}")
-            for item in waiters:
-                if not item.future.done():
-                    item.future.set_exception(err)
-            return
+            results = [err] * len(queries)
         by_query = dict(zip(queries, results))
         for item in waiters:
-            if not item.future.done():
-                item.future.set_result(list(by_query[item.query]))
+            if item.future.done():
+                continue
+            result = by_query[item.query]
+            if isinstance(result, BaseException):
+                if isinstance(result, QueryRejected):
+                    self.stats["rejected_queries"] += 1
+                item.future.set_exception(result)
+            else:
+                item.future.set_result(list(result))
+
+    async def _resolve(self, state: _LoopState, queries: List[str], topk: int, waiters: List[_Pending]) -> list:
+        """Per query, its passages or the exception its ``search`` raises. A batch an endpoint cannot take whole
+        (over its advertised ``max_queries``, or rejected with a 4xx by a server without per-query errors) is
+        re-sent in parts, concurrently; a part that fails gives its own queries the error, not the others."""
+        try:
+            return await self._post_with_retries(state, queries, topk, waiters)
+        except _Split as split:
+            size = split.size
+        self.stats["splits"] += 1
+        parts = [queries[i: i + size] for i in range(0, len(queries), size)]
+        outcomes = await asyncio.gather(
+            *(self._resolve(state, part, topk, [w for w in waiters if w.query in set(part)]) for part in parts),
+            return_exceptions=True)
+        results = []
+        for part, outcome in zip(parts, outcomes):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, Exception):  # cancellation and the like: not ours to swallow
+                    raise outcome
+                self.stats["errors"] += 1
+                err = outcome if isinstance(outcome, RetrievalError) else RetrievalError(
+                    f"retrieval failed: {outcome!r}")
+                results.extend([err] * len(part))
+            else:
+                results.extend(outcome)
+        return results
 
     async def _post_with_retries(self, state: _LoopState, queries: List[str], topk: int,
-                                 waiters: List[_Pending]) -> List[List[Passage]]:
+                                 waiters: List[_Pending]) -> list:
         """POST one batch; fail over to each untried healthy endpoint at once, then up to ``max_retries`` retries
-        after a backoff. Raises RetrievalError (4xx at once, else when the retries are spent)."""
-        payload = {"queries": queries, "topk": topk, "return_scores": True}
+        after a backoff. Returns per query its passages or a :class:`QueryRejected`. Raises RetrievalError when the
+        retries are spent or the server refused the request as a whole, ``_Split`` when the batch must go in
+        parts."""
         last_error = None
         tried: Set[str] = set()
         attempts = retries = 0
@@ -449,19 +590,41 @@ class RetrievalClient:
             endpoint.requests += 1
             endpoint.in_flight += 1
             try:
-                response = await state.client.post(url + "/retrieve", json=payload, timeout=self.timeout_s)
+                # one deadline for the whole attempt: httpx's timeout only bounds the silence between two reads
+                async with asyncio.timeout(self.timeout_s):
+                    await self._ensure_limits(state, endpoint)
+                    max_queries = (endpoint.limits or {}).get("max_queries")
+                    if max_queries and len(queries) > max_queries:
+                        raise _Split(max_queries)
+                    payload = {"queries": self._fit(endpoint, queries), "topk": topk, "return_scores": True,
+                               "per_query_errors": True}
+                    response = await state.client.post(url + "/retrieve", json=payload, timeout=self.timeout_s)
                 if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
-                    raise _BadRequest(f"{url} answered {response.status_code}: {response.text[:300]}")
+                    raise _BadRequest(f"{url} answered {response.status_code}: {response.text[:300]}",
+                                      response.status_code)
                 response.raise_for_status()
-                results = self._parse(response.json(), len(queries))
+                results = self._parse(response.json(), len(queries), url)
                 self.stats["queries_sent"] += len(queries)
                 self._record_success(endpoint)
                 return results
+            except _Split:
+                self.stats["requests"] -= 1  # nothing was sent
+                endpoint.requests -= 1
+                raise
             except _BadRequest as e:  # the endpoint is alive and answered: not a reason to route around it
-                self.stats["failures"] += 1
+                self.stats["rejected_requests"] += 1
                 self._record_success(endpoint)
-                raise RetrievalError(str(e)) from e
-            except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+                if len(queries) > 1 and (e.status == 413 or not endpoint.per_query_errors):
+                    logger.info("retriever %s rejected a request of %d queries (%s); re-sending it in halves so "
+                                "that only the rejected query fails", url, len(queries), e)
+                    raise _Split((len(queries) + 1) // 2) from e
+                if endpoint.per_query_errors:  # per-query faults come back per query: this one is the request's
+                    raise RetrievalError(f"retriever refused the request (not a query): {e}") from e
+                return [QueryRejected(f"retriever refused the query: {e}")]
+            except (httpx.HTTPError, ValueError, KeyError, TypeError, TimeoutError) as e:
+                if isinstance(e, TimeoutError):
+                    self.stats["timeouts"] += 1
+                    e = TimeoutError(f"no complete answer from {url} within the {self.timeout_s}s deadline")
                 self.stats["failures"] += 1
                 self._record_failure(endpoint, e, forced)
                 last_error = e
@@ -473,16 +636,25 @@ class RetrievalClient:
                              f"{self.urls}: {last_error!r}")
 
     @staticmethod
-    def _parse(body, n_queries: int) -> List[List[Passage]]:
-        """Parse ``{"result": [[{"document": {...}, "score": s}, ...], ...]}``; ValueError when malformed."""
+    def _parse(body, n_queries: int, url: str = "") -> list:
+        """Parse ``{"result": [[{"document": {...}, "score": s}, ...], ...], "errors": [null | str, ...]}``
+        (``errors`` optional): per query its passages, or a :class:`QueryRejected` where ``errors`` names one.
+        ValueError when malformed."""
         if not isinstance(body, dict) or "result" not in body:
             raise ValueError("retriever response has no 'result'")
         result = body["result"]
         if not isinstance(result, list) or len(result) != n_queries:
             raise ValueError(f"retriever returned {len(result) if isinstance(result, list) else '?'} result lists "
                              f"for {n_queries} queries")
+        errors = body.get("errors")
+        if errors is not None and (not isinstance(errors, list) or len(errors) != n_queries
+                                   or not all(e is None or isinstance(e, str) for e in errors)):
+            raise ValueError(f"retriever returned malformed per-query errors for {n_queries} queries")
         parsed = []
-        for hits in result:
+        for i, hits in enumerate(result):
+            if errors is not None and errors[i] is not None:
+                parsed.append(QueryRejected(f"retriever {url} refused the query: {errors[i]}"))
+                continue
             passages = []
             for hit in hits:
                 if isinstance(hit, dict) and "document" in hit:

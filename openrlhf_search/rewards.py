@@ -118,8 +118,22 @@ def check_format(response_text: str, protocol, answer_max_words: int = 10) -> Tu
     4. query tags strictly alternate open/close and every query is non-empty;
     5. every documents block directly follows a query (the model did not write documents itself), and the
        number of documents blocks equals the number of queries;
-    6. think tags alternate (counting the ``<think>`` the R1-Searcher prompt already opened), with at least one
-       ``</think>``, and the answer block comes after the last ``</think>``.
+    6. one reasoning block per reasoning phase, and the answer after the last one (issue 18 item 6: a repeated
+       ``</think> <think> again </think>`` passed before; huggingface/open-r1 #359 is the same hole):
+
+       - when the prompt opens the reasoning block (``protocol.prompt_opens_think``: R1-Searcher, whose retrievals
+         happen inside it), the model writes no ``<think>`` and exactly one ``</think>``: one reasoning block, as
+         R1-Searcher's released reward servers require (``reward_server_qwen_zero.py`` l. 219-224,
+         ``reward_server_llama_stage2.py`` l. 211-219, ``reward_server_llama_stage1.py`` l. 192-198);
+       - otherwise (Search-R1's tags, where each retrieval is followed by new reasoning) think tags alternate,
+         there is at least one ``</think>``, and a reasoning block opens only at the start or after a documents
+         block: two reasoning blocks with no retrieval between them are one phase written twice (Search-R1's
+         ``is_valid_sequence`` grammar, :func:`searchr1_valid_sequence`, has the same rule).
+
+    Differences from the released servers, which only count tags: this rule also checks the order (an answer
+    before ``</think>``, a documents block not preceded by a query, text after the answer, an empty answer) and
+    role markers only in the model's own text; it has no CJK rule. ``tests/test_released_rewards.py`` tabulates
+    each structural case under every scheme.
 
     Args:
         response_text: everything after the prompt.
@@ -180,15 +194,30 @@ def check_format(response_text: str, protocol, answer_max_words: int = 10) -> Tu
     if n_docs != n_queries:
         return False, f"{n_queries} queries but {n_docs} documents blocks"
 
-    alternates, closed = _tag_sequence_ok(model, proto.think_open, proto.think_close,
-                                          start_open=proto.prompt_opens_think)
-    if not alternates:
-        return False, "unbalanced think tags"
-    if not closed:
-        return False, "reasoning block not closed"
+    n_think_open, n_think_close = model.count(proto.think_open), model.count(proto.think_close)
+    if proto.prompt_opens_think:
+        if n_think_open:
+            return False, f"{proto.think_open} written by the model: the prompt opened the one reasoning block"
+        if n_think_close != 1:
+            return False, ("reasoning block not closed" if n_think_close == 0
+                           else f"{n_think_close} {proto.think_close} tags: expected one reasoning block")
+    else:
+        alternates, closed = _tag_sequence_ok(model, proto.think_open, proto.think_close)
+        if not alternates:
+            return False, "unbalanced think tags"
+        if not closed:
+            return False, "reasoning block not closed"
+        if not n_think_close:
+            return False, "no reasoning block"
+        # a reasoning block opens at the start of a model segment (the response, or right after a documents block)
+        for seg in segments:
+            if seg.kind == "model" and seg.text.count(proto.think_open) > 1:
+                return False, "repeated reasoning block without a retrieval in between"
+            if seg.kind == "model" and proto.think_open in seg.text:
+                before = seg.text[:seg.text.find(proto.think_open)]
+                if proto.think_close in before or proto.answer_open in before:
+                    return False, "repeated reasoning block without a retrieval in between"
     last_think_close = model.rfind(proto.think_close)
-    if last_think_close < 0:
-        return False, "no reasoning block"
     if a_open < last_think_close:
         return False, "answer before the end of reasoning"
     return True, ""
@@ -338,6 +367,20 @@ def _released_format_punishment(solution: str, proto: Protocol, answer_max_words
     return False, ""
 
 
+# The prompt tail at which each released server cuts the scored query (``get_qa``): the solution is what follows its
+# LAST occurrence, so a response that writes the tail itself (a new assistant turn) is scored from there on.
+_QWEN_SOLUTION_MARKER = "\nAssistant: <think>"  # reward_server_qwen_zero.py l. 150-154
+_LLAMA_SOLUTION_MARKER = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n<think>"  # llama_stage1.py
+# l. 122-125, llama_stage2.py l. 149-152
+
+
+def _released_solution(response_text: str, marker: str) -> str:
+    """The ``solution`` a released R1-Searcher reward server scores for ``response_text`` (the text after a prompt
+    that ends with ``marker``): ``(prompt + response).split(marker)[-1].strip()``. Trailing end-of-sequence strings
+    are removed first (their ``strip_sequence``; the one eos they append back changes no tag count)."""
+    return strip_end_of_turn(response_text or "").split(marker)[-1].strip()
+
+
 def _released_answer(solution: str, proto: Protocol) -> Tuple[bool, str]:
     finished = proto.answer_open in solution and proto.answer_close in solution
     # Their extractor: text after the last <answer>, up to the next </answer>.
@@ -356,7 +399,9 @@ def r1searcher_released_stage2(response_text: str, golds: List[str], protocol, a
     """R1-Searcher's released Qwen stage-2 reward, for parity: ``train/reward_server_qwen_zero.py``
     (RUCAIBox/R1-Searcher, ``MathRuleProxy.get_reward``, lines 163-268).
 
-    Reproduced exactly: the answer is the text after the last ``<answer>`` up to the next ``</answer>`` (l. 108-109);
+    Reproduced exactly: the scored solution is the response after the last ``"\nAssistant: <think>"`` (the prompt's
+    tail; l. 150-154, :func:`_released_solution`); the answer is the text after the last ``<answer>`` up to the next
+    ``</answer>`` (l. 109-110);
     the answer reward is token F1 under R1-Searcher's normalisation ("True"/"False" -> yes/no, ``_`` and punctuation
     replaced by spaces), max over golds, and 0 when ``<answer>`` or ``</answer>`` is missing (l. 183-196); then
     ``format_penalty`` (-2, l. 249-250) when any of these holds: the counts of ``<|begin_of_documents|>\\n``,
@@ -369,7 +414,7 @@ def r1searcher_released_stage2(response_text: str, golds: List[str], protocol, a
     """
     proto = get_protocol(protocol)
     _require_r1_tags(proto, "r1searcher_released_stage2")
-    solution = strip_end_of_turn(response_text or "").strip()
+    solution = _released_solution(response_text, _QWEN_SOLUTION_MARKER)
     finished, pred = _released_answer(solution, proto)
     f1 = f1_score(pred, golds, normalizer=r1searcher_normalize) if finished else 0.0
     punished, reason = _released_format_punishment(solution, proto, answer_max_words)
@@ -398,7 +443,8 @@ def r1searcher_released_llama_stage2(response_text: str, golds: List[str], proto
     """R1-Searcher's released Llama stage-2 reward, for parity: ``train/reward_server_llama_stage2.py``
     (RUCAIBox/R1-Searcher, ``MathRuleProxy.get_reward``, lines 162-251).
 
-    ``R = F1 - 1 if punished else F1``: F1 of the last answer block under R1-Searcher's normalisation (l. 62-88,
+    ``R = F1 - 1 if punished else F1`` over the solution after the last Llama-3 assistant header + ``<think>``
+    (l. 149-152, :func:`_released_solution`): F1 of the last answer block under R1-Searcher's normalisation (l. 62-88,
     183-185), 0 without ``<answer>``/``</answer>`` (l. 191-193); punished (-1, l. 226-227) when the seven
     documents/query tag counts are not all equal (l. 197-208, zero retrievals allowed), when the think/answer tag
     counts are not 0 ``<think>``, 1 ``</think>``, 1 ``<answer>``, 1 ``</answer>`` (l. 211-219), or when a CJK
@@ -408,7 +454,7 @@ def r1searcher_released_llama_stage2(response_text: str, golds: List[str], proto
     """
     proto = get_protocol(protocol)
     _require_r1_tags(proto, "r1searcher_released_llama_stage2")
-    solution = strip_end_of_turn(response_text or "").strip()
+    solution = _released_solution(response_text, _LLAMA_SOLUTION_MARKER)
     finished, pred = _released_answer(solution, proto)
     f1 = f1_score(pred, golds, normalizer=r1searcher_normalize) if finished else 0.0
     reason = ""
@@ -435,7 +481,8 @@ def r1searcher_released_stage1(response_text: str, golds: List[str], protocol,
     (RUCAIBox/R1-Searcher, ``MathRuleProxy.get_reward``, lines 135-227). Not the paper's stage-1 rule
     (``r1searcher_stage1``, which has no answer term).
 
-    ``R = A + D + T`` with
+    ``R = A + D + T`` over the solution after the last Llama-3 assistant header + ``<think>`` (l. 122-125,
+    :func:`_released_solution`), with
     - ``A`` = +1 when ``<answer>`` and ``</answer>`` are present and the last answer block covers a gold answer
       (Cover-EM, ``cover_exact_match_score_1``, R1-Searcher normalisation; l. 49-55, 156-158), else -1 (also -1
       without ``<answer>``/``</answer>``; l. 164-173);
@@ -451,7 +498,7 @@ def r1searcher_released_stage1(response_text: str, golds: List[str], protocol,
     """
     proto = get_protocol(protocol)
     _require_r1_tags(proto, "r1searcher_released_stage1")
-    solution = strip_end_of_turn(response_text or "").strip()
+    solution = _released_solution(response_text, _LLAMA_SOLUTION_MARKER)
     finished, pred = _released_answer(solution, proto)
     covered = finished and cover_em(pred, golds) > 0
     answer_term = 1.0 if covered else -1.0

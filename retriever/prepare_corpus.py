@@ -1,10 +1,18 @@
 """CLI + functions: turn a Wikipedia dump into the canonical passage corpus ``{"id","title","text","contents"}``.
 
-    python -m retriever.prepare_corpus --input X.jsonl --output Y.jsonl [--format kilt|wiki18|plain|auto]
+    python -m retriever.prepare_corpus --input X.jsonl --output Y.jsonl [--format kilt|hotpotqa_abstracts|wiki18|plain|auto]
 
 Formats:
 - ``kilt``: KILT knowledge-source pages ``{"wikipedia_title", "text": [paragraph, ...]}`` -> 100-word
   non-overlapping passages (R1-Searcher's recipe, ``wiki_corpus_index_bulid``), see ``chunk_kilt_page``;
+- ``hotpotqa_abstracts``: HotpotQA's 2017 Wikipedia abstracts (``enwiki-20171001-pages-meta-current-withlinks-
+  abstracts.tar.bz2`` from the HotpotQA site, the corpus R1-Searcher's released training retrieves from,
+  ``train/wiki_corpus_load.py:55-56``): the ``.tar.bz2`` itself, its unpacked folder (``AA/wiki_00.bz2``, ...) or a
+  jsonl of its rows ``{"title", "text": [sentence, ...]}`` -> one passage per article, the sentences joined by a
+  space (``" ".join``: HotpotQA's sentences after the first start with a space, which gives the double spaces of
+  R1-Searcher's passages, "Texas.  Nidal Hasan"), ids 0, 1, ... in dump order as in their TSV; an article without
+  text is skipped. ``openrlhf_search.protocol.R1SearcherProtocol`` with ``passage_format="hotpotqa_abstracts"``
+  writes each passage back as the released TSV line, ``(1)Title: T Text:  abstract``;
 - ``wiki18``: FlashRAG / Search-R1 rows ``{"id", "contents": "\"Title\"\ntext"}``, passed through;
 - ``plain``: ``{"id", "title", "text"}`` rows (or ``{"id","title","contents"}``), passed through;
 - ``auto``: decided from the first row.
@@ -22,15 +30,17 @@ Chunking choices (checked on ``kilt_pages_sample99.jsonl``, where every page's f
 """
 
 import argparse
+import bz2
 import json
 import os
 import re
 import sys
+import tarfile
 from typing import Iterable, Iterator
 
 from .corpus import CorpusError, iter_jsonl, make_contents, normalize_row
 
-FORMATS = ("auto", "kilt", "wiki18", "plain")
+FORMATS = ("auto", "kilt", "hotpotqa_abstracts", "wiki18", "plain")
 _BULLET = re.compile(r"BULLET::::\s*-?\s*")
 _SECTION = re.compile(r"Section::::")
 
@@ -67,11 +77,88 @@ def chunk_kilt_page(title: str, paragraphs: list[str], words_per_passage: int = 
     return [" ".join(words[i:i + words_per_passage]) for i in range(0, len(words), words_per_passage)]
 
 
+def abstract_text(sentences) -> str:
+    """One HotpotQA abstract from its ``text`` field: sentences joined by a space (nested lists flattened).
+
+    Raises:
+        CorpusError: ``text`` is not a list of strings (or of lists of strings).
+    """
+    if not isinstance(sentences, list):
+        raise CorpusError("HotpotQA abstract row needs 'text' as a list of sentences")
+    flat: list[str] = []
+    for item in sentences:
+        items = item if isinstance(item, list) else [item]
+        if not all(isinstance(x, str) for x in items):
+            raise CorpusError("HotpotQA abstract 'text' holds something that is not a sentence string")
+        flat.extend(items)
+    return " ".join(flat).strip()
+
+
+def _abstract_rows(path: str) -> Iterator[tuple[str, int, object]]:
+    """(where, line number, decoded row) over a HotpotQA abstracts dump: ``.tar.bz2`` / ``.tar``, an unpacked folder
+    of ``.bz2`` (or plain) JSON-lines files, or one such file. Raises CorpusError on a line that is not JSON."""
+    def lines_of(name: str, raw: bytes) -> Iterator[tuple[str, int, object]]:
+        data = bz2.decompress(raw) if name.endswith(".bz2") else raw
+        for n, line in enumerate(data.decode("utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    yield name, n, json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise CorpusError(f"{name}:{n}: invalid JSON ({e})") from e
+
+    if os.path.isdir(path):
+        for root, dirs, files in os.walk(path):
+            dirs.sort()
+            for f in sorted(files):
+                if not f.startswith("."):
+                    full = os.path.join(root, f)
+                    with open(full, "rb") as fh:
+                        yield from lines_of(full, fh.read())
+    elif tarfile.is_tarfile(path):
+        with tarfile.open(path, "r|*") as tar:  # streaming: members in archive order, one file in memory
+            for member in tar:
+                if member.isfile() and not os.path.basename(member.name).startswith("."):
+                    yield from lines_of(f"{path}:{member.name}", tar.extractfile(member).read())
+    elif path.endswith(".bz2"):
+        with open(path, "rb") as fh:
+            yield from lines_of(path, fh.read())
+    else:
+        for line_no, row in iter_jsonl(path):
+            yield path, line_no, row
+
+
+def iter_hotpotqa_abstracts(path: str) -> Iterator[dict]:
+    """Canonical passages ``{"id","title","text","contents"}`` from a HotpotQA 2017 abstracts dump (module doc).
+
+    Raises:
+        CorpusError: a row without a string ``title`` or a sentence-list ``text`` (names file and line), or no
+            passage at all.
+    """
+    n = 0
+    for where, line_no, row in _abstract_rows(path):
+        try:
+            if not isinstance(row, dict) or not isinstance(row.get("title"), str):
+                raise CorpusError("HotpotQA abstract row needs a 'title' string")
+            text = abstract_text(row.get("text"))
+        except CorpusError as e:
+            raise CorpusError(f"{where}:{line_no}: {e}") from e
+        if not text:
+            continue
+        title = row["title"].strip()
+        yield {"id": str(n), "title": title, "text": text, "contents": make_contents(title, text)}
+        n += 1
+    if n == 0:
+        raise CorpusError(f"{path}: no passages")
+
+
 def detect_format(row: dict) -> str:
-    """``kilt`` / ``wiki18`` / ``plain`` from one decoded row. Raises CorpusError if none fits."""
+    """``kilt`` / ``hotpotqa_abstracts`` / ``wiki18`` / ``plain`` from one decoded row. Raises CorpusError if none
+    fits."""
     if isinstance(row, dict):
         if "wikipedia_title" in row and isinstance(row.get("text"), list):
             return "kilt"
+        if isinstance(row.get("title"), str) and isinstance(row.get("text"), list):
+            return "hotpotqa_abstracts"
         if isinstance(row.get("text"), str):
             return "plain"
         if isinstance(row.get("contents"), str):
@@ -88,12 +175,21 @@ def iter_prepared(path: str, fmt: str = "auto", words_per_passage: int = 100,
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {FORMATS}")
+    if fmt == "auto" and (os.path.isdir(path) or path.endswith(".bz2") or
+                          (os.path.isfile(path) and tarfile.is_tarfile(path))):
+        fmt = "hotpotqa_abstracts"  # a dump folder / archive: only the HotpotQA abstracts come that way
+    if fmt == "hotpotqa_abstracts":
+        yield from iter_hotpotqa_abstracts(path)
+        return
     next_id = 0
     n = 0
     for line_no, row in iter_jsonl(path):
         try:
             if fmt == "auto":
                 fmt = detect_format(row)
+                if fmt == "hotpotqa_abstracts":
+                    yield from iter_hotpotqa_abstracts(path)
+                    return
             if fmt == "kilt":
                 title = row.get("wikipedia_title") if isinstance(row, dict) else None
                 text = row.get("text") if isinstance(row, dict) else None
@@ -132,7 +228,8 @@ def write_jsonl(rows: Iterable[dict], output: str) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m retriever.prepare_corpus", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", required=True, help="KILT knowledge source / wiki-18 / plain jsonl")
+    p.add_argument("--input", required=True,
+                   help="KILT knowledge source / HotpotQA abstracts (.tar.bz2, folder or jsonl) / wiki-18 / plain jsonl")
     p.add_argument("--output", required=True, help="canonical passage jsonl to write")
     p.add_argument("--format", choices=FORMATS, default="auto")
     p.add_argument("--words", type=int, default=100, help="words per KILT passage")

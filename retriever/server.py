@@ -5,7 +5,9 @@
 Endpoints:
 - ``POST /retrieve`` (Search-R1's schema) ``{"queries": [...], "topk": 3, "return_scores": true}`` ->
   ``{"result": [[{"document": {"id","contents","title","text"}, "score": s}, ...], ...]}``; without
-  ``return_scores`` each query gets a plain list of documents, as Search-R1's server returns.
+  ``return_scores`` each query gets a plain list of documents, as Search-R1's server returns. With
+  ``"per_query_errors": true`` a bad query no longer rejects the request: it gets ``[]`` and its message in
+  ``"errors"`` (one entry per query, null when served); ``/health`` advertises the mode and the limits.
 - ``POST /queries`` (R1-Searcher's schema) ``{"queries": [...], "k": 3}`` ->
   ``{"queries": [...], "answers": [[contents, ...], ...]}``.
 - ``GET /health`` -> index info and counters.
@@ -53,35 +55,75 @@ class BadRequest(ValueError):
         self.status = status
 
 
-def validate_request(queries, topk, limits: Limits) -> tuple[list[str], int]:
-    """Check queries/topk against ``limits``; returns (queries, topk).
+def validate_query(i: int, q, limits: Limits) -> str:
+    """Check one query; returns it unchanged.
 
     Raises:
-        BadRequest(422): queries not a non-empty list of non-blank strings, too many queries, topk not an
-            integer in [1, max_topk]. BadRequest(413): a query longer than ``max_query_chars`` characters.
+        BadRequest(422): not a string, blank, or not encodable as UTF-8 (a lone surrogate such as "\\ud800").
+        BadRequest(413): longer than ``max_query_chars`` characters.
     """
+    if not isinstance(q, str):
+        raise BadRequest(f"queries[{i}] is a {type(q).__name__}, expected a string")
+    if not q.strip():
+        raise BadRequest(f"queries[{i}] is empty")
+    try:
+        q.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate ("\ud800" in the JSON): cannot be echoed back
+        raise BadRequest(f"queries[{i}] is not valid Unicode: {e.reason} at position {e.start}") from e
+    if len(q) > limits.max_query_chars:
+        raise BadRequest(f"queries[{i}] has {len(q)} characters > {limits.max_query_chars}", status=413)
+    return q
+
+
+def _validate_shape(queries, topk, limits: Limits) -> int:
+    """The request-level checks (the list itself and topk); returns topk."""
     if not isinstance(queries, list) or not queries:
         raise BadRequest("'queries' must be a non-empty list of strings")
     if len(queries) > limits.max_queries:
         raise BadRequest(f"too many queries: {len(queries)} > {limits.max_queries} per request")
-    for i, q in enumerate(queries):
-        if not isinstance(q, str):
-            raise BadRequest(f"queries[{i}] is a {type(q).__name__}, expected a string")
-        if not q.strip():
-            raise BadRequest(f"queries[{i}] is empty")
-        try:
-            q.encode("utf-8")
-        except UnicodeEncodeError as e:  # a lone surrogate ("\ud800" in the JSON): cannot be echoed back
-            raise BadRequest(f"queries[{i}] is not valid Unicode: {e.reason} at position {e.start}") from e
-        if len(q) > limits.max_query_chars:
-            raise BadRequest(f"queries[{i}] has {len(q)} characters > {limits.max_query_chars}", status=413)
     if topk is None:
         topk = limits.default_topk
     if isinstance(topk, bool) or not isinstance(topk, int):
         raise BadRequest(f"topk must be an integer, got {topk!r}")
     if not 1 <= topk <= limits.max_topk:
         raise BadRequest(f"topk must be in [1, {limits.max_topk}], got {topk}")
+    return topk
+
+
+def validate_request(queries, topk, limits: Limits) -> tuple[list[str], int]:
+    """Check queries/topk against ``limits``; returns (queries, topk). One bad query rejects the request
+    (Search-R1's schema has no per-query error; see :func:`validate_request_per_query` for the mode that has).
+
+    Raises:
+        BadRequest(422): queries not a non-empty list of non-blank strings, too many queries, topk not an
+            integer in [1, max_topk]. BadRequest(413): a query longer than ``max_query_chars`` characters.
+    """
+    topk = _validate_shape(queries, topk, limits)
+    for i, q in enumerate(queries):
+        validate_query(i, q, limits)
     return queries, topk
+
+
+def validate_request_per_query(queries, topk, limits: Limits) -> tuple[list, int, list]:
+    """``"per_query_errors": true`` requests: only request-level faults (not a list, empty list, more than
+    ``max_queries``, bad topk) reject the request; a bad query gets its own error and the others are served
+    (issue 18 item 3: one query the server refused used to fail every search coalesced with it).
+
+    Returns:
+        (queries, topk, errors): ``errors[i]`` is None for a query that will be searched, else the message
+        :func:`validate_query` gave (the same text a whole-request rejection would carry).
+    Raises:
+        BadRequest(422): a request-level fault.
+    """
+    topk = _validate_shape(queries, topk, limits)
+    errors = []
+    for i, q in enumerate(queries):
+        try:
+            validate_query(i, q, limits)
+            errors.append(None)
+        except BadRequest as e:
+            errors.append(str(e))
+    return queries, topk, errors
 
 
 @dataclass
@@ -343,19 +385,32 @@ def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_
                           "max_batch_queries_seen": s.max_batch_queries_seen,
                           "busy_seconds": round(s.busy_seconds, 3),
                           "uptime_seconds": round(time.time() - s.started_at, 1)},
-                "limits": limits.__dict__}
+                "limits": limits.__dict__, "per_query_errors": True}
 
     @app.post("/retrieve")
     async def retrieve(request: Request):
         body = await _json_body(request)
         return_scores = body.get("return_scores", False)
-        if not isinstance(return_scores, bool):
-            raise BadRequest("return_scores must be true or false")
-        queries, topk = validate_request(body.get("queries"), body.get("topk"), limits)
-        results = await batcher.search(queries, topk)
+        per_query = body.get("per_query_errors", False)
+        for name, value in (("return_scores", return_scores), ("per_query_errors", per_query)):
+            if not isinstance(value, bool):
+                raise BadRequest(f"{name} must be true or false")
+        errors = None
+        if per_query:
+            queries, topk, errors = validate_request_per_query(body.get("queries"), body.get("topk"), limits)
+            good = [q for q, err in zip(queries, errors) if err is None]
+            found = iter(await batcher.search(good, topk) if good else [])
+            results = [next(found) if err is None else [] for err in errors]
+        else:
+            queries, topk = validate_request(body.get("queries"), body.get("topk"), limits)
+            results = await batcher.search(queries, topk)
         if return_scores:
-            return {"result": [[{"document": _document(p), "score": p["score"]} for p in hits] for hits in results]}
-        return {"result": [[_document(p) for p in hits] for hits in results]}
+            out = {"result": [[{"document": _document(p), "score": p["score"]} for p in hits] for hits in results]}
+        else:
+            out = {"result": [[_document(p) for p in hits] for hits in results]}
+        if errors is not None:
+            out["errors"] = errors
+        return out
 
     @app.post("/queries")
     async def queries_endpoint(request: Request):

@@ -64,3 +64,20 @@ def default_bm25_url(default_data, tmp_path_factory):
     with running_retriever(default_data.corpus_path, str(tmp_path_factory.mktemp("default_bm25")),
                            encoder="bm25") as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer_dir(tmp_path_factory):
+    """A Llama-3.1-shaped tokenizer folder built offline (tests/llama3_tokenizer.py), once per session."""
+    from tests.llama3_tokenizer import build_llama3_tokenizer
+
+    out = str(tmp_path_factory.mktemp("llama3_tokenizer"))
+    build_llama3_tokenizer(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer(llama3_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(llama3_tokenizer_dir)

@@ -196,3 +196,89 @@ def test_compute_reward_places_outcome_on_last_action_token():
     adv, _ = masked_gae(reward, torch.zeros(1, 7), MASK, 1.0, 1.0)
     # gamma = lambda = 1 and V = 0: every action token gets the full outcome, the document block nothing
     torch.testing.assert_close(adv, torch.tensor([[1.0, 1.0, 0, 0, 0, 1.0, 1.0]]))
+
+
+# ------------------------------------------------------------------ issue 18 item 2: equal rewards, float residue
+# Values of the issue, reproduced on main: OpenRLHF 0.11.2's formula (and ours before the fix) gave every sample of
+# an all-equal group the same large advantage, e.g. 8 x 0.8 -> -0.921 each under group_norm (the float32 mean of
+# eight 0.8s is 0.8 - 6e-8, the std 1e-8 passes the 1e-9 guard). Mutation caught: dropping the equality guard (the
+# group_norm cases then give ~-0.92, the others ~-6e-8 instead of exactly 0).
+EQUAL_GROUPS = [(0.8, 8), (-1.2, 8), (0.2, 16), (0.8, 5), (0.3, 5), (0.8, 12), (0.7, 12), (-2.0, 4),
+                (0.1, 16), (1 / 3, 8), (0.9, 16)]
+BASELINED = ("group_norm", "reinforce_baseline", "dr_grpo", "rloo")
+
+
+@pytest.mark.parametrize("value,size", EQUAL_GROUPS)
+@pytest.mark.parametrize("estimator", BASELINED)
+def test_equal_rewards_give_exactly_zero(value, size, estimator):
+    rewards = torch.cat([torch.full((size,), value), torch.tensor([1.0, 0.0] * (size // 2) + [0.5] * (size % 2))])
+    out = group_baseline_rewards(rewards, size, estimator)
+    assert (out[:size] == 0).all(), out[:size].tolist()
+    assert (out[size:] != 0).any()  # the second, mixed group still gets a signal
+
+
+def test_issue_values_were_the_openrlhf_formula():
+    """The wrong numbers of the issue come from OpenRLHF's own formula: the test above would fail without our guard."""
+    for value, size, wrong in [(0.8, 8, -0.921), (-1.2, 8, -0.928), (0.2, 16, -0.909)]:
+        theirs = _openrlhf_shaped_rewards(torch.full((size,), value), size, "group_norm")
+        assert theirs[0].item() == pytest.approx(wrong, abs=1e-3)
+        assert (group_baseline_rewards(torch.full((size,), value), size, "group_norm") == 0).all()
+
+
+@pytest.mark.parametrize("estimator", BASELINED)
+def test_equal_within_tolerance_and_with_failed_samples(estimator):
+    # the same value reached by two float paths (1 ulp apart) is equal; a failed sample's different reward does
+    # not make the group informative
+    a = torch.tensor(0.8)
+    b = torch.nextafter(a, torch.tensor(1.0))
+    rewards = torch.stack([a, b, a, a, b, a, a, a])
+    assert (group_baseline_rewards(rewards, 8, estimator) == 0).all()
+    rewards = torch.tensor([0.8] * 7 + [0.0])
+    valid = torch.tensor([True] * 7 + [False])
+    assert (group_baseline_rewards(rewards, 8, estimator, valid=valid) == 0).all()
+
+
+def test_group_norm_std_floor_keeps_tiny_spreads_unnormalised():
+    """A genuine spread below NeMo-RL's 1e-3 std floor (PR #4161) is not blown up to O(1) by the division: one
+    sample 1e-4 above seven others keeps r - mean (OpenRLHF would give it +2.47). Above the floor the group is
+    normalised exactly as OpenRLHF does. Mutation caught: removing the floor (the first assert sees 2.47)."""
+    rewards = torch.tensor([0.5] * 7 + [0.5001])
+    out = group_baseline_rewards(rewards, 8, "group_norm")
+    torch.testing.assert_close(out, rewards - rewards.mean(), atol=1e-7, rtol=0)
+    assert _openrlhf_shaped_rewards(rewards, 8, "group_norm")[-1].item() == pytest.approx(2.47, abs=0.01)
+    wide = torch.tensor([0.5] * 7 + [0.51])  # std 3.5e-3 >= floor
+    torch.testing.assert_close(group_baseline_rewards(wide, 8, "group_norm"),
+                               _openrlhf_shaped_rewards(wide, 8, "group_norm"), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_masked_whiten_constant_batch_is_exactly_zero(scale):
+    """A constant batch (every advantage 0.8, e.g. reinforce with equal rewards) whitened to -6e-4 per token before
+    the fix (residue / sqrt(1e-8)). Mutation caught: dropping the equality guard in masked_whiten."""
+    x = torch.full((3, 7), 0.8)
+    mask = torch.ones(3, 7)
+    mask[1, 4:] = 0
+    x[1, 4:] = 5.0  # outside the mask: ignored
+    assert (masked_whiten(x, mask, scale=scale) == 0).all()
+    x = torch.full((4, 5), -1.2)
+    assert (masked_whiten(x, torch.ones(4, 5), scale=scale) == 0).all()
+
+
+def test_both_training_paths_give_zero_advantage_to_equal_groups():
+    """The cluster experience maker and the CPU job's RLUpdater both go through group_baseline_rewards."""
+    from openrlhf_search.experience_maker import SearchExperienceMaker
+    from openrlhf_search.local.rl_step import RLSettings, RLUpdater
+    from tests.test_cluster_wiring import _contiguous_masks, _experiences, _maker, _parse
+
+    rewards = [0.8] * 8 + [1.0, 0.0] * 4
+    for estimator in ("group_norm", "reinforce_baseline", "rloo", "dr_grpo"):
+        args, _ = _parse("--algo.advantage.estimator", estimator, "--rollout.n_samples_per_prompt", "8",
+                         "--algo.kl.init_coef", "0")
+        exps = _maker(args, SearchExperienceMaker).compute_advantages_and_returns(
+            _experiences(_contiguous_masks([3] * 16), rewards, micro=3))
+        adv = torch.cat([e.advantages for e in exps])
+        assert (adv[:8] == 0).all(), (estimator, adv[:8, 0].tolist())
+        assert (adv[8:].abs().sum(-1) > 0).all()
+        cpu = SimpleNamespace(settings=RLSettings(estimator=estimator, n_samples_per_prompt=8))
+        shaped = RLUpdater.shape_rewards(cpu, torch.tensor(rewards), torch.ones(16, dtype=torch.bool))
+        assert (shaped[:8] == 0).all() and (shaped[8:] != 0).all()

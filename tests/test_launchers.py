@@ -32,7 +32,7 @@ needs_shared = pytest.mark.skipif(not HAVE_SHARED, reason="../shared/data not fo
 def _env(**extra):
     env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     for key in ("RETRIEVER_URLS", "RETRIEVER_CORPUS", "RETRIEVER_INDEX_DIR", "SETTING", "ESTIMATOR", "MODEL",
-                "TRAIN_DATA", "EVAL_DATA", "STAGE1_CKPT"):
+                "TRAIN_DATA", "EVAL_DATA", "STAGE1_CKPT", "ALLOW_SHORT"):
         env.pop(key, None)
     env.update(extra)
     return env
@@ -47,7 +47,7 @@ def _inputs(tmp_path, script=None, **extra):
     ckpt = tmp_path / "stage1_ckpt"
     ckpt.mkdir(exist_ok=True)
     env = dict(TRAIN_DATA=QA, EVAL_DATA=QA, RETRIEVER_CORPUS=CORPUS, STAGE1_CKPT=str(ckpt),
-               OUTPUT_ROOT=str(tmp_path / "out"))
+               OUTPUT_ROOT=str(tmp_path / "out"), ALLOW_SHORT="1")  # a few rows: shorter than Search-R1's warm-up
     env.update(extra)
     if script is not None:
         argv = _argv(script, **env)
@@ -149,7 +149,7 @@ def test_dry_run_end_to_end_starts_nothing(script, form, tmp_path):
     assert env_cfg == out["search_config"]
     if script.startswith("searchr1"):
         sched = out["lr_schedule"]
-        assert sched["max_steps"] == 1005 and sched["updates_per_step"] == 2
+        assert sched["max_steps"] == 1004 and sched["updates_per_step"] == 2
         assert sched["actor_warmup_updates"] == 573 and sched["critic_warmup_updates"] == 31
 
 

@@ -202,6 +202,9 @@ def test_r1searcher_released_eval_prompt_is_base_prompt_v0(qwen_tokenizer):
     p = eval_setting("r1searcher", "paper")
     paper_prompt = EvalSettings(protocol="r1searcher", template=p.template, chat=p.chat).render_prompt(question, None)
     assert paper_prompt != expected and paper_prompt.endswith(f"User:{question}\nAssistant: <think>")
+    # plain text for instruct models too (issue 19 item 6): a tokenizer with a chat template does not change it
+    assert p.chat is False and EvalSettings(protocol="r1searcher", template=p.template, chat=p.chat).render_prompt(
+        question, qwen_tokenizer) == paper_prompt
     with pytest.raises(ValueError, match="plain text"):
         get_protocol("r1searcher").build_prompt(question, qwen_tokenizer, chat=True, template="eval")
     with pytest.raises(ValueError, match="unknown prompt template"):

@@ -189,3 +189,36 @@ def test_searchr1_parquet_rows(tmp_path):
     assert [r["question"] for r in a] == [r["question"].strip() for r in rows]
     assert {r["datasource"] for r in a} == {"nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique",
                                             "bamboogle"}
+
+
+def test_searchr1_train_merge_needs_the_hub_and_says_so(monkeypatch):
+    """Offline (no hub, no cache) the merge fails with one line naming the source, before anything is written."""
+    import datasets
+
+    from openrlhf_search.cli import prepare_data
+    from openrlhf_search.evaluation.loaders import DatasetError
+
+    def offline(repo, name, **kw):
+        raise ConnectionError("offline")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(DatasetError, match="FlashRAG 'nq' train split could not be loaded"):
+        prepare_data.load_searchr1_train_merge()
+    assert prepare_data.main(["--input", "searchr1_train:hotpotqa", "--protocol", "searchr1", "--no_chat_template",
+                              "--out", "/nonexistent/never.jsonl"]) == 2
+
+
+def test_engine_special_tokens_are_recorded_and_need_a_tokenizer(tmp_path, capsys):
+    from openrlhf_search.cli import prepare_data
+
+    src = shared_path("qa", "r1searcher", "bamboogle.jsonl")
+    out = tmp_path / "p.jsonl"
+    # the offline Qwen tokenizer adds no special tokens: recorded, prompt unchanged
+    assert prepare_data.main(["--input", src, "--limit", "2", "--protocol", "r1searcher", "--tokenizer",
+                              _qwen_tokenizer_path(), "--out", str(out)]) == 0
+    row = _rows(out)[0]
+    assert row["rendering"]["engine_special_tokens"] is True
+    assert row["prompt"] == get_protocol("r1searcher").build_prompt(row["question"])
+    assert prepare_data.main(["--input", src, "--protocol", "r1searcher", "--engine_special_tokens",
+                              "--out", str(out)]) == 2
+    assert "needs the policy's --tokenizer" in capsys.readouterr().err

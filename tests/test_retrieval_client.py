@@ -1,14 +1,17 @@
 """RetrievalClient against the REAL retriever service (BM25 over HotpotQA dev paragraphs): coalescing, load
-spreading over two servers, retry then success, RetrievalError, timeouts, query hygiene."""
+spreading over two servers, retry then success, RetrievalError, timeouts, query hygiene, and a rejected query
+failing alone (issue 18 item 3)."""
 
 import asyncio
+import json
 import socket
+import time
 
 import httpx
 import pytest
 
 from openrlhf_search.config import SearchConfig
-from openrlhf_search.retrieval_client import RetrievalClient, RetrievalError, passage_from_document
+from openrlhf_search.retrieval_client import QueryRejected, RetrievalClient, RetrievalError, passage_from_document
 from retriever.launch import start_server_process, stop_server_process
 
 QUERIES = ["Scott Derrickson nationality", "Ed Wood director", "film producer Jerry Bruckheimer",
@@ -210,3 +213,148 @@ def test_passage_parsing_of_both_document_forms():
     assert (p.title, p.text, p.score) == ("T", "body", None)
     with pytest.raises(ValueError):
         passage_from_document({"id": "x"})
+
+
+# ------------------------------------------------------------------ issue 18 item 3: a rejected query fails alone
+LONG = "Ed Wood " + "x" * 492  # 500 characters, over the server's 200 (the issue's case)
+
+
+@pytest.fixture(scope="module")
+def limited_server(index_dir):
+    """A real retriever that accepts at most 200 characters per query and 4 queries per request."""
+    proc, url = start_server_process(index_dir, extra_args=["--max_query_chars", "200", "--max_queries", "4"])
+    yield url
+    stop_server_process(proc)
+
+
+def _search_all(client, queries, **kw):
+    async def run():
+        return await asyncio.gather(*(client.search(q, **kw) for q in queries), return_exceptions=True)
+    return asyncio.run(run())
+
+
+def test_one_overlong_query_does_not_fail_the_seven_coalesced_with_it(limited_server):
+    """The issue's case: server --max_query_chars 200, client default 1,000, 7 ordinary questions and one of 500
+    characters searched together. Before the fix all 8 raised RetrievalError from one 413; now the client reads the
+    server's limits from /health, cuts the long query to 200 characters and splits at its 4 queries per request.
+    Mutations caught: ignoring the advertised limits (413/422 for the whole batch), failing every waiter of a batch."""
+    client = RetrievalClient([limited_server], coalesce_window_ms=20)
+    assert client.max_query_chars == 1000
+    queries = QUERIES[:7] + [LONG]
+    results = _search_all(client, queries)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert results[:7] == [direct(limited_server, [q])[0] for q in QUERIES[:7]]
+    assert results[7] == direct(limited_server, [LONG[:200]])[0] and results[7]
+    assert client.stats["server_cut_queries"] == 1 and client.stats["requests"] == 2  # 8 queries at 4 per request
+    assert client.stats["rejected_requests"] == 0 and client.stats["errors"] == 0
+
+
+def test_a_query_the_server_refuses_fails_alone_with_per_query_errors(limited_server):
+    """With the client's cut switched off the real server still sees the 500-character query: in its per-query
+    mode it refuses that query only (an error of its own in the 200 answer); the others get their passages and
+    nothing counts against the endpoint. Mutation caught: treating a per-query error as the request's."""
+    client = RetrievalClient([limited_server], coalesce_window_ms=20)
+    client._fit = lambda endpoint, queries: queries  # send the query whole
+    results = _search_all(client, QUERIES[:3] + [LONG])
+    assert results[:3] == [direct(limited_server, [q])[0] for q in QUERIES[:3]]
+    assert isinstance(results[3], QueryRejected) and "500 characters > 200" in str(results[3])
+    assert client.stats["rejected_queries"] == 1 and client.stats["failures"] == 0
+    assert client.stats["breaker_opens"] == 0 and client.stats["failovers"] == 0
+
+
+def test_server_per_query_mode_and_whole_request_faults(limited_server):
+    body = {"queries": ["Ed Wood", "x" * 201, "  ", "Nicolas Cage"], "topk": 2, "return_scores": True,
+            "per_query_errors": True}
+    r = httpx.post(limited_server + "/retrieve", json=body)
+    assert r.status_code == 200
+    out = r.json()
+    assert out["errors"][0] is None and out["errors"][3] is None
+    assert "201 characters > 200" in out["errors"][1] and "empty" in out["errors"][2]
+    assert out["result"][1] == [] and out["result"][2] == [] and len(out["result"][0]) == 2
+    # without the flag the server answers as before (Search-R1's schema: one bad query rejects the request)
+    assert httpx.post(limited_server + "/retrieve", json={"queries": ["ok", "x" * 201]}).status_code == 413
+    # request-level faults still reject the whole request in per-query mode
+    assert httpx.post(limited_server + "/retrieve", json={**body, "queries": ["q"] * 5}).status_code == 422
+    assert httpx.post(limited_server + "/retrieve", json={**body, "topk": 0}).status_code == 422
+    health = httpx.get(limited_server + "/health").json()
+    assert health["per_query_errors"] is True and health["limits"]["max_query_chars"] == 200
+
+
+def test_a_request_level_4xx_is_not_a_dead_endpoint(limited_server, servers):
+    """topk above the server's maximum is the request's fault (a configuration error): every query of it raises
+    RetrievalError, but the endpoint stays in rotation and nothing fails over to the other one."""
+    client = RetrievalClient([limited_server, servers[0]], coalesce_window_ms=20, max_retries=3, backoff_s=0.01)
+    client._next_endpoint = 0
+    results = _search_all(client, QUERIES[:2], topk=10_000)
+    assert all(isinstance(r, RetrievalError) and not isinstance(r, QueryRejected) for r in results)
+    assert "refused the request" in str(results[0]) and "topk" in str(results[0])
+    assert client.stats["failovers"] == 0 and client.stats["retries"] == 0 and client.stats["breaker_opens"] == 0
+    assert not any(e["open"] for e in client.endpoint_stats().values())
+    again = _search_all(client, QUERIES[:4])  # and both keep serving
+    assert all(isinstance(r, list) and r for r in again), again
+
+
+def test_lone_surrogate_is_replaced_not_sent(servers):
+    """A query with a lone surrogate got a 422 for its whole request; it is now sent with the character replaced."""
+    client = RetrievalClient([servers[0]])
+    [result] = _search_all(client, ["Ed Wood \ud800 director"])
+    assert result == direct(servers[0], ["Ed Wood ? director"])[0]
+    assert client.stats["sanitized_queries"] == 1
+
+
+class _WholeRequestServer:
+    """A retriever without per-query errors and without /health (as Search-R1's retrieval_server.py): a request
+    holding a query of more than 200 characters gets a 413, one holding "BAD" a 422, for the whole request."""
+
+    def __init__(self):
+        self.posts = []
+
+    async def handle(self, reader, writer):
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if head.startswith(b"GET"):
+                status, body = 404, {"detail": "Not Found"}
+            else:
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                queries = json.loads(await reader.readexactly(length))["queries"]
+                self.posts.append(queries)
+                if any(len(q) > 200 for q in queries):
+                    status, body = 413, {"detail": "query too long"}
+                elif any("BAD" in q for q in queries):
+                    status, body = 422, {"detail": "bad query"}
+                else:
+                    status, body = 200, {"result": [[{"id": q, "title": "T", "text": q}] for q in queries]}
+            data = json.dumps(body).encode()
+            writer.write(b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                         b"Connection: close\r\n\r\n" % (status, len(data)) + data)
+            await writer.drain()
+        finally:
+            writer.close()
+
+
+def test_server_without_per_query_errors_halves_until_the_bad_query_is_alone():
+    """A 4xx for a whole coalesced request from a server that cannot say which query was bad: the batch is
+    re-sent in halves until the rejected queries are alone. 8 queries, 2 bad: 6 answered, 2 QueryRejected, the
+    endpoint never opened. Mutation caught: failing the whole batch on a 4xx (old behaviour)."""
+    fake = _WholeRequestServer()
+
+    async def run():
+        server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        client = RetrievalClient([url], coalesce_window_ms=20, max_query_chars=1000)
+        try:
+            queries = [f"good {i}" for i in range(6)] + ["BAD query", "y" * 300]
+            return client, queries, await asyncio.gather(*(client.search(q) for q in queries),
+                                                         return_exceptions=True)
+        finally:
+            server.close()
+
+    client, queries, results = asyncio.run(run())
+    assert [r[0].text for r in results[:6]] == queries[:6]
+    assert all(isinstance(r, QueryRejected) for r in results[6:])
+    assert "422" in str(results[6]) and "413" in str(results[7])
+    assert [len(p) for p in fake.posts][:1] == [8] and [q for p in fake.posts if len(p) == 1 for q in p] == \
+        ["BAD query", "y" * 300]
+    assert client.stats["rejected_queries"] == 2 and client.stats["failures"] == 0
+    assert not client.endpoint_stats()[client.urls[0]]["open"]

@@ -1,10 +1,13 @@
 """Retriever failover (issue 10 item 8): several endpoints are one service. A dead or unhealthy endpoint is routed
 around (circuit breaker), re-admitted after a passing ``GET /health`` probe, and a request that fails on one endpoint
-is re-sent at once to another, so a rollout loses no sample when one of four real retrievers is killed mid-rollout."""
+is re-sent at once to another, so a rollout loses no sample when one of four real retrievers is killed mid-rollout.
+Issue 18: an endpoint that dribbles its answer is cut off by the request's deadline and failed over like a dead one
+(item 4); a query the retriever refuses costs the sample nothing but an empty documents block (item 3)."""
 
 import asyncio
 import logging
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -16,6 +19,7 @@ from openrlhf_search.config import SearchConfig
 from openrlhf_search.local.engine import HFEngine
 from openrlhf_search.protocol import get_protocol
 from openrlhf_search.retrieval_client import RetrievalClient, RetrievalError, start_retrieval_trace
+from tests.test_retrieval_client import _WholeRequestServer
 from retriever.launch import start_server_process, stop_server_process
 from tests.test_agent import ScriptedLM, make_prompt
 
@@ -184,6 +188,11 @@ def test_slow_endpoint_gets_no_new_request_while_another_is_free(hotpotqa_bm25_i
 
         async def slow_handler(reader, writer):
             head = await reader.readuntil(b"\r\n\r\n")
+            if head.startswith(b"GET"):  # the client's limits look-up: a server without /health (as Search-R1's)
+                writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                await writer.drain()
+                writer.close()
+                return
             length = int(next(l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")))
             seen.append(await reader.readexactly(length))
             await release.wait()  # answers only when the test says so
@@ -231,3 +240,136 @@ def test_trace_counts_only_its_own_task():
 
     a, b = asyncio.run(run())
     assert a is not b and a.searches == 0 and b.searches == 0 and a.failovers == 0
+
+
+# ------------------------------------------------------------------ issue 18 item 4: a deadline, not an idle limit
+class _Dribbler:
+    """An HTTP server that answers POSTs (and GET /health too with ``dribble_get``, else a quick 404) with a valid
+    200 JSON body, one byte every ``interval`` seconds: never silent for longer than ``interval``, so httpx's
+    inactivity timeouts never fire."""
+
+    BODY = b'{"result": [[]], "status": "ok", "padding": "................................"}'
+
+    def __init__(self, interval: float, dribble_get: bool = True):
+        self.interval, self.dribble_get, self.posts = interval, dribble_get, 0
+
+    async def handle(self, reader, writer):
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if head.startswith(b"GET") and not self.dribble_get:
+                writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                await writer.drain()
+                return
+            self.posts += head.startswith(b"POST")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                         % len(self.BODY))
+            await writer.drain()
+            for i in range(len(self.BODY)):
+                await asyncio.sleep(self.interval)
+                writer.write(self.BODY[i:i + 1])
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+def test_a_dribbling_endpoint_is_cut_off_by_the_deadline():
+    """The issue's case, shortened: timeout_s=1, max_retries=1 against a server sending a byte every 0.3 s. Before
+    the fix one search took len(BODY) x 0.3 s = 25 s per attempt (the issue measured 40.6 s, then []). Now each
+    attempt ends at its 1 s deadline: the search raises RetrievalError within 2 attempts + 0.5 s backoff; the bound
+    asserted (6 s) is a generous correctness margin on a loaded machine, not a speed figure. The health check is
+    bounded the same way (a dribbled /health, both for the limits look-up and for ``health()``). Mutation caught:
+    dropping the wall-clock deadline (the search then outlasts 6 s)."""
+    posts, gets = _Dribbler(0.3, dribble_get=False), _Dribbler(0.3, dribble_get=True)
+
+    async def run():
+        servers = [await asyncio.start_server(d.handle, "127.0.0.1", 0) for d in (posts, gets)]
+        url, health_url = [f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in servers]
+        client = RetrievalClient([url], timeout_s=1.0, max_retries=1, backoff_s=0.5, coalesce_window_ms=0)
+        other = RetrievalClient([health_url], timeout_s=1.0, max_retries=0, coalesce_window_ms=0)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(RetrievalError, match="deadline"):
+                await asyncio.wait_for(client.search("Ed Wood"), 60)
+            search_s = time.monotonic() - t0
+            t0 = time.monotonic()
+            healthy = await asyncio.wait_for(other.health(), 60)
+            with pytest.raises(RetrievalError, match="deadline"):  # the limits look-up is cut off as well
+                await asyncio.wait_for(other.search("Ed Wood"), 60)
+            health_s = time.monotonic() - t0
+        finally:
+            for s in servers:
+                s.close()
+        return client, url, search_s, healthy, health_url, health_s
+
+    client, url, search_s, healthy, health_url, health_s = asyncio.run(run())
+    assert search_s < 6.0, search_s
+    assert healthy == {health_url: False} and health_s < 6.0, health_s
+    assert posts.posts == 2  # both attempts were POSTs that the dribbler answered too slowly
+    assert client.stats["requests"] == 2 and client.stats["failures"] == 2 and client.stats["timeouts"] == 2
+    assert client.endpoint_stats()[url]["open"] and client.stats["breaker_opens"] == 1
+
+
+def test_a_dribbling_endpoint_fails_over_like_a_dead_one(hotpotqa_bm25_index):
+    """Two endpoints, the first dribbling: the first request is cut off at its deadline, fails over at once to the
+    real server, and the dribbler's breaker keeps it out of rotation; every search is answered."""
+    proc, url = start_server_process(hotpotqa_bm25_index)
+    dribbler = _Dribbler(0.3)
+
+    async def run():
+        server = await asyncio.start_server(dribbler.handle, "127.0.0.1", 0)
+        slow = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        client = RetrievalClient([slow, url], timeout_s=1.0, max_retries=0, coalesce_window_ms=0,
+                                 failed_endpoint_cooldown_s=60)
+        try:
+            t0 = time.monotonic()
+            results = [await asyncio.wait_for(client.search(f"Ed Wood {i}"), 60) for i in range(4)]
+            return client, slow, results, time.monotonic() - t0
+        finally:
+            server.close()
+
+    try:
+        client, slow, results, wall_s = asyncio.run(run())
+        expected = [httpx.post(url + "/retrieve", json={"queries": [f"Ed Wood {i}"], "topk": 3}).json()["result"][0]
+                    for i in range(4)]
+    finally:
+        stop_server_process(proc)
+    assert [[p.id for p in r] for r in results] == [[d["id"] for d in e] for e in expected]
+    ep = client.endpoint_stats()
+    assert ep[slow]["open"] and ep[slow]["requests"] == 1 and ep[slow]["failures"] == 1
+    assert client.stats["failovers"] == 1 and client.stats["errors"] == 0 and client.stats["timeouts"] >= 1
+    assert wall_s < 8.0, wall_s  # one 1 s deadline, then a live server (generous margin for a loaded machine)
+
+
+# ------------------------------------------------------------------ issue 18 item 3: the executor's side
+def test_a_rejected_query_gets_an_empty_documents_block_and_the_sample_is_kept(qwen_tokenizer):
+    """The retriever refuses the policy's first query (a server without per-query errors, 422 for it alone): the
+    turn gets the empty documents block, the sample is not marked retrieval_failed (it is the policy's doing), the
+    rejection is counted, and the trajectory goes on to a normal search and the answer. Mutation caught: treating
+    QueryRejected as a retrieval failure (retrieval_failed 1, reward 0, the rollout cut after turn 1)."""
+    tok = qwen_tokenizer
+    proto = get_protocol("searchr1")
+    prompt = make_prompt(proto, tok, "Who directed Ed Wood?")
+    turns = ["<search> BAD query </search>", "<search> Ed Wood director </search>", "<answer> Ed Wood </answer>"]
+    engine = HFEngine(ScriptedLM(tok, proto, {prompt: turns}), tok, max_batch_size=1)
+    fake = _WholeRequestServer()
+    params = SamplingParams(temperature=0.0, logprobs=1, skip_special_tokens=False)
+
+    async def run():
+        server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        cfg = SearchConfig(protocol="searchr1", retriever_urls=[url], reward_scheme="searchr1_em", max_turns=4)
+        executor = SearchAgentExecutor(cfg)
+        try:
+            return await executor.execute(prompt, '["Ed Wood"]', params, 4096, tok, engine)
+        finally:
+            server.close()
+
+    res = asyncio.run(run())
+    logs = res["extra_logs"]
+    assert logs["rejected_queries"] == 1.0 and logs["retrieval_failed"] == 0.0 and logs["retrieval_failures"] == 0.0
+    assert logs["queries"] == 2.0 and logs["valid_searches"] == 1.0 and res["reward"] == 1.0
+    assert len(res["action_ranges"]) == 3
+    first_block = res["response_text"].split("</search>", 1)[1]
+    assert first_block.startswith(proto.render_documents([]))

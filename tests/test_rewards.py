@@ -71,7 +71,7 @@ def test_check_format_accepts_well_formed_responses():
     (" I invent documents" + R1.render_documents(DOCS) + "</think><answer>x</answer>",
      "documents block not preceded by a query"),
     (r1_response(think_close=False), "reasoning block not closed"),
-    (r1_response().replace("</think>", "</think></think>"), "unbalanced think tags"),
+    (r1_response().replace("</think>", "</think></think>"), "2 </think> tags: expected one reasoning block"),
     (r1_response() .replace("It is Paris.", "It is Paris.\nUser: thanks"), "role leakage: 'User:'"),
     (r1_response().replace("It is Paris.", "<|im_start|>assistant"), "role leakage: '<|im_start|>'"),
     (r1_response().replace("It is Paris.", "\nAssistant: sure"), "role leakage: 'Assistant:'"),
@@ -89,7 +89,11 @@ def test_check_format_answer_word_cap_is_configurable_and_docs_are_not_checked_f
 
 
 def test_check_format_searchr1_specifics():
-    assert check_format(sr_response().replace("<answer>", "<think>x</think><answer>", 1), SR)[0] is True
+    # a second reasoning block with no retrieval before it is one phase written twice (issue 18 item 6; Search-R1's
+    # is_valid_sequence rejects it too)
+    twice = sr_response().replace("<answer>", "<think>x</think><answer>", 1)
+    assert check_format(twice, SR) == (False, "repeated reasoning block without a retrieval in between")
+    assert searchr1_valid_sequence(twice, SR)[0] is False
     invalid_turn = "<think>a</think>oops" + SR.invalid_action_message() + "<think>b</think><answer>x</answer>"
     assert check_format(invalid_turn, SR) == (False, "invalid action in trajectory")
     assert check_format("<answer>x</answer><think>late</think>", SR) == (False, "text after the answer")

@@ -43,7 +43,8 @@ def _response(prompt_len=10, turns=(35, 35), doc_len=500, reward=1.0, score=1.0,
 # ------------------------------------------------------------------------------ item 2: trajectory length
 def test_length_is_the_sampled_tokens_and_the_overlong_penalty_spares_documents():
     args, _ = _parse("--algo.advantage.estimator", "reinforce", "--rollout.n_samples_per_prompt", "1",
-                     "--reward.overlong_buffer_len", "100", "--rollout.max_new_tokens", "170",
+                     "--reward.overlong_buffer_len", "100", "--search.max_turns", "2",
+                     "--search.max_new_tokens_per_turn", "85",  # trajectory budget 2 x 85 = 170 (issue 18 item 5)
                      "--algo.kl.init_coef", "0")
     resp = _response()  # 70 sampled tokens around one 500-token documents block
     ours = _generator(args)._process_response_into_experience(resp, max_len=4096)

@@ -129,8 +129,9 @@ def test_horizon_is_cap_times_updates_and_data_shortfall_warns():
 
 @pytest.mark.parametrize("algo,updates", [("ppo", 2), ("grpo", 10)])
 def test_searchr1_warmup_covers_28_5_percent_then_the_rate_is_constant(algo, updates):
-    """Search-R1 v0.2: 1,005 steps, warm-up 0.285 (verl: int(0.285 x 1005) = 286 steps). Ours, in updates, with
-    transformers' constant_with_warmup as OpenRLHF's DeepSpeed strategy builds it."""
+    """Search-R1 v0.2: 1,004 steps (total_training_steps=1005, its loop returns after step 1,004), warm-up 0.285
+    (verl: int(0.285 x 1005) = 286 steps). Ours, in updates, with transformers' constant_with_warmup as OpenRLHF's
+    DeepSpeed strategy builds it."""
     from transformers.trainer import get_scheduler
 
     from openrlhf_search.parity.check import launcher_argv
@@ -138,9 +139,9 @@ def test_searchr1_warmup_covers_28_5_percent_then_the_rate_is_constant(algo, upd
     args, _ = cli.parse_args(launcher_argv(f"searchr1_{algo}_qwen2.5-3b_base.sh")[0])
     assert updates_per_step(args) == updates
     horizon, _ = scheduler_horizon(args, data_updates=10**9)
-    assert horizon == 1005 * updates
+    assert horizon == 1004 * updates
     warm = warmup_updates(args, horizon)
-    assert warm == math.ceil(0.285 * 1005 * updates)
+    assert warm == math.ceil(0.285 * 1004 * updates)
     assert 286 <= warm / updates <= 287
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-6)
     sched = get_scheduler(args.actor.lr_scheduler, opt, num_warmup_steps=warm, num_training_steps=horizon)

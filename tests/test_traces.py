@@ -143,3 +143,77 @@ def test_r1searcher_trace_format_and_rewards(bamboogle_rows):
     punished = [res for res in released if res.components["released_format_ok"] == 0.0]
     # their role check also counts "assistant" inside retrieved documents
     assert punished and all("assistant" in res.format_reason for res in punished)
+
+
+def test_r1searcher_released_later_turn_prompts_equal_the_published_trace(bamboogle_rows, llama3_tokenizer):
+    """Issue 19's done-when: under the released eval setting, the prompt our executor gives the engine at every later
+    turn (the released eval prompt, the model's earlier turns, every documents block, uncut) is the text
+    R1-Searcher's released loop built for that turn (``base_prompt_v0`` + ``gen_text_store`` up to that block,
+    ``evaluation/eval_search_loacl.py:62,235,284``) with the token ids vLLM gave it (Llama-3's BOS in front,
+    add_special_tokens=True), and each query reaches the retriever cleaned as released (line 228).
+
+    The model's turns are replayed from the trace and the retriever returns each block's own passages, so what is
+    compared is everything our side adds: prompt, BOS, document rendering, the absence of a cap, turn assembly."""
+    import asyncio
+    import os
+    from types import SimpleNamespace
+
+    from vllm import SamplingParams
+
+    from openrlhf_search.agent import SearchAgentExecutor
+    from openrlhf_search.evaluation.runner import EvalSettings
+    from openrlhf_search.evaluation.settings import eval_setting, for_dataset
+
+    tok = llama3_tokenizer
+    fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures",
+                           "r1searcher_eval_prompt_v0.bamboogle_idx1.txt")
+    with open(fixture, encoding="utf-8") as f:
+        instructions = f.read().split("\n\nUser:", 1)[0]  # base_prompt_v0 up to its {question}
+    paper = eval_setting("r1searcher", "released")
+    settings = EvalSettings(protocol="r1searcher", template=paper.template, chat=paper.chat, topk=paper.topk,
+                            max_turns=paper.max_turns, max_new_tokens=paper.max_new_tokens,
+                            max_length=paper.max_length, max_obs_tokens=paper.max_obs_tokens,
+                            engine_special_tokens=paper.engine_special_tokens, query_cleaning=paper.query_cleaning,
+                            passage_format=for_dataset(paper.passage_format, "bamboogle"),
+                            retriever_url="http://127.0.0.1:9")
+    assert settings.max_obs_tokens is None and settings.passage_format == "kilt"
+    released_clean = lambda q: q.replace('"', "").replace("'", "").replace("\t", " ").replace("...", "")  # noqa: E731
+
+    checked_turns = 0
+    for row in bamboogle_rows:
+        text = row["gen_text_store"]
+        segments = R1.split_turns(text)
+        model_turns = [s.text for s in segments if s.kind == "model"]
+        blocks = [s.text for s in segments if s.kind == "environment"]
+        block_passages = []
+        for block in blocks:
+            lines = block[len(R1.doc_open):-len(R1.doc_close)].split("\n")[:-1]
+            block_passages.append([Passage(m.group(1), m.group(2), m.group(3))
+                                   for m in (re.match(r"\((\d+)\)(.*?)   (.*)", line) for line in lines)])
+        calls, sent = [], []
+
+        class Engine:
+            async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+                calls.append(list(prompt_token_ids))
+                ids = tok(model_turns[len(calls) - 1], add_special_tokens=False).input_ids
+                return SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, finish_reason="stop", logprobs=None)])
+
+        class Client:
+            async def search(self, query):
+                sent.append(query)
+                return block_passages[len(sent) - 1]
+
+        executor = SearchAgentExecutor(settings.search_config(), retrieval_client=Client())
+        prompt = settings.render_prompt(row["question"], tok)
+        asyncio.run(executor.execute(prompt, json.dumps([row["answer"]]), SamplingParams(max_tokens=512),
+                                     10 ** 6, tok, Engine()))
+        released_prompt = f"{instructions}\n\nUser:{row['question']}\nAssistant: <think>"
+        assert len(calls) == len(model_turns) == len(blocks) + 1
+        for k, ids in enumerate(calls):
+            released = released_prompt + "".join(s.text for s in segments[:2 * k])  # k model turns + k blocks
+            assert tok.decode(ids) == "<|begin_of_text|>" + released
+            assert ids == tok(released, add_special_tokens=True).input_ids  # vLLM's ids of that text
+            checked_turns += k > 0
+        raw = [t.split(R1.query_open)[-1].split(R1.query_close)[0] for t in model_turns[:-1]]
+        assert [q.strip() for q in sent] == [released_clean(q).strip() for q in raw]
+    assert checked_turns == 339  # every later turn of the 125 trajectories (one per retrieval)

@@ -39,6 +39,7 @@
 #                     cached in CPU_CLUSTER_CACHE, default .cache/cpu_cluster) in place of MODEL / TRAIN_DATA /
 #                     EVAL_DATA / RETRIEVER_CORPUS, the launcher's algorithm, reward and flags otherwise, and small
 #                     batches. MAX_STEPS (default 2) training steps; outputs under $OUTPUT_ROOT/cpu_cluster.
+#   ALLOW_SHORT=1     start even when TRAIN_DATA gives fewer steps than the LR warm-up (check_data_steps).
 # Any extra script arguments are passed to the trainer after the script's own flags (the last value wins).
 
 set -euo pipefail
@@ -158,6 +159,33 @@ check_inputs() {
     fi
     require_model "model" "$MODEL"
     return 0
+}
+
+# Refuse a training file too short for the LR warm-up (a run that never leaves it): the steps the data gives,
+# EPISODES x ceil(rows / PROMPTS_PER_STEP) capped at MAX_STEPS (OpenRLHF trains a last partial batch), against
+# ceil(WARMUP_RATIO x MAX_STEPS) warm-up steps. One line saying why; ALLOW_SHORT=1 starts anyway. Not in
+# DRY_RUN=argv (a test hook without data files).
+check_data_steps() {
+    local file="$1" per_step="$2" episodes="$3" max_steps="$4" ratio="$5" msg
+    [[ "$DRY_RUN" == "argv" ]] && return 0
+    msg="$("$PYTHON" - "$file" "$per_step" "$episodes" "$max_steps" "$ratio" <<'PY'
+import math, sys
+path, per_step, episodes, max_steps, ratio = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+if not path.endswith(".jsonl"):
+    sys.exit(0)  # only prepare_data's jsonl is counted
+with open(path, "rb") as f:
+    rows = sum(1 for line in f if line.strip())
+steps = min(max_steps, episodes * math.ceil(rows / per_step))
+warm = math.ceil(ratio * max_steps)
+if steps < warm:
+    print(f"TRAIN_DATA {path} has {rows} prompts: {episodes} episodes x ceil({rows} / {per_step} per step) = {steps} "
+          f"steps, fewer than the {warm}-step LR warm-up ({ratio} x {max_steps}), so the run would end at a fraction "
+          f"of the learning rate; build the full set (prepare_data --input nq_hotpotqa_train) or set ALLOW_SHORT=1")
+PY
+)" || die "cannot count the prompts of $file"
+    [[ -z "$msg" ]] && return 0
+    if [[ "${ALLOW_SHORT:-0}" == "1" ]]; then log "warning (ALLOW_SHORT=1): $msg"; return 0; fi
+    die "$msg"
 }
 
 retriever_health_fp() {  # fingerprint served at URL, empty when nothing answers

@@ -4,12 +4,24 @@
 #   bash examples/scripts/eval.sh MODEL r1searcher|searchr1 [extra flags for python -m openrlhf_search.cli.eval]
 #
 # R1-Searcher's protocol: HotpotQA / 2Wiki / MuSiQue 500 dev questions + Bamboogle 125, top-5, Cover-EM and judge
-# accuracy (paper Table 1). Search-R1's: the seven FlashRAG sets, top-3, EM (paper Table 2). Greedy decoding; vLLM
-# on GPU, the CPU engine otherwise (MODEL=tiny for a smoke run).
+# accuracy (paper Table 1), with ONE RETRIEVER PER CORPUS as released (evaluation/gen_search.sh --port,
+# train/wiki_corpus_load.py:55-62): HotpotQA against the HotpotQA 2017 abstracts, 2Wiki / MuSiQue / Bamboogle
+# against KILT 100-word passages (cli.eval --retriever_url hotpotqa=URL1,default=URL2). Search-R1's: the seven
+# FlashRAG sets, top-3, EM (paper Table 2), one wiki-18 retriever. Greedy decoding; vLLM on GPU, the CPU engine
+# otherwise (MODEL=tiny for a smoke run).
 #
 # Environment (all optional):
-#   RETRIEVER_URLS  comma-separated retriever URLs (default http://127.0.0.1:8000; start one with
-#                   python -m retriever.server --index_dir INDEX)
+#   r1searcher, each corpus either used or started here:
+#   HOTPOTQA_RETRIEVER_URL  a running retriever over the HotpotQA abstracts (python -m retriever.prepare_corpus
+#                           --format hotpotqa_abstracts), or HOTPOTQA_CORPUS (its passage jsonl) to start one on
+#                           HOTPOTQA_PORT (default 8001)
+#   KILT_RETRIEVER_URL      a running retriever over KILT 100-word passages, or KILT_CORPUS to start one on
+#                           KILT_PORT (default 8002)
+#                           (started ones: examples/scripts/start_retriever.sh with RETRIEVER_ENCODER, default
+#                           bge-large-en-v1.5, R1-Searcher's; they stop when this script ends; RETRIEVER_WAIT_S
+#                           seconds to come up, default 3600: index building)
+#   RETRIEVER_URLS          one retriever for every set (searchr1; r1searcher when neither corpus is given, with a
+#                           warning: the released eval uses two corpora). Default http://127.0.0.1:8000
 #   DATASETS        space-separated names or paths (default: the paper's sets for the protocol)
 #   DATA_DIR        shared data folder for dataset names (default ../shared/data)
 #   OUT_DIR         output folder (default ./eval_out/<model name>_<protocol>)
@@ -17,17 +29,21 @@
 #   JUDGE_URL       OpenAI-compatible endpoint for judge accuracy (e.g. a local `vllm serve` on :8001)
 #   JUDGE_MODEL     judge model name (default gpt-4o-mini); OPENAI_API_KEY is read for hosted endpoints
 #   PYTHON          interpreter (default: the checkout's .venv/bin/python if present, else python3)
-#   DRY_RUN=1       print the command, run nothing
+#   DRY_RUN=1       print what would be started and the eval command, run nothing
 
 set -euo pipefail
 USAGE="usage: eval.sh MODEL r1searcher|searchr1 [flags]"
 MODEL="${1:?$USAGE}"
 PROTOCOL="${2:?$USAGE}"
 shift 2
-REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$SCRIPT_DIR/../.." && pwd)"
 if [[ -z "${PYTHON:-}" ]]; then  # the checkout's .venv (make setup) when present, else the active python3
     if [[ -x "$REPO_ROOT/.venv/bin/python" ]]; then PYTHON="$REPO_ROOT/.venv/bin/python"; else PYTHON=python3; fi
 fi
+export PYTHON
+DRY_RUN="${DRY_RUN:-0}"
+log() { echo "[eval.sh] $*" >&2; }
 
 case "$PROTOCOL" in
     r1searcher) DEFAULT_SETS="hotpotqa_500 2wiki_500 musique_500 bamboogle"; DEFAULT_TOPK=5 ;;
@@ -37,14 +53,76 @@ esac
 read -r -a SETS <<< "${DATASETS:-$DEFAULT_SETS}"
 OUT_DIR="${OUT_DIR:-eval_out/$(basename "$MODEL")_${PROTOCOL}}"
 
+PIDS=()
+cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+# Start a retriever over CORPUS on PORT (start_retriever.sh builds its index when missing) and wait for /health.
+start_retriever() {
+    local name="$1" corpus="$2" port="$3" url="http://127.0.0.1:$3"
+    [[ -f "$corpus" ]] || { log "error: ${name} corpus $corpus does not exist"; exit 2; }
+    if [[ "$DRY_RUN" != "0" ]]; then
+        log "dry run: would start RETRIEVER_ENCODER=${RETRIEVER_ENCODER:-bge-large-en-v1.5} bash $SCRIPT_DIR/start_retriever.sh --corpus $corpus --port $port"
+        return 0
+    fi
+    mkdir -p "$OUT_DIR"
+    local logfile="$OUT_DIR/retriever_${name}.log"
+    RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-bge-large-en-v1.5}" \
+        bash "$SCRIPT_DIR/start_retriever.sh" --corpus "$corpus" --port "$port" > "$logfile" 2>&1 &
+    PIDS+=($!)
+    log "${name} retriever starting on $url (pid $!, log $logfile)"
+    "$PYTHON" - "$url" "$!" "${RETRIEVER_WAIT_S:-3600}" "$logfile" <<'PY' || exit 1
+import os, sys, time, urllib.request
+url, pid, wait_s, logfile = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+deadline = time.time() + wait_s
+while time.time() < deadline:
+    try:
+        urllib.request.urlopen(url + "/health", timeout=2).read()
+        sys.exit(0)
+    except Exception:
+        pass
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        print(f"[eval.sh] retriever {pid} exited before answering at {url}; log {logfile}:\n"
+              + open(logfile, errors="replace").read()[-2000:], file=sys.stderr)
+        sys.exit(1)
+    time.sleep(1)
+print(f"[eval.sh] retriever at {url} not healthy after {wait_s:.0f}s (log {logfile})", file=sys.stderr)
+sys.exit(1)
+PY
+}
+
+ROUTES="${RETRIEVER_URLS:-http://127.0.0.1:8000}"
+if [[ "$PROTOCOL" == "r1searcher" ]]; then
+    HOTPOTQA_URL="${HOTPOTQA_RETRIEVER_URL:-}"
+    KILT_URL="${KILT_RETRIEVER_URL:-}"
+    if [[ -z "$HOTPOTQA_URL" && -n "${HOTPOTQA_CORPUS:-}" ]]; then
+        HOTPOTQA_URL="http://127.0.0.1:${HOTPOTQA_PORT:-8001}"
+        start_retriever hotpotqa "$HOTPOTQA_CORPUS" "${HOTPOTQA_PORT:-8001}"
+    fi
+    if [[ -z "$KILT_URL" && -n "${KILT_CORPUS:-}" ]]; then
+        KILT_URL="http://127.0.0.1:${KILT_PORT:-8002}"
+        start_retriever kilt "$KILT_CORPUS" "${KILT_PORT:-8002}"
+    fi
+    if [[ -n "$HOTPOTQA_URL" && -n "$KILT_URL" ]]; then
+        ROUTES="hotpotqa=$HOTPOTQA_URL,default=$KILT_URL"
+    elif [[ -n "$HOTPOTQA_URL$KILT_URL" ]]; then
+        log "error: give both corpora (HOTPOTQA_RETRIEVER_URL or HOTPOTQA_CORPUS, and KILT_RETRIEVER_URL or KILT_CORPUS), or RETRIEVER_URLS for one retriever serving every set"
+        exit 2
+    else
+        log "warning: one retriever ($ROUTES) serves every set; the released eval retrieves HotpotQA from the abstracts and the others from KILT (set HOTPOTQA_* and KILT_*)"
+    fi
+    log "retrievers: $ROUTES"
+fi
+
 CMD=("$PYTHON" -m openrlhf_search.cli.eval --model "$MODEL" --protocol "$PROTOCOL" --datasets "${SETS[@]}"
-     --retriever_url "${RETRIEVER_URLS:-http://127.0.0.1:8000}" --topk "${TOPK:-$DEFAULT_TOPK}"
-     --out_dir "$OUT_DIR")
+     --retriever_url "$ROUTES" --topk "${TOPK:-$DEFAULT_TOPK}" --out_dir "$OUT_DIR")
 [[ -n "${DATA_DIR:-}" ]] && CMD+=(--data_dir "$DATA_DIR")
 [[ -n "${JUDGE_URL:-}" ]] && CMD+=(--judge_url "$JUDGE_URL" --judge_model "${JUDGE_MODEL:-gpt-4o-mini}")
 CMD+=("$@")
 
-if [[ "${DRY_RUN:-0}" != "0" ]]; then
+if [[ "$DRY_RUN" != "0" ]]; then
     printf '%q ' "${CMD[@]}"; echo
     exit 0
 fi

@@ -10,7 +10,9 @@
 #                                   64 prompts x 16 samples per step, updates of 256, KL 0;
 #             llama8b-instruct 1  = scripts/llama_reinforce_plus_train_stage1.sh: group_norm, 15 prompts x 16,
 #                                   updates of 60, KL 1e-4 (k1 in the reward), released stage-1 reward
-#                                   (r1searcher_released_llama_stage1: +-1 Cover-EM, +0.5 retrieval, +0.5 format);
+#                                   (r1searcher_released_llama_stage1: +-1 Cover-EM, +0.5 retrieval, +0.5 format)
+#                                   normalised as released: its server returns [score, 0] per sample, so each
+#                                   group_norm row is 8 samples of a prompt and 8 zeros (--search.group_norm_zero_pad);
 #             llama8b-instruct 2  = scripts/llama_reinforce_plus_train_stage2.sh: reinforce_baseline, 65 x 16,
 #                                   updates of 260, from the stage-1 checkpoint (STAGE1_CKPT), released stage-2 reward
 #                                   (r1searcher_released_llama_stage2: F1, -1 format).
@@ -18,16 +20,21 @@
 #             stop by hand, so no step cap unless you pass --train.max_steps), AdamW betas (0.9, 0.95), no weight
 #             decay, clip 0.2, loss averaged per sequence then over sequences, temperature 1 and top_p 0.95,
 #             512 tokens per generation call, no stop at </answer> (only at <|end_of_query|>), top-3, at most
-#             8 retrievals (9 calls), context 1,024 + 29,000.
+#             8 retrievals (9 calls), context 1,024 + 29,000; documents appended whole (no cap) and written as the
+#             HotpotQA abstracts TSV line "(1)Title: T Text:  abstract" (prepare that corpus with
+#             python -m retriever.prepare_corpus --format hotpotqa_abstracts); queries cleaned as released (quotes
+#             removed, whitespace collapsed).
 #   paper     the paper's recipe where it differs: two stages for both models (stage 1 reward = 0.5 retrieval +
 #             0.5 format, stage 2 = answer F1 with a -2 format penalty), REINFORCE++ (reinforce_baseline) in both
 #             stages; every other value as released. qwen7b-base stages 1 and 2 exist only in this setting (the
 #             released Qwen recipe is the single run).
 # Data (prompt/label jsonl from python -m openrlhf_search.cli.prepare_data with the policy's tokenizer, e.g.
 #   python -m openrlhf_search.cli.prepare_data --input ../shared/data/qa/r1searcher/stage_1.jsonl \
-#       --protocol r1searcher --tokenizer meta-llama/Llama-3.1-8B-Instruct --bucket --mix 0:2:1.5 \
+#       --protocol r1searcher --tokenizer meta-llama/Llama-3.1-8B-Instruct --chat_template --bucket --mix 0:2:1.5 \
 #       --out data/r1searcher_stage1_llama8b-instruct.jsonl
-# ): TRAIN_DATA default $DATA_DIR/r1searcher_<stage>_<model>.jsonl (base and chat renderings differ), EVAL_DATA
+# ; with --tokenizer the special tokens vLLM added to the released run's text prompts are written in front, so the
+# Llama prompts start with two <|begin_of_text|> as released): TRAIN_DATA default
+# $DATA_DIR/r1searcher_<stage>_<model>.jsonl (base and chat renderings differ), EVAL_DATA
 # default $DATA_DIR/r1searcher_eval_<model>.jsonl. Retriever: bge-large-en-v1.5 Flat; training corpus = the
 # HotpotQA 2017 abstracts (train/wiki_corpus_load.py); RETRIEVER_CORPUS is required (no default) or RETRIEVER_URLS.
 # Not from the released scripts (ours): eval every 20 steps on EVAL_DATA, layout (common.sh).
@@ -78,6 +85,9 @@ if [[ "$SETTING" == "paper" ]]; then
     [[ "$STAGE" == "1" ]] && SCHEME=r1searcher_stage1 || SCHEME=r1searcher_stage2
 fi
 ESTIMATOR="${ESTIMATOR_ENV:-$ESTIMATOR}"
+# the released Llama stage 1's [score, 0] rewards in group_norm rows of 16 (train/reward_server_llama_stage1.py:226)
+ZERO_PAD=false
+[[ "$MODEL_KEY/$STAGE/$SETTING/$ESTIMATOR" == "llama8b-instruct/1/released/group_norm" ]] && ZERO_PAD=true
 RUN="r1searcher_${MODEL_KEY}_stage${STAGE}"
 [[ "$STAGE" == "single" ]] && RUN="r1searcher_${MODEL_KEY}_single"
 TRAIN_DATA_FILE="${TRAIN_DATA:-$DATA_DIR/r1searcher_$([[ "$STAGE" == "single" ]] && echo stage2 || echo "stage$STAGE")_${MODEL_KEY}.jsonl}"
@@ -113,7 +123,9 @@ launch \
     --search.protocol r1searcher --search.chat_template "$CHAT" \
     --search.reward_scheme "$SCHEME" \
     --search.topk 3 --search.max_turns 9 --search.stop_at_answer false \
-    --search.max_new_tokens_per_turn 512 --search.max_obs_tokens 500 \
+    --search.max_new_tokens_per_turn 512 --search.max_obs_tokens 0 \
+    --search.passage_format hotpotqa_abstracts --search.query_cleaning r1searcher_train \
+    --search.group_norm_zero_pad "$ZERO_PAD" \
     --ckpt.output_dir "$OUTPUT_ROOT/$RUN" --ckpt.path "$OUTPUT_ROOT/$RUN/ckpt" --ckpt.save_steps "$SAVE_STEPS" \
     --ckpt.max_num "$MAX_CKPT" --ckpt.save_hf \
     --logger.tensorboard_dir "$OUTPUT_ROOT/$RUN/tensorboard"

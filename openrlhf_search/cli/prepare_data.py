@@ -2,7 +2,10 @@
 
 Inputs (any number, concatenated): FlashRAG rows (``id, question, golden_answers``; a local file, or a FlashRAG
 name such as ``flashrag:nq`` loaded from ``RUC-NLPIR/FlashRAG_datasets`` when no local copy exists), R1-Searcher
-jsonl (``question, answer``), Search-R1 parquet / jsonl (``prompt``, ``reward_model.ground_truth.target``).
+jsonl (``question, answer``), Search-R1 parquet / jsonl (``prompt``, ``reward_model.ground_truth.target``), and
+``nq_hotpotqa_train``: Search-R1's training set, the NQ + HotpotQA train merge its paper run trains on
+(``scripts/nq_hotpotqa/data_process.sh:5-6``; :func:`load_searchr1_train_merge`), ~170k questions from the hub
+(``searchr1_train:SRC1,SRC2`` merges other FlashRAG train splits the same way).
 
 Output rows (jsonl), what ``--data.input_key prompt --data.label_key label`` read in OpenRLHF::
 
@@ -13,7 +16,12 @@ Output rows (jsonl), what ``--data.input_key prompt --data.label_key label`` rea
 
 The prompt is rendered by the protocol (``protocol.build_prompt``), character for character as the paper's
 released code renders it for the POLICY's tokenizer (Search-R1: "?" appended, the policy's chat template with its
-own system turn, base models included), so train with ``--data.apply_chat_template`` off. Chat rendering needs
+own system turn, base models included), so train with ``--data.apply_chat_template`` off. R1-Searcher's released
+code gives its prompts to vLLM as text, which adds the tokenizer's special tokens (``<|begin_of_text|>`` for Llama-3,
+a second one in front of a chat prompt that already starts with it): with the policy's tokenizer those are written
+in front of the prompt (``--engine_special_tokens``, the default for r1searcher; ``protocol.engine_prompt``), so
+the executor, which tokenises without special tokens, sends the released token ids. Search-R1 tokenises its prompts
+without special tokens (``verl/utils/torch_functional.py:236``): off by default. Chat rendering needs
 ``--tokenizer`` (the policy's path or hub name) and never falls back to another tokenizer: a base and an instruct
 policy get separate files. ``rendering`` records how the prompt was made; ``cli.train`` checks it against
 ``--search.protocol`` / ``--search.chat_template`` and, when the policy's tokenizer loads, re-renders a prompt
@@ -26,8 +34,8 @@ Examples::
         --protocol r1searcher --out data/stage2.jsonl --eval_out data/stage2_eval.jsonl --eval_size 200
     python -m openrlhf_search.cli.prepare_data --input ../shared/data/qa/r1searcher/stage_1.jsonl \\
         --protocol r1searcher --bucket --mix 0:2:1.5 --out data/stage1.jsonl
-    python -m openrlhf_search.cli.prepare_data --input ../shared/data/qa/searchr1/nq_hotpotqa_train_sample.jsonl \\
-        --protocol searchr1 --tokenizer Qwen/Qwen2.5-7B --out data/searchr1_train_qwen2.5-7b_base.jsonl
+    python -m openrlhf_search.cli.prepare_data --input nq_hotpotqa_train \\
+        --protocol searchr1 --tokenizer Qwen/Qwen2.5-7B --out data/searchr1_train_qwen2.5_base.jsonl
 """
 
 import argparse
@@ -65,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "--no_chat_template (its released code renders every prompt with the policy's template)")
     p.add_argument("--template", default="train",
                    help="prompt variant: train (default) | eval (r1searcher: its released eval prompt)")
+    eng = p.add_mutually_exclusive_group()
+    eng.add_argument("--engine_special_tokens", dest="engine_special_tokens", action="store_true", default=None,
+                     help="write in front of each prompt the special tokens vLLM adds to a text prompt (the policy "
+                          "tokenizer's BOS for Llama-3; needs --tokenizer); default on for r1searcher, as released")
+    eng.add_argument("--no_engine_special_tokens", dest="engine_special_tokens", action="store_false")
     p.add_argument("--out", required=True, help="training prompt file (jsonl)")
     p.add_argument("--eval_out", default=None, help="held-out eval prompt file (jsonl)")
     p.add_argument("--eval_size", type=int, default=0, help="questions held out into --eval_out")
@@ -120,8 +133,22 @@ def chat_template_sha256(tokenizer) -> Optional[str]:
     return hashlib.sha256(template.encode("utf-8")).hexdigest()
 
 
-def rendering_record(protocol_name: str, chat: Optional[bool], tokenizer=None, template: str = "train") -> dict:
-    """How prompts are rendered: protocol, template, whether the chat template is applied, the tokenizer.
+#: protocols whose released code hands text prompts to vLLM (which adds the tokenizer's special tokens)
+ENGINE_SPECIAL_TOKENS_DEFAULT = {"r1searcher": True}
+
+
+def resolve_engine_special_tokens(protocol_name: str, value: Optional[bool], tokenizer=None) -> bool:
+    """``--engine_special_tokens`` resolved: the flag, else the protocol's released default
+    (:data:`ENGINE_SPECIAL_TOKENS_DEFAULT`); never without a tokenizer (nothing can be known to add)."""
+    if tokenizer is None:
+        return False
+    return ENGINE_SPECIAL_TOKENS_DEFAULT.get(protocol_name, False) if value is None else bool(value)
+
+
+def rendering_record(protocol_name: str, chat: Optional[bool], tokenizer=None, template: str = "train",
+                     engine_special_tokens: bool = False) -> dict:
+    """How prompts are rendered: protocol, template, whether the chat template is applied, the tokenizer, whether
+    the engine's special tokens are written in front (``protocol.engine_prompt``).
 
     Raises:
         ValueError: chat rendering without the policy's tokenizer, unknown protocol template.
@@ -138,7 +165,8 @@ def rendering_record(protocol_name: str, chat: Optional[bool], tokenizer=None, t
         protocol._apply_chat(tokenizer, [{"role": "user", "content": "?"}])
     return {"protocol": protocol.name, "template": template, "chat_template": use_chat,
             "tokenizer": (getattr(tokenizer, "name_or_path", None) or None) if tokenizer is not None else None,
-            "chat_template_sha256": chat_template_sha256(tokenizer) if use_chat else None}
+            "chat_template_sha256": chat_template_sha256(tokenizer) if use_chat else None,
+            "engine_special_tokens": bool(engine_special_tokens and tokenizer is not None)}
 
 
 def _first_row(path: str) -> Optional[dict]:
@@ -195,11 +223,15 @@ def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], polic
     if policy and os.path.isdir(policy):
         from openrlhf_search.protocol import get_protocol
 
+        from openrlhf_search.protocol import engine_prompt
+
         tokenizer = load_policy_tokenizer(policy)
         try:
             expected = get_protocol(protocol_name).build_prompt(
                 row["question"], tokenizer=tokenizer, chat=bool(record.get("chat_template")),
                 template=record.get("template", "train"))
+            if resolve_engine_special_tokens(protocol_name, record.get("engine_special_tokens"), tokenizer):
+                expected = engine_prompt(expected, tokenizer)
         except ValueError as e:
             raise RenderingError(f"{path}: cannot re-render with the policy tokenizer {policy}: {e}") from e
         if expected != row["prompt"]:
@@ -214,7 +246,8 @@ def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], polic
 
 
 def render_rows(examples: List[QAExample], protocol_name: str, chat: Optional[bool], tokenizer=None,
-                difficulty: Optional[dict] = None, template: str = "train") -> List[dict]:
+                difficulty: Optional[dict] = None, template: str = "train",
+                engine_special_tokens: bool = False) -> List[dict]:
     """Prompt rows for OpenRLHF (see module docstring).
 
     Args:
@@ -225,23 +258,80 @@ def render_rows(examples: List[QAExample], protocol_name: str, chat: Optional[bo
         tokenizer: the policy's tokenizer; required for chat rendering.
         difficulty: id -> bucket name, added as ``difficulty``.
         template: the protocol's prompt variant ("train"; r1searcher also "eval").
+        engine_special_tokens: write the engine's special tokens in front (``protocol.engine_prompt``; needs the
+            tokenizer).
     Raises:
         ValueError: chat rendering without the policy's tokenizer (or with one that has no template), bad template.
     """
-    from openrlhf_search.protocol import get_protocol
+    from openrlhf_search.protocol import engine_prompt, get_protocol
 
     protocol = get_protocol(protocol_name)
-    record = rendering_record(protocol_name, chat, tokenizer, template)
+    record = rendering_record(protocol_name, chat, tokenizer, template, engine_special_tokens)
     use_chat = record["chat_template"]
     rows = []
     for ex in examples:
         prompt = protocol.build_prompt(ex.question, tokenizer=tokenizer, chat=use_chat, template=template)
+        if record["engine_special_tokens"]:
+            prompt = engine_prompt(prompt, tokenizer)
         row = {"prompt": prompt, "label": json.dumps(ex.golds, ensure_ascii=False), "datasource": ex.data_source,
                "data_source": ex.data_source, "id": ex.id, "question": ex.question, "rendering": record}
         if difficulty is not None and ex.id in difficulty:
             row["difficulty"] = difficulty[ex.id]
         rows.append(row)
     return rows
+
+
+#: Search-R1's training set: the sources of ``scripts/nq_hotpotqa/data_process.sh:5`` (``DATA=nq,hotpotqa``)
+SEARCHR1_TRAIN_MERGE = "nq_hotpotqa_train"
+SEARCHR1_TRAIN_SOURCES = ("nq", "hotpotqa")
+
+
+def load_searchr1_train_merge(sources=SEARCHR1_TRAIN_SOURCES, limit: Optional[int] = None) -> List[QAExample]:
+    """Search-R1's training data as its released ``scripts/data_process/qa_search_train_merge.py`` builds it: for each
+    source, ``datasets.load_dataset("RUC-NLPIR/FlashRAG_datasets", source)["train"]`` (lines 55-59), every row in
+    order with its index within that source (``with_indices``, lines 62-93; ``extra_info.index``), sources
+    concatenated in the given order (line 99). The question is stripped and completed with "?" by the protocol
+    (lines 65-67 = ``SearchR1Protocol.normalize_question``) when rendered. Needs the hub (or a warm HF cache).
+
+    Args:
+        sources: FlashRAG config names, in merge order.
+        limit: first ``limit`` rows of each source.
+    Returns:
+        examples with id ``<source>_<index>``, ``data_source`` and ``extra["extra_info"] = {"split", "index"}``.
+    Raises:
+        DatasetError: the hub is unreachable, a source has no train split, or a row lacks question / answers.
+    """
+    from openrlhf_search.evaluation.loaders import FLASHRAG_HUB_REPO, example_from_row
+
+    out: List[QAExample] = []
+    for source in sources:
+        try:
+            import datasets
+
+            split = datasets.load_dataset(FLASHRAG_HUB_REPO, source)["train"]
+        except Exception as e:  # offline, unknown config, no train split: one clear line
+            raise DatasetError(f"Search-R1 training merge: FlashRAG {source!r} train split could not be loaded from "
+                               f"the hub {FLASHRAG_HUB_REPO} ({type(e).__name__}: {e})") from e
+        n = len(split) if limit is None else min(limit, len(split))
+        for idx in range(n):
+            row = dict(split[idx])
+            ex = example_from_row(row, idx, source)
+            ex.id, ex.data_source = f"{source}_{idx}", source
+            ex.extra["extra_info"] = {"split": "train", "index": idx}
+            out.append(ex)
+        logger.info("Search-R1 merge: %d rows of %s train", n, source)
+    return out
+
+
+def load_input(name: str, data_dir: Optional[str] = None, split: Optional[str] = None,
+               limit: Optional[int] = None) -> List[QAExample]:
+    """One ``--input``: the Search-R1 training merge (``nq_hotpotqa_train``, ``searchr1_train:SRC1,SRC2``) or anything
+    ``loaders.load_eval_dataset`` reads. Raises DatasetError."""
+    if name == SEARCHR1_TRAIN_MERGE and not os.path.isfile(name):
+        return load_searchr1_train_merge(SEARCHR1_TRAIN_SOURCES, limit)
+    if name.startswith("searchr1_train:") and not os.path.isfile(name):
+        return load_searchr1_train_merge(tuple(x for x in name.split(":", 1)[1].split(",") if x), limit)
+    return load_eval_dataset(name, data_dir=data_dir, split=split, limit=limit)
 
 
 def _write_jsonl(path: str, rows: List[dict]) -> None:
@@ -278,14 +368,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if args.tokenizer:
             tokenizer = load_policy_tokenizer(args.tokenizer)
-        rendering_record(args.protocol, args.chat, tokenizer, args.template)  # refuse before reading or sampling anything
+        if args.engine_special_tokens and tokenizer is None:
+            raise ValueError("--engine_special_tokens needs the policy's --tokenizer (its special tokens)")
+        engine_tokens = resolve_engine_special_tokens(args.protocol, args.engine_special_tokens, tokenizer)
+        # refuse before reading or sampling anything
+        rendering_record(args.protocol, args.chat, tokenizer, args.template, engine_tokens)
     except (ValueError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         examples: List[QAExample] = []
         for name in args.input:
-            examples.extend(load_eval_dataset(name, data_dir=args.data_dir, split=args.split, limit=args.limit))
+            examples.extend(load_input(name, data_dir=args.data_dir, split=args.split, limit=args.limit))
     except DatasetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -334,14 +428,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                   file=sys.stderr)
             return 2
         eval_rows = render_rows(examples[:args.eval_size], args.protocol, args.chat, tokenizer, difficulty,
-                                args.template)
+                                args.template, engine_tokens)
         examples = examples[args.eval_size:]
-    train_rows = render_rows(examples, args.protocol, args.chat, tokenizer, difficulty, args.template)
+    train_rows = render_rows(examples, args.protocol, args.chat, tokenizer, difficulty, args.template, engine_tokens)
     _write_jsonl(args.out, train_rows)
     logger.info("wrote %d training prompts to %s", len(train_rows), args.out)
     if args.eval_out:
         if not eval_rows:
-            eval_rows = render_rows(examples, args.protocol, args.chat, tokenizer, difficulty, args.template)
+            eval_rows = render_rows(examples, args.protocol, args.chat, tokenizer, difficulty, args.template,
+                                    engine_tokens)
         _write_jsonl(args.eval_out, eval_rows)
         logger.info("wrote %d eval prompts to %s", len(eval_rows), args.eval_out)
     return 0

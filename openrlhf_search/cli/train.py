@@ -42,6 +42,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 from openrlhf_search.config import ENV_VAR, ConfigError, SearchConfig
+from openrlhf_search.length_penalty import check_overlong_args, document_overlong_flags
 from openrlhf_search.schedules import add_schedule_arguments, resolved_schedule, validate_schedule_args
 
 OPENRLHF_TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
@@ -173,6 +174,8 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
             kind = _parse_bool_or_auto
         elif hint in (int, float, str):
             kind = hint
+        elif origin is typing.Union and int in args:  # Optional[int]: the field's doc says what 0 means
+            kind = int
         else:
             kind = str
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -203,7 +206,9 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
 
 def build_parser() -> argparse.ArgumentParser:
     """OpenRLHF's ``train_ppo_ray`` parser (built by its own code) with the search options added."""
-    return add_search_arguments(openrlhf_main().build_parser())
+    parser = add_search_arguments(openrlhf_main().build_parser())
+    document_overlong_flags(parser)  # the overlong budget is the trajectory's (openrlhf_search.length_penalty)
+    return parser
 
 
 def search_config_from_args(args) -> SearchConfig:
@@ -225,6 +230,14 @@ def validate_search(args, cfg: SearchConfig) -> None:
         RewardSchedule.from_args(args).validate(known_reward_schemes())
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    from openrlhf_search.protocol import get_protocol
+
+    get_protocol(cfg.protocol).with_options(cfg.passage_format, cfg.query_cleaning)  # a typo fails here, not in vLLM
+    if cfg.group_norm_zero_pad and (args.algo.advantage.estimator != "group_norm"
+                                    or args.rollout.n_samples_per_prompt % 2):
+        raise ConfigError("--search.group_norm_zero_pad needs --algo.advantage.estimator group_norm and an even "
+                          f"--rollout.n_samples_per_prompt (got {args.algo.advantage.estimator}, "
+                          f"{args.rollout.n_samples_per_prompt})")
     if not (0.0 <= args.search.max_failed_fraction <= 1.0):
         raise ConfigError(f"--search.max_failed_fraction must be in [0, 1], got {args.search.max_failed_fraction}")
     if not os.path.isfile(args.train.agent_func_path):
@@ -236,6 +249,10 @@ def validate_search(args, cfg: SearchConfig) -> None:
     if args.train.async_enable:
         raise ConfigError("--train.async_enable is not supported: OpenRLHF's async trainer bypasses the search "
                           "experience maker (masked GAE, failure handling)")
+    try:
+        check_overlong_args(args)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     check_prompt_files(args, cfg)
 
 

@@ -45,8 +45,16 @@ class EvalSettings:
         topk: passages per query (R1-Searcher eval 5, Search-R1 3).
         max_turns: model turns per question (Search-R1 4; R1-Searcher up to 8 retrievals).
         max_new_tokens: tokens per turn (Search-R1 500).
-        max_length: tokens of prompt + whole trajectory.
-        max_obs_tokens: tokens of one documents block.
+        max_length: tokens of prompt + whole trajectory; None: the engine's context length (:func:`context_length`;
+            R1-Searcher's released eval has no other limit).
+        max_obs_tokens: tokens of one documents block; None: no cap (R1-Searcher's released eval).
+        obs_cut: how a block over ``max_obs_tokens`` is cut (``SearchConfig.obs_cut``: "body" keeps the closing tag,
+            "block" is Search-R1's cut of the whole block).
+        engine_special_tokens: prompts carry, as text, the special tokens the released engine added to its text
+            prompts (``protocol.engine_prompt``: ``<|begin_of_text|>`` for Llama-3 in R1-Searcher's eval).
+        query_cleaning: ``SearchConfig.query_cleaning`` ("" none; R1-Searcher's released eval "r1searcher_eval").
+        passage_format: ``SearchConfig.passage_format`` of this run ("" the protocol's default); ``cli.eval`` sets it
+            per dataset from the eval setting.
         temperature: 0 = greedy (the papers' eval).
         n_samples: rollouts per question (1 for eval; N for difficulty bucketing).
         chat: chat template on/off; None = the protocol's default for the policy's tokenizer
@@ -67,8 +75,8 @@ class EvalSettings:
     topk: int = 3
     max_turns: int = 4
     max_new_tokens: int = 500
-    max_length: int = 4096
-    max_obs_tokens: int = 500
+    max_length: Optional[int] = 4096
+    max_obs_tokens: Optional[int] = 500
     temperature: float = 0.0
     n_samples: int = 1
     chat: Optional[bool] = None
@@ -82,6 +90,10 @@ class EvalSettings:
     extra_config: dict = field(default_factory=dict)
     template: str = "train"
     top_p: float = 1.0
+    obs_cut: str = "body"
+    engine_special_tokens: bool = False
+    query_cleaning: str = ""
+    passage_format: str = ""
 
     def check_template(self) -> None:
         """Raises ValueError when the protocol has no such prompt template, or asks for chat with one that is plain
@@ -102,15 +114,17 @@ class EvalSettings:
         return get_protocol(self.protocol).resolve_chat(self.chat, tokenizer)
 
     def render_prompt(self, question: str, tokenizer) -> str:
-        """The prompt of one question, rendered with the policy's tokenizer (``Protocol.build_prompt``).
+        """The prompt of one question, rendered with the policy's tokenizer (``Protocol.build_prompt``), with the
+        engine's special tokens in front when ``engine_special_tokens`` (``protocol.engine_prompt``).
 
         Raises:
             ValueError: empty question, chat rendering without a tokenizer that has a chat template, bad template.
         """
-        from openrlhf_search.protocol import get_protocol
+        from openrlhf_search.protocol import engine_prompt, get_protocol
 
-        return get_protocol(self.protocol).build_prompt(question, tokenizer=tokenizer, chat=self.chat,
-                                                        template=self.template)
+        prompt = get_protocol(self.protocol).build_prompt(question, tokenizer=tokenizer, chat=self.chat,
+                                                          template=self.template)
+        return engine_prompt(prompt, tokenizer) if self.engine_special_tokens else prompt
 
     def search_config(self):
         """The ``SearchConfig`` the executor runs with. Raises ConfigError on bad values."""
@@ -121,7 +135,9 @@ class EvalSettings:
         scheme = self.reward_scheme or ("searchr1_em" if self.protocol == "searchr1" else "r1searcher_stage2")
         return SearchConfig(protocol=self.protocol, chat_template=self.chat, retriever_urls=urls, topk=self.topk,
                             max_turns=self.max_turns, max_new_tokens_per_turn=self.max_new_tokens,
-                            max_obs_tokens=self.max_obs_tokens, reward_scheme=scheme, **self.extra_config)
+                            max_obs_tokens=self.max_obs_tokens, reward_scheme=scheme, obs_cut=self.obs_cut,
+                            query_cleaning=self.query_cleaning, passage_format=self.passage_format,
+                            **self.extra_config)
 
     def sampling_params(self, protocol):
         """vLLM ``SamplingParams`` of one turn: stop at the end-of-query / end-of-answer tags, keep the tag."""
@@ -130,6 +146,24 @@ class EvalSettings:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_new_tokens,
                               stop=list(protocol.stop_strings), include_stop_str_in_output=True,
                               seed=self.seed if self.temperature > 0 else None)
+
+
+def context_length(engine, tokenizer=None) -> int:
+    """The context length (tokens) an engine serves: ``max_model_len`` of the CPU engine, of vLLM's model config, or
+    the tokenizer's ``model_max_length``. The trajectory budget when no ``max_length`` is given.
+
+    Raises:
+        ValueError: none of them is known (give ``--max_length``).
+    """
+    candidates = [getattr(engine, "max_model_len", None)]
+    for owner in (getattr(engine, "llm", None), engine):
+        cfg = getattr(owner, "model_config", None)
+        candidates.append(getattr(cfg, "max_model_len", None))
+    candidates.append(getattr(tokenizer, "model_max_length", None))
+    for value in candidates:
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 10 ** 8:
+            return value
+    raise ValueError("the engine's context length is unknown: give --max_length")
 
 
 def _stop_reason(out: dict, prediction: str, max_turns: int) -> str:
@@ -209,6 +243,7 @@ async def run_eval(examples: Sequence[QAExample], settings: EvalSettings, engine
         client = RetrievalClient.from_config(cfg)
         executor = SearchAgentExecutor(cfg, retrieval_client=client)
     params = settings.sampling_params(protocol)
+    max_length = settings.max_length or context_length(engine, tokenizer)
     sem = asyncio.Semaphore(settings.concurrency)
     jobs = [(ex, s) for ex in examples for s in range(settings.n_samples)]
     # rendered up front: a rendering error (no policy tokenizer for a chat prompt) is raised once, before any rollout
@@ -220,7 +255,7 @@ async def run_eval(examples: Sequence[QAExample], settings: EvalSettings, engine
             try:
                 out = await executor.execute(prompt=prompt, label=json.dumps(ex.golds), sampling_params=params.clone()
                                              if hasattr(params, "clone") else params,
-                                             max_length=settings.max_length, hf_tokenizer=tokenizer,
+                                             max_length=max_length, hf_tokenizer=tokenizer,
                                              llm_engine=engine)
                 row = build_row(ex, s, out, protocol, tokenizer, cfg.max_turns, prompt=prompt)
             except Exception as e:  # one bad rollout must not end a multi-hour eval; the row says what happened

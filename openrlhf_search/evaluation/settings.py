@@ -8,20 +8,35 @@ R1-Searcher (arXiv 2503.05592, sec. 4.1), ``released``:
 
 - prompt: ``base_prompt_v0`` (``evaluation/eval_search_loacl.py:58-62``, chosen by ``evaluation/gen_search.sh:1``
   ``--prompt_type v0``, applied at ``eval_search_loacl.py:85-88``), plain text for base and instruct models alike
-  (the string goes to ``LLM.generate`` at line 186: no chat template);
+  (the string goes to ``LLM.generate`` at line 186: no chat template), with the special tokens vLLM adds to a text
+  prompt (``add_special_tokens=True``: ``<|begin_of_text|>`` for Llama-3, nothing for Qwen;
+  ``protocol.engine_prompt``);
 - top-k 5 (``eval_search_loacl.py:230``, sent as ``k`` at line 268);
 - greedy: ``--temp 0.0`` (``gen_search.sh:1``); ``top_p`` 0.95 and 512 tokens per generation call
   (``eval_search_loacl.py:173``), stop at ``<|end_of_query|>`` / ``</answer>`` / EOS (line 172);
 - at most 9 generation calls whose output counts (line 203: the 10th call's output is dropped as "many_retrieve");
-- one retriever per dataset corpus (``--port`` per run, ``gen_search.sh:1``): HotpotQA on the HotpotQA abstracts,
-  2Wiki / MuSiQue / Bamboogle on KILT 100-word passages (the corpus is the retriever's, named in the output table);
+- no cap on a documents block nor on the trajectory: every retrieved passage is appended whole (lines 276-285) and
+  the only limit is the model's context (``LLM(model=...)`` at line 149 sets no ``max_model_len``): ``max_obs_tokens``
+  and ``max_length`` None (``cli.eval --max_obs_tokens N --max_length N`` cap them, and the table says so);
+- queries cleaned as released: quotes, tabs and "..." removed (line 228; ``protocol.clean_query``);
+- one retriever per dataset corpus (``--port`` per run, ``gen_search.sh:1``; ``train/wiki_corpus_load.py:55-62``):
+  HotpotQA on the HotpotQA 2017 abstracts (passages written ``(i)Title: T Text:  abstract``), 2Wiki / MuSiQue /
+  Bamboogle on KILT 100-word passages (``(i)Title   text``), the line the retriever returns minus its id (lines
+  277-279); ``cli.eval --retriever_url hotpotqa=URL1,default=URL2`` routes each set to its corpus;
 - judge: ``evaluation/metric_calc_gpt_as_judge.py`` (prompt lines 64-69, one user message line 90, gpt-4o-mini line
   91, ``max_tokens`` 1024 and the server's default temperature lines 31-38): ``judge.JUDGE_PROMPTS["r1searcher"]``;
 - sets: ``data/eval_set/{hotpotqa_500,2wiki_500,musique_500,bamboogle}.jsonl``.
 
-R1-Searcher ``paper``: the same, except the prompt is the training template (``datasets/prompts_dataset.py:24-31``;
-the paper prints one prompt and no separate eval prompt) with the chat template for instruct models
-(``prompts_dataset.py:10-20``), and 500 tokens per call (this project's turn budget; the paper states none).
+What the released loop does that ours does not: it strips each generated turn before appending it
+(``generated_text.strip()``, line 235) and re-tokenises the whole text at the next call; our executor keeps the
+sampled tokens (token-in/token-out), so a turn the model begins or ends with whitespace is kept as sampled. On the
+published trace, whose turns are already stripped, the prompts are the same (``tests/test_traces.py``).
+
+R1-Searcher ``paper``: the same, except the prompt is the training template in the only form the paper prints, the
+base-model prompt (``datasets/prompts_dataset.py:24-31``; the paper shows one template and no separate eval prompt
+or chat rendering, DESIGN.md sec. 3), as plain text for every model, instruct ones included (``chat`` False;
+``--chat_template`` renders the chat form of ``prompts_dataset.py:10-20`` instead), and 500 tokens per call (this
+project's turn budget; the paper states none).
 
 Search-R1 (arXiv 2503.09516, sec. 4), ``released`` = ``paper`` (the released eval matches the paper's text):
 
@@ -30,10 +45,12 @@ Search-R1 (arXiv 2503.09516, sec. 4), ``released`` = ``paper`` (the released eva
   every question (``scripts/nq_hotpotqa/evaluate.sh:17`` ``data.val_data_num=null``; a number would sample,
   ``verl/trainer/ppo/ray_trainer.py:403-407``);
 - prompt: the training prompt ("?" appended, the policy's chat template), ``qa_search_test_merge.py:75-78``,
-  ``verl/utils/dataset/rl_dataset.py:128-131``;
+  ``verl/utils/dataset/rl_dataset.py:128-131``, tokenised without special tokens
+  (``verl/utils/torch_functional.py:236``);
 - top-k 3 (``evaluate.sh:65``), ``max_turns`` 4 searches (``evaluate.sh:63``) + the final answering call
   (``search_r1/llm_agent/generation.py:234, 278``) = 5 model turns, 500 tokens per call (``evaluate.sh:21``), 500
-  tokens per observation (``evaluate.sh:23``), greedy (``ray_trainer.py:478`` ``do_sample: False``);
+  tokens per observation block cut as one string (``evaluate.sh:23``, ``generation.py:80-89``), a 4,096-token context
+  (``evaluate.sh:20``), greedy (``ray_trainer.py:478`` ``do_sample: False``);
 - metric: EM; no judge.
 """
 
@@ -60,6 +77,15 @@ class PaperEvalSetting:
         top_p: nucleus sampling (irrelevant when greedy; recorded for parity).
         judge_prompt: ``judge.JUDGE_PROMPTS`` key, or None when the paper reports no judge metric.
         datasets: default eval sets (``loaders.load_eval_dataset`` names).
+        max_obs_tokens: tokens of one documents block; None: no cap.
+        max_length: tokens of prompt + trajectory; None: the model's context length.
+        obs_cut: how a block over the cap is cut (``SearchConfig.obs_cut``).
+        engine_special_tokens: write the special tokens the released engine adds to a text prompt in front of it
+            (``protocol.engine_prompt``).
+        query_cleaning: ``SearchConfig.query_cleaning`` ("" none).
+        passage_format: dataset key -> ``SearchConfig.passage_format`` (key "default" for the others;
+            :func:`for_dataset`).
+        corpus: dataset key -> the corpus the released eval retrieves from for it (key "default"), for the table.
         sources: setting -> "file:line" it was read from.
     """
 
@@ -74,6 +100,13 @@ class PaperEvalSetting:
     top_p: float
     judge_prompt: Optional[str]
     datasets: Tuple[str, ...]
+    max_obs_tokens: Optional[int] = 500
+    max_length: Optional[int] = 4096
+    obs_cut: str = "body"
+    engine_special_tokens: bool = False
+    query_cleaning: str = ""
+    passage_format: Dict[str, str] = field(default_factory=dict)
+    corpus: Dict[str, str] = field(default_factory=dict)
     sources: Dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -96,6 +129,15 @@ _R1_RELEASED_SOURCES = {
     "top_p": _R1 + "evaluation/eval_search_loacl.py:173",
     "judge_prompt": _R1 + "evaluation/metric_calc_gpt_as_judge.py:31-38,64-69,90-91",
     "datasets": _R1 + "data/eval_set/",
+    "max_obs_tokens": _R1 + "evaluation/eval_search_loacl.py:275-285 (every retrieved passage appended whole)",
+    "max_length": _R1 + "evaluation/eval_search_loacl.py:149 (LLM(model=...): the model's own context length)",
+    "engine_special_tokens": _R1 + "evaluation/eval_search_loacl.py:186 (a string to LLM.generate, which tokenises "
+                                   "it with add_special_tokens=True: vllm/renderers/base.py:353)",
+    "query_cleaning": _R1 + "evaluation/eval_search_loacl.py:227-228",
+    "passage_format": _R1 + "evaluation/eval_search_loacl.py:277-279 (the corpus line minus its id); "
+                            "train/wiki_corpus_load.py:55-56 (hotpotqa: the abstracts TSV), 61-62 (kilt); "
+                            "wiki_corpus_index_bulid/split_kilt_to_100.py:47 (the KILT line)",
+    "corpus": _R1 + "evaluation/gen_search.sh:1 (--port: one retriever per corpus); train/wiki_corpus_load.py:55-62",
 }
 _SR_SOURCES = {
     "template": _SR + "scripts/data_process/qa_search_test_merge.py:32-36,75-78",
@@ -108,22 +150,39 @@ _SR_SOURCES = {
     "judge_prompt": "none: Search-R1 reports EM",
     "datasets": _SR + "scripts/data_process/qa_search_test_merge.py:61-69; scripts/nq_hotpotqa/data_process.sh:9; "
                       "scripts/nq_hotpotqa/evaluate.sh:17 (val_data_num=null: every question)",
+    "max_obs_tokens": _SR + "scripts/nq_hotpotqa/evaluate.sh:23",
+    "max_length": _SR + "scripts/nq_hotpotqa/evaluate.sh:20 (max_prompt_length: the rolling context)",
+    "obs_cut": _SR + "search_r1/llm_agent/generation.py:80-89 (the block of line 391 tokenised, then cut)",
+    "engine_special_tokens": _SR + "verl/utils/torch_functional.py:236 (add_special_tokens=False)",
+    "query_cleaning": _SR + "search_r1/llm_agent/generation.py:425 (stripped only)",
+    "corpus": _SR + "retrieval_launch.sh:4 (wiki-18 for every set)",
 }
+
+#: R1-Searcher's released eval: HotpotQA against the abstracts, every other set against KILT (gen_search.sh --port)
+_R1_PASSAGE_FORMAT = {"hotpotqa": "hotpotqa_abstracts", "default": "kilt"}
+_R1_CORPUS = {"hotpotqa": "HotpotQA 2017 abstracts", "default": "KILT 2019 100-word passages"}
+_R1_COMMON = dict(topk=5, max_turns=9, temperature=0.0, judge_prompt="r1searcher", datasets=_R1_SETS,
+                  max_obs_tokens=None, max_length=None, engine_special_tokens=True, query_cleaning="r1searcher_eval",
+                  passage_format=_R1_PASSAGE_FORMAT, corpus=_R1_CORPUS)
 
 SETTINGS: Dict[Tuple[str, str], PaperEvalSetting] = {
     ("r1searcher", "released"): PaperEvalSetting(
-        "r1searcher", "released", template="eval", chat=False, topk=5, max_turns=9, max_new_tokens=512,
-        temperature=0.0, top_p=0.95, judge_prompt="r1searcher", datasets=_R1_SETS, sources=_R1_RELEASED_SOURCES),
+        "r1searcher", "released", template="eval", chat=False, max_new_tokens=512, top_p=0.95,
+        sources=_R1_RELEASED_SOURCES, **_R1_COMMON),
     ("r1searcher", "paper"): PaperEvalSetting(
-        "r1searcher", "paper", template="train", chat=None, topk=5, max_turns=9, max_new_tokens=500,
-        temperature=0.0, top_p=1.0, judge_prompt="r1searcher", datasets=_R1_SETS,
+        "r1searcher", "paper", template="train", chat=False, max_new_tokens=500, top_p=1.0,
         sources=dict(_R1_RELEASED_SOURCES,
-                     template=_R1 + "OpenRLHF-RAG/openrlhf/datasets/prompts_dataset.py:24-31 (the paper's prompt)",
-                     chat=_R1 + "OpenRLHF-RAG/openrlhf/datasets/prompts_dataset.py:10-20 (instruct models)",
-                     max_new_tokens="this project's turn budget (the paper states none)")),
+                     template=_R1 + "OpenRLHF-RAG/openrlhf/datasets/prompts_dataset.py:24-31 (the base-model "
+                                    "prompt, the one template the paper prints)",
+                     chat="plain text for every model: the paper prints the base-model prompt only (DESIGN.md "
+                          "sec. 3); --chat_template gives prompts_dataset.py:10-20",
+                     max_new_tokens="this project's turn budget (the paper states none)"),
+        **_R1_COMMON),
     ("searchr1", "released"): PaperEvalSetting(
         "searchr1", "released", template="train", chat=None, topk=3, max_turns=5, max_new_tokens=500,
-        temperature=0.0, top_p=1.0, judge_prompt=None, datasets=_SR_SETS, sources=_SR_SOURCES),
+        temperature=0.0, top_p=1.0, judge_prompt=None, datasets=_SR_SETS, max_obs_tokens=500, max_length=4096,
+        obs_cut="block", engine_special_tokens=False, query_cleaning="", corpus={"default": "wiki-18"},
+        sources=_SR_SOURCES),
 }
 SETTINGS[("searchr1", "paper")] = PaperEvalSetting(**dict(SETTINGS[("searchr1", "released")].to_dict(),
                                                           name="paper"))
@@ -140,3 +199,22 @@ def eval_setting(protocol: str, name: str = "released") -> PaperEvalSetting:
     except KeyError:
         raise ValueError(f"no eval setting {name!r} for protocol {protocol!r}; known: "
                          f"{sorted(f'{p}:{n}' for p, n in SETTINGS)}") from None
+
+
+def dataset_key(name: str, keys) -> str:
+    """The key of a per-dataset table (``passage_format``, ``corpus``, ``cli.eval --retriever_url``) that applies to
+    dataset ``name``: the name itself, else its canonical paper name (``hotpotqa_500`` -> ``hotpotqa``,
+    ``paper_reference.canonical_dataset``), else "default". Returns "" when none is in ``keys``."""
+    from openrlhf_search.evaluation.paper_reference import canonical_dataset
+
+    keys = set(keys)
+    for key in (name, canonical_dataset(name), "default"):
+        if key and key in keys:
+            return key
+    return ""
+
+
+def for_dataset(table: Dict[str, str], name: str, default: str = "") -> str:
+    """``table[dataset_key(name, table)]``, or ``default`` when no key applies."""
+    key = dataset_key(name, table)
+    return table[key] if key else default

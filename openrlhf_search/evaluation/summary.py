@@ -87,6 +87,19 @@ def _fmt(value: Optional[float]) -> str:
     return "–" if value is None else f"{value:.3f}"
 
 
+def _caps(setup: Dict[str, Any]) -> str:
+    """", documents block ..., context ..." for the setting line, when the setup records them (a cut that the
+    released eval does not make must be visible beside the numbers)."""
+    if "max_obs_tokens" not in setup and "max_length" not in setup:
+        return ""
+    obs = setup.get("max_obs_tokens")
+    docs = "documents uncut" if obs is None else f"documents cut at {obs} tokens"
+    length = setup.get("max_length")
+    context = (f"context {length} tokens" if length is not None else
+               f"context uncapped (the model's {setup.get('context_tokens', '?')} tokens)")
+    return f", {docs}, {context}"
+
+
 def format_table(summaries: Dict[str, Dict[str, Any]], setup: Dict[str, Any], paper: Optional[str] = None) -> str:
     """Markdown table: for each dataset our row, then every reference row of the papers for that dataset.
 
@@ -101,8 +114,8 @@ def format_table(summaries: Dict[str, Dict[str, Any]], setup: Dict[str, Any], pa
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     used_setups = {}
     for name, s in summaries.items():
-        ours = [name, "ours", str(setup.get("model", "?")), str(setup.get("corpus", "?")),
-                str(setup.get("retriever", "?")), str(setup.get("topk", "?")), str(s.get("n", ""))]
+        ours = [name, "ours", str(setup.get("model", "?")), str(s.get("corpus", setup.get("corpus", "?"))),
+                str(s.get("retriever", setup.get("retriever", "?"))), str(setup.get("topk", "?")), str(s.get("n", ""))]
         ours += [_fmt(s.get(m)) for m in METRIC_COLUMNS]
         lines.append("| " + " | ".join(ours) + " |")
         by_model: Dict[str, Dict[str, Any]] = {}
@@ -124,7 +137,7 @@ def format_table(summaries: Dict[str, Dict[str, Any]], setup: Dict[str, Any], pa
         lines.append(f"- ours: {setup.get('protocol', '?')} {setup['setting']} eval setting (prompt template "
                      f"{setup.get('template', '?')}, chat template {setup.get('chat_template', '?')}, "
                      f"{setup.get('max_turns', '?')} turns x {setup.get('max_new_tokens', '?')} tokens, temperature "
-                     f"{setup.get('temperature', '?')}).")
+                     f"{setup.get('temperature', '?')}{_caps(setup)}).")
     if setup.get("judge"):
         lines.append(f"- ours: judge {setup['judge']}.")
     return "\n".join(lines)

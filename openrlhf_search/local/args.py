@@ -26,6 +26,7 @@ import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 from openrlhf.utils.config import hierarchize
 
 from openrlhf_search.config import ConfigError, SearchConfig
+from openrlhf_search.length_penalty import OVERLONG_BUFFER_HELP, OVERLONG_FACTOR_HELP, check_overlong_args
 from openrlhf_search.local.device import DEVICE_CHOICES, DeviceError, resolve_device
 
 ESTIMATORS = ("gae", "group_norm", "reinforce_baseline", "rloo", "reinforce")
@@ -157,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most sequences the CPU engine decodes together (concurrent turns share each forward pass)")
     p.add_argument("--rollout.max_new_tokens", type=int, default=None,
                    help="tokens per model turn (default: --search.max_new_tokens_per_turn)")
+    # reward shaping (as the cluster path: openrlhf_search.length_penalty)
+    p.add_argument("--reward.overlong_buffer_len", type=float, default=None, help=OVERLONG_BUFFER_HELP)
+    p.add_argument("--reward.overlong_penalty_factor", type=float, default=1.0, help=OVERLONG_FACTOR_HELP)
     # training
     p.add_argument("--train.max_steps", type=int, default=10, help="RL steps")
     p.add_argument("--train.max_epochs", type=int, default=1, help="optimiser passes over each rollout batch")
@@ -238,7 +242,8 @@ def parse_args(argv=None):
             parser.error(f"--{name} must be >= 1")
     try:
         args.search_config = search_config_from_args(args)
-    except ConfigError as e:
+        check_overlong_args(args)
+    except (ConfigError, ValueError) as e:
         parser.error(str(e))
     try:  # "auto" becomes the device actually used; "cuda" without CUDA is an error here, before any work
         args.train.device = resolve_device(args.train.device)

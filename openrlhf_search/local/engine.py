@@ -111,6 +111,7 @@ class HFEngine:
         self._worker: Optional[threading.Thread] = None  # the engine thread, while there is work
         self._request_counter = itertools.count()
         self._unfinished = 0
+        self._was_training = False  # the model's mode when the engine thread took it (restored before the last answer)
         cfg = getattr(model, "config", None)
         self.max_model_len = max_model_len or getattr(cfg, "max_position_embeddings", None) or 32768
         self.vocab_size = getattr(cfg, "vocab_size", None) or len(tokenizer)
@@ -272,14 +273,13 @@ class HFEngine:
             with self._queue_lock:
                 if not self._queue:
                     return
-            was_training = self.model.training
-            self.model.eval()
+            self._was_training = self.model.training
             self._capture_on = bool(self._capture_layers)
             try:
                 self._run_continuous()
             finally:
                 self._capture_on, self._captured = False, None
-                if was_training:
+                if self._was_training:
                     self.model.train()
 
     def _admit(self, free_rows: int) -> List["_Request"]:
@@ -305,6 +305,7 @@ class HFEngine:
                     items = self._admit(self.max_batch_size - rows_now) \
                         if running is None or running.reshapable else []
                     if items:
+                        self.model.eval()  # again after an idle moment gave the mode back (below)
                         new_rows = [_Row(self, item, i) for item in items for i in range(item.params.n)]
                         for item in items:
                             inflight[item.request_id] = (item, [r for r in new_rows if r.item is item])
@@ -325,6 +326,12 @@ class HFEngine:
                         running = running.keep([b for b, r in enumerate(running.rows) if not r.done])
                         if running is None:
                             self.stats["batches"] += 1
+                            with self._queue_lock:
+                                idle = not self._queue
+                            if idle and self._was_training:
+                                # the caller may read model.training the moment it is answered: give the mode back
+                                # first (a request arriving meanwhile is admitted above, which sets eval again)
+                                self.model.train()
                         self._answer_finished(inflight)  # counters first: a caller may read them once answered
                         if running is None:
                             continue  # admit what arrived meanwhile, or return

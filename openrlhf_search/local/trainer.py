@@ -43,6 +43,7 @@ from vllm import SamplingParams
 
 from openrlhf_search.agent import SearchAgentExecutor
 from openrlhf_search.config import SearchConfig
+from openrlhf_search.length_penalty import overlong_penalized_from_args
 from openrlhf_search.local import checkpoint as ckpt
 from openrlhf_search.local.critic import ValueCritic
 from openrlhf_search.local.device import describe_device
@@ -375,7 +376,9 @@ class LocalSearchTrainer:
                        time_rollout_s=t_rollout, time_step_s=time.perf_counter() - t0, skipped=1)
             return row
 
-        r_all = torch.tensor(rewards, dtype=torch.float32)
+        # the cluster path's overlong penalty, with the same trajectory budget (openrlhf_search.length_penalty)
+        r_all = overlong_penalized_from_args(torch.tensor(rewards, dtype=torch.float32),
+                                             [o["extra_logs"].get("response_tokens", 0.0) for o in outs], a)
         valid = torch.tensor(kept)
         shaped_all = self.updater.shape_rewards(r_all, valid)
         t1 = time.perf_counter()

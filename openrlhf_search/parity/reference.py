@@ -148,6 +148,13 @@ SEARCHR1: List[Ref] = [
         only=("ppo",)),
     Ref("algo.kl.estimator", "k3", f"{_GRPO}:57, {_CORE}:264", "low_var_kl (k3, clamped to [-10, 10])",
         only=("grpo",)),
+    Ref("behaviour.kl_clamp", "none", f"{_CORE}:253-254", "kl_penalty kl: logprob - ref_logprob, unclamped",
+        only=("ppo",)),
+    Ref("behaviour.kl_clamp", "[-10, 10]", f"{_CORE}:264-268", "low_var_kl clamped", only=("grpo",)),
+    Ref("behaviour.grpo_group_key", "extra_info.index",
+        f"{_RT}:744, scripts/data_process/qa_search_train_merge.py:86,93",
+        "uid = the row's index within its source (with_indices per source): an NQ and a HotpotQA row with the same "
+        "index in one batch form one group of 10", only=("grpo",)),
     # critic (PPO)
     Ref("critic.adam.lr", 1e-5, f"{_PPO}:59", only=("ppo",)),
     Ref("critic.lr_scheduler", "constant_with_warmup", f"{_YAML}:99, {_FSDP}:677", only=("ppo",)),
@@ -158,12 +165,17 @@ SEARCHR1: List[Ref] = [
     Ref("critic.max_norm", 1.0, f"{_YAML}:125", only=("ppo",)),
     Ref("behaviour.critic_from_actor_model", True, f"{_PPO}:62", "critic.model.path=$BASE_MODEL", only=("ppo",)),
     # length of training
-    Ref("train.max_steps", 1005, f"{_PPO}:82, {_GRPO}:73, {_RT}:845", "total_training_steps; stops there"),
+    Ref("train.max_steps", 1004, f"{_PPO}:82, {_GRPO}:73, {_RT}:673,843-845",
+        "total_training_steps=1005, but global_steps starts at 1 (line 673) and the loop returns once it reaches "
+        "1005 after a step (843-845): 1,004 training steps"),
     Ref("train.num_episodes", 15, f"{_PPO}:81, {_GRPO}:72", "total_epochs (an upper bound; the step cap ends first)"),
     # rollout / environment
     Ref("data.max_len", 4096, f"{_PPO}:33", "max_prompt_length: the whole rolling context"),
     Ref("search.max_new_tokens_per_turn", 500, f"{_PPO}:34", "max_response_length (per turn)"),
     Ref("search.max_obs_tokens", 500, f"{_PPO}:36", "max_obs_length"),
+    Ref("search.obs_cut", "block", f"{_GEN}:80-89,391",
+        "the whole block (newlines, tags, passages) tokenised as one string and cut to its first max_obs_length "
+        "tokens: the closing tag goes first"),
     Ref("search.max_turns", 5, f"{_PPO}:85, {_GEN}:234,278",
         "max_turns=4 search turns, then one final rollout without search = 5 generation calls"),
     Ref("search.topk", 3, f"{_PPO}:87"),
@@ -192,6 +204,8 @@ _L2 = "scripts/llama_reinforce_plus_train_stage2.sh"
 _TP = "OpenRLHF-RAG/openrlhf/cli/train_ppo_ray.py"
 _EM = "OpenRLHF-RAG/openrlhf/trainer/ppo_utils/experience_maker.py"
 _PA = "OpenRLHF-RAG/openrlhf/trainer/ray/ppo_actor.py"
+_PT = "OpenRLHF-RAG/openrlhf/trainer/ppo_trainer.py"
+_RB = "OpenRLHF-RAG/openrlhf/trainer/ppo_utils/replay_buffer.py"
 
 
 def _per_model(setting: str, q, l1, l2, line: int, note: str = "") -> List[Ref]:
@@ -225,6 +239,11 @@ R1SEARCHER: List[Ref] = [
     Ref("search.max_new_tokens_per_turn", 512, f"{_EM}:1105", "max_tokens per generation call, hard-coded"),
     Ref("search.max_turns", 9, f"{_EM}:1102,1127", "the call with t == 8 is the last: 8 retrievals + 1"),
     Ref("search.topk", 3, f"{_EM}:1189"),
+    Ref("search.max_obs_tokens", None, f"{_EM}:1196-1207", "documents appended whole: no cap"),
+    Ref("search.passage_format", "hotpotqa_abstracts", f"{_EM}:1200-1201, train/wiki_corpus_load.py:12-16,55-56",
+        "the corpus line minus its id: the HotpotQA abstracts TSV, (1)Title: T Text:  abstract"),
+    Ref("search.query_cleaning", "r1searcher_train", f"{_EM}:1143-1145",
+        "double quotes removed, stripped, whitespace collapsed"),
     Ref("behaviour.stop_at_answer", False, f"{_EM}:1087,1105",
         "the only stop string is <|end_of_query|>; text after </answer> is scored by the format checks"),
     Ref("data.max_len", 30024, f"{_Q}:66-67", "prompt_max_len 1024 + generate_max_len 29000"),
@@ -235,8 +254,24 @@ R1SEARCHER: List[Ref] = [
     Ref("actor.entropy_coef", None, "OpenRLHF-RAG/openrlhf/models/loss.py:81", "no entropy term"),
     Ref("actor.loss_agg_mode", "seq-mean-token-mean", "OpenRLHF-RAG/openrlhf/models/loss.py:81",
         "masked_mean(loss, mask, dim=-1).mean(): per sequence, then over sequences"),
-    Ref("behaviour.advantage_whitening", False, f"{_EM}:570-578",
-        "group baselines only; no batch whitening after them"),
+    Ref("behaviour.advantage_whitening", True, f"{_PT}:255-256, {_RB}:235-317",
+        "replay_buffer.normalize('advantages') over action tokens for every estimator but group_norm",
+        only=("qwen",)),
+    Ref("behaviour.advantage_whitening", False, f"{_PT}:255-256", "group_norm is the one estimator not whitened",
+        only=("llama", "stage1")),
+    Ref("behaviour.advantage_whitening", True, f"{_PT}:255-256, {_RB}:235-317",
+        "replay_buffer.normalize('advantages') over action tokens for every estimator but group_norm",
+        only=("llama", "stage2")),
+    Ref("search.group_norm_zero_pad", False, "train/reward_server_qwen_zero.py:268", "one score per sample",
+        only=("qwen",)),
+    Ref("search.group_norm_zero_pad", True,
+        f"train/reward_server_llama_stage1.py:226, {_TP}:21-22, {_EM}:564-567,823, {_L1}:58",
+        "[score, 0] per sample; the [N, 2] rewards reshaped to rows of 16 = 8 samples + 8 zeros; micro-rollout "
+        "batch 1, so each sample gets its own normalised score", only=("llama", "stage1")),
+    Ref("search.group_norm_zero_pad", False, "train/reward_server_llama_stage2.py:251", "one score per sample",
+        only=("llama", "stage2")),
+    Ref("behaviour.kl_clamp", "none", "OpenRLHF-RAG/openrlhf/models/utils.py:24-36",
+        "log_probs - log_probs_base, unclamped"),
     Ref("ckpt.save_steps", 20, f"{_Q}:78", only=("qwen",)),
     Ref("ckpt.save_steps", 10, f"{_L1}:77", only=("llama", "stage1")),
     Ref("ckpt.save_steps", 20, f"{_L2}:78", only=("llama", "stage2")),
@@ -254,7 +289,7 @@ R1SEARCHER: List[Ref] = [
     Ref("eval.steps", None, _Q, "no evaluation during training"),
     Ref("retriever.encoder", "bge-large-en-v1.5", "train/wiki_corpus_load.py:47"),
     Ref("retriever.index_type", "flat", "wiki_corpus_index_bulid/build_corpus_index.py:38", "Flat, inner product"),
-    Ref("retriever.corpus", "hotpotqa-2017-abstracts", "train/wiki_corpus_load.py:53-54",
+    Ref("retriever.corpus", "hotpotqa-2017-abstracts", "train/wiki_corpus_load.py:55-56",
         "training: enwiki-20171001 abstracts (HotpotQA's); eval of 2Wiki/MuSiQue/Bamboogle: KILT 100-word passages"),
 ]
 
@@ -267,6 +302,11 @@ PAPER_OVERRIDES: Dict[str, List[Ref]] = {
         Ref("search.reward_scheme", "r1searcher_stage1", _PAPER, "0.5 retrieval + 0.5 format", only=("stage1",)),
         Ref("search.reward_scheme", "r1searcher_stage2", _PAPER, "F1, -2 format", only=("stage2",)),
         Ref("algo.advantage.estimator", "reinforce_baseline", _PAPER, "REINFORCE++ with a group baseline",
+            only=("llama", "stage1")),
+        Ref("behaviour.advantage_whitening", True, _PAPER + " with the released trainer, which whitens every "
+            "estimator but group_norm (OpenRLHF-RAG/openrlhf/trainer/ppo_trainer.py:255-256)",
+            "REINFORCE++ advantages whitened", only=("llama", "stage1")),
+        Ref("search.group_norm_zero_pad", False, _PAPER, "the paper's estimator is not group_norm",
             only=("llama", "stage1")),
     ],
 }
@@ -304,6 +344,10 @@ BEHAVIOUR: Dict[str, Callable[[Any, Any], Any]] = {
     # the DeepSpeed engine steps the scheduler at every optimizer step
     "behaviour.lr_scheduler_steps_per": lambda a, c: "optimizer update",
     "behaviour.advantage_whitening": _uses_whitening,
+    # OpenRLHF 0.11.2 models/utils.py compute_approx_kl: value.clamp(min=-10, max=10) for every estimator
+    "behaviour.kl_clamp": lambda a, c: "[-10, 10]",
+    # OpenRLHF groups the n_samples_per_prompt samples of one prompt (experience_maker; ours keeps that)
+    "behaviour.grpo_group_key": lambda a, c: "prompt",
     # the executor stops a turn at </answer> unless --search.stop_at_answer false
     "behaviour.stop_at_answer": lambda a, c: c.stop_at_answer,
 }
@@ -317,8 +361,19 @@ DOCUMENTED: Dict[Tuple[str, str, Optional[str]], str] = {
         "copying its optimiser setup (wd 0.01 at lr 1e-6 moves a weight by 1e-8 per step)",
     ("searchr1", "behaviour.lr_scheduler_steps_per", None):
         "DeepSpeed steps the scheduler per update; the warm-up covers the same fraction of training "
-        "(ceil(0.285 x 1005 x updates) updates = 286.4 steps vs verl's int(0.285 x 1005) = 286), the rate "
-        "rises within a step during warm-up and is constant afterwards in both",
+        "(ceil(0.285 x 1004 x updates) updates = 286.5 steps for PPO's 2 updates a step, 286.2 for GRPO's 10, vs "
+        "verl's int(0.285 x 1005) = 286), the rate rises within a step during warm-up and is constant afterwards "
+        "in both",
+    ("searchr1", "behaviour.kl_clamp", None):
+        "OpenRLHF 0.11.2's compute_approx_kl clamps every estimator to [-10, 10] (models/utils.py); unclamping k1 "
+        "means replacing that function (copying OpenRLHF). A clamp acts only where one token's log-ratio between "
+        "policy and reference passes 10 (a probability ratio of e^10 = 22,026), and at KL coefficient 0.001 each unit "
+        "of log-ratio beyond 10 is 0.001 of reward on that token",
+    ("searchr1", "behaviour.grpo_group_key", None):
+        "OpenRLHF groups each prompt's own samples. The released key collides only when an NQ and a HotpotQA row "
+        "with the same per-source index share a batch: 512 prompts drawn from the 169,615 rows (79,168 NQ, 90,447 "
+        "HotpotQA) hold about 79,168 x (512 / 169,615)^2 = 0.72 such pairs a step, 1.4 of the 512 groups (0.28%) "
+        "normalised as one group of 10; reproducing it would group by data index in the experience maker",
     ("searchr1", "search.chat_template", None):
         "the cluster trainer receives prompts already rendered by prepare_data (render them with the policy's "
         "tokenizer, base included: that engineer's deliverable 3); the flag drives eval and the CPU trainer",
@@ -328,10 +383,10 @@ DOCUMENTED: Dict[Tuple[str, str, Optional[str]], str] = {
     ("r1searcher", "retriever.corpus", None):
         "the corpus is not shipped: the launcher requires RETRIEVER_CORPUS (HotpotQA 2017 abstracts for training "
         "parity) or RETRIEVER_URLS and prints what it will serve",
-    ("r1searcher", "behaviour.advantage_whitening", None):
-        "OpenRLHF 0.11.2 whitens reinforce_baseline advantages over the batch (experience_maker.py "
-        "compute_advantages_and_returns); the vendored code did not. Turning it off needs a change in "
-        "openrlhf_search/experience_maker.py (issue 10's file); the sign and ranking of advantages are unchanged",
+    ("r1searcher", "behaviour.kl_clamp", None):
+        "OpenRLHF 0.11.2's compute_approx_kl clamps k1 to [-10, 10] (models/utils.py); unclamping it means replacing "
+        "that function (copying OpenRLHF). A clamp acts only where one token's log-ratio passes 10 (a probability "
+        "ratio of e^10 = 22,026); the Qwen run has KL coefficient 0, the Llama runs 1e-4",
     ("r1searcher", "eval.steps", None):
         "ours evaluates on the eval file every 20 steps (a monitoring addition; it does not change training)",
 }

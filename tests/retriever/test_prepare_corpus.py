@@ -114,3 +114,21 @@ def test_cli_refuses_to_write_over_its_input(tmp_path, capsys):
         main(["--input", str(src), "--output", str(tmp_path / "." / "pages.jsonl")])
     assert e.value.code == 2 and "is the input file" in capsys.readouterr().err
     assert src.read_text() == before  # the KILT dump is still there
+
+
+def test_hotpotqa_abstract_rows_auto_detected_and_bad_rows_named(tmp_path):
+    from retriever.prepare_corpus import abstract_text, detect_format
+
+    assert detect_format({"title": "T", "text": ["A.", " B."]}) == "hotpotqa_abstracts"
+    assert abstract_text(["A.", " B.", [" C."]]) == "A.  B.  C."  # HotpotQA sentences keep their leading space
+    with pytest.raises(CorpusError):
+        abstract_text("not a list")
+    src = tmp_path / "abs.jsonl"
+    src.write_text('{"title": "T", "text": ["First.", " Second."]}\n{"title": "Empty", "text": []}\n'
+                   '{"title": "U", "text": ["Only."]}\n')
+    rows = list(iter_prepared(str(src)))
+    assert rows == [{"id": "0", "title": "T", "text": "First.  Second.", "contents": '"T"\nFirst.  Second.'},
+                    {"id": "1", "title": "U", "text": "Only.", "contents": '"U"\nOnly.'}]  # the empty one skipped
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"title": "T", "text": ["x"]}\n{"title": 3, "text": ["y"]}\n')
+    assert main(["--input", str(bad), "--output", str(tmp_path / "o.jsonl"), "--format", "hotpotqa_abstracts"]) == 2

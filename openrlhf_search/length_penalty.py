@@ -1,0 +1,150 @@
+"""The overlong penalty of a multi-turn search trajectory: which budget it is measured against.
+
+DAPO's soft overlong punishment (arXiv 2503.14476 sec. 3.4), as OpenRLHF 0.11.2 implements it
+(``openrlhf/trainer/ppo_utils/length_penalty.py``, ``apply_overlong_penalty``), adds to the reward of a response of
+``L`` tokens, with budget ``L_max`` and buffer ``L_cache`` (``--reward.overlong_buffer_len``) and factor ``f``
+(``--reward.overlong_penalty_factor``)::
+
+    0                                          if L <= L_max - L_cache
+    -min(L - (L_max - L_cache), L_cache) / L_cache * f   otherwise (at most -f)
+
+OpenRLHF takes ``L_max = --rollout.max_new_tokens``, the generation limit of a single-turn response. A search
+trajectory is up to ``max_turns`` generation calls, each limited to ``max_new_tokens_per_turn``, and ``L`` here is
+every token the policy sampled over all of its turns (never the retrieved passages; issue 10 item 2). Measured
+against the per-turn limit, which is what ``examples/scripts/searchr1.sh`` passes as ``--rollout.max_new_tokens
+500``, three turns of 200 tokens, each well within its limit, measured 600 and with ``--reward.overlong_buffer_len
+100`` a correct answer's reward 1.0 became 0.0 (issue 18 item 5). The budget is therefore the most a trajectory
+can sample::
+
+    L_max = --search.max_turns x --search.max_new_tokens_per_turn
+
+and ``--rollout.max_new_tokens`` is not read by the penalty. The cluster path (``experience_maker``, through
+OpenRLHF's own ``apply_length_penalties``) and the CPU job (``local/trainer.py``, through OpenRLHF's
+``apply_overlong_penalty``) both use this budget, so the same trajectory gets the same reward on either. The context
+limit (``--data.max_len``, prompt and documents included) can end a trajectory before it samples ``L_max`` tokens;
+that is a ``context_full`` stop, not an overlong response.
+"""
+
+import copy
+from types import SimpleNamespace
+from typing import Optional, Sequence
+
+import torch
+
+import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
+from openrlhf.trainer.ppo_utils.length_penalty import apply_overlong_penalty
+
+from openrlhf_search.config import SearchConfig
+
+OVERLONG_BUFFER_HELP = (
+    "DAPO overlong penalty (arXiv 2503.14476 sec. 3.4): a trajectory whose policy-sampled tokens over all turns "
+    "exceed L_max - buffer loses up to --reward.overlong_penalty_factor, linearly over the buffer; L_max = "
+    "--search.max_turns x --search.max_new_tokens_per_turn (not --rollout.max_new_tokens; retrieved passages never "
+    "count). Default: no penalty")
+OVERLONG_FACTOR_HELP = "largest overlong penalty, reached at L_max sampled tokens (default 1)"
+
+
+def overlong_budget(max_turns: int, max_new_tokens_per_turn: int) -> int:
+    """``L_max`` of the overlong penalty: the most tokens a trajectory can sample, ``max_turns`` generation calls of
+    at most ``max_new_tokens_per_turn`` tokens each.
+
+    Raises:
+        ValueError: a count below 1.
+    """
+    if max_turns < 1 or max_new_tokens_per_turn < 1:
+        raise ValueError(f"max_turns ({max_turns}) and max_new_tokens_per_turn ({max_new_tokens_per_turn}) must be "
+                         ">= 1")
+    return int(max_turns) * int(max_new_tokens_per_turn)
+
+
+def overlong_budget_from_args(args) -> int:
+    """:func:`overlong_budget` of ``args.search.max_turns`` / ``max_new_tokens_per_turn`` (flags left unset, None,
+    take :class:`SearchConfig`'s defaults), for both the cluster and the CPU job's argument namespaces."""
+    search = getattr(args, "search", None)
+    turns = getattr(search, "max_turns", None)
+    per_turn = getattr(search, "max_new_tokens_per_turn", None)
+    return overlong_budget(SearchConfig.max_turns if turns is None else turns,
+                           SearchConfig.max_new_tokens_per_turn if per_turn is None else per_turn)
+
+
+def _check_buffer(buffer_len: float, budget: int) -> None:
+    if not 0 < buffer_len <= budget:
+        raise ValueError(f"--reward.overlong_buffer_len {buffer_len} must be in (0, {budget}], the trajectory budget "
+                         "--search.max_turns x --search.max_new_tokens_per_turn")
+
+
+def args_with_overlong_budget(args):
+    """A shallow copy of OpenRLHF's ``args`` whose ``rollout.max_new_tokens`` is the trajectory budget, for
+    OpenRLHF's ``apply_length_penalties`` (the only reader there); ``args`` itself is left as it is. Returns ``args``
+    unchanged without ``--reward.overlong_buffer_len``.
+
+    Raises:
+        ValueError: the buffer is not in (0, budget].
+    """
+    buffer_len = getattr(getattr(args, "reward", None), "overlong_buffer_len", None)
+    if buffer_len is None:
+        return args
+    budget = overlong_budget_from_args(args)
+    _check_buffer(buffer_len, budget)
+    view = copy.copy(args)
+    view.rollout = copy.copy(args.rollout)
+    view.rollout.max_new_tokens = budget
+    return view
+
+
+def check_overlong_args(args) -> None:
+    """Refuse, before any rollout, a ``--reward.overlong_buffer_len`` outside (0, trajectory budget].
+
+    Raises:
+        ValueError: with a one-line message naming the flags.
+    """
+    buffer_len = getattr(getattr(args, "reward", None), "overlong_buffer_len", None)
+    if buffer_len is not None:
+        _check_buffer(buffer_len, overlong_budget_from_args(args))
+
+
+def document_overlong_flags(parser) -> None:
+    """Replace the help of OpenRLHF's ``--reward.overlong_*`` flags (parser built by OpenRLHF's own code) with what
+    they mean for a search trajectory."""
+    for action in parser._actions:
+        if "--reward.overlong_buffer_len" in action.option_strings:
+            action.help = OVERLONG_BUFFER_HELP
+        elif "--reward.overlong_penalty_factor" in action.option_strings:
+            action.help = OVERLONG_FACTOR_HELP
+
+
+def overlong_penalized(rewards: torch.Tensor, sampled_tokens: Sequence[float], budget: int,
+                       buffer_len: Optional[float], factor: float = 1.0) -> torch.Tensor:
+    """Rewards with the overlong penalty added, by OpenRLHF's own ``apply_overlong_penalty`` (the CPU job's path).
+
+    Args:
+        rewards: [N] float rewards (not modified).
+        sampled_tokens: N counts of tokens the policy sampled over all turns (``extra_logs["response_tokens"]``).
+        budget: ``L_max`` (:func:`overlong_budget`).
+        buffer_len: ``--reward.overlong_buffer_len``; None: no penalty, ``rewards`` returned as they are.
+        factor: ``--reward.overlong_penalty_factor``.
+
+    Returns:
+        [N] float32 (or wider) rewards.
+    Raises:
+        ValueError: lengths differ, or the buffer is not in (0, budget].
+    """
+    if buffer_len is None:
+        return rewards
+    if len(sampled_tokens) != rewards.numel():
+        raise ValueError(f"{len(sampled_tokens)} lengths for {rewards.numel()} rewards")
+    _check_buffer(buffer_len, budget)
+    out = rewards.reshape(-1).to(torch.promote_types(rewards.dtype, torch.float32)).clone()
+    stand_in = SimpleNamespace(rewards=out, response_length=torch.as_tensor(list(sampled_tokens), dtype=torch.float32))
+    apply_overlong_penalty([stand_in], budget, buffer_len, factor)
+    return out.reshape(rewards.shape)
+
+
+def overlong_penalized_from_args(rewards: torch.Tensor, sampled_tokens: Sequence[float], args) -> torch.Tensor:
+    """:func:`overlong_penalized` with the budget, buffer and factor of the CPU job's ``args``."""
+    reward = getattr(args, "reward", None)
+    buffer_len = getattr(reward, "overlong_buffer_len", None)
+    if buffer_len is None:
+        return rewards
+    return overlong_penalized(rewards, sampled_tokens, overlong_budget_from_args(args), buffer_len,
+                              getattr(reward, "overlong_penalty_factor", 1.0))
