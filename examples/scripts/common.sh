@@ -164,10 +164,11 @@ check_inputs() {
 # Refuse a training file too short for the LR warm-up (a run that never leaves it): the steps the data gives,
 # EPISODES x ceil(rows / PROMPTS_PER_STEP) capped at MAX_STEPS (OpenRLHF trains a last partial batch), against
 # ceil(WARMUP_RATIO x MAX_STEPS) warm-up steps. One line saying why; ALLOW_SHORT=1 starts anyway. Not in
-# DRY_RUN=argv (a test hook without data files).
+# DRY_RUN=argv (a test hook without data files) nor in CPU_CLUSTER=1.
 check_data_steps() {
     local file="$1" per_step="$2" episodes="$3" max_steps="$4" ratio="$5" msg
     [[ "$DRY_RUN" == "argv" ]] && return 0
+    [[ "$CPU_CLUSTER" == "1" ]] && return 0  # the tiny assets with CPU_ARGS' own steps and batches
     msg="$("$PYTHON" - "$file" "$per_step" "$episodes" "$max_steps" "$ratio" <<'PY'
 import math, sys
 path, per_step, episodes, max_steps, ratio = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
