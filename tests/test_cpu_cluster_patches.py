@@ -231,6 +231,21 @@ class _StubActor(torch.nn.Module):
         return (logp, SimpleNamespace(entropy=None)) if return_output else logp
 
 
+@pytest.fixture
+def cpu_replay_buffer(monkeypatch):
+    """The replay buffer as the CPU cluster's workers have it (patch 7 of openrlhf_search/cpu_cluster.py: OpenRLHF
+    builds ``cuda:{current_device()}``, which is ``cuda:cpu`` once ``current_device`` returns "cpu"); undone after
+    the test."""
+    import openrlhf.trainer.ppo_utils.replay_buffer as rb
+
+    from openrlhf_search import cpu_cluster
+
+    monkeypatch.setattr(rb.NaiveReplayBuffer, "__init__", rb.NaiveReplayBuffer.__init__)
+    monkeypatch.setattr(rb.NaiveReplayBuffer, "_openrlhf_search_cpu", False, raising=False)
+    cpu_cluster._patch_replay_buffer(rb)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+
+
 def _stub_trainer(cls, experiences):
     from openrlhf.trainer.ppo_utils import NaiveReplayBuffer
 
@@ -277,7 +292,7 @@ def _experiences():
     return rows
 
 
-def test_actor_training_statistics_leave_failed_samples_out(monkeypatch):
+def test_actor_training_statistics_leave_failed_samples_out(cpu_replay_buffer):
     """Issue 18 item 7, through OpenRLHF's real ``ActorPPOTrainer.ppo_train`` + ``training_step``: the logged
     per-sample statistics (reward, return, turns, total length) are means over the two trained samples. OpenRLHF's
     own trainer class (the code before the fix) averages the failed ones in: that is asserted too, so the test
@@ -287,7 +302,6 @@ def test_actor_training_statistics_leave_failed_samples_out(monkeypatch):
     from openrlhf_search.loss import empty_mask_safe_actor_trainer
     from openrlhf_search.trainer import SearchActorPPOTrainer
 
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
     expect = {"reward": 0.8, "return": 0.8, "turns": 2.0, "total_length": 12.0, "response_length": 5.0}
     new = _stub_trainer(SearchActorPPOTrainer, _experiences()).ppo_train(0.0)
     for key, value in expect.items():
@@ -299,12 +313,11 @@ def test_actor_training_statistics_leave_failed_samples_out(monkeypatch):
     assert ppo_actor.ActorPPOTrainer is not None
 
 
-def test_a_micro_batch_of_failed_samples_only_carries_no_weight(monkeypatch):
+def test_a_micro_batch_of_failed_samples_only_carries_no_weight(monkeypatch, cpu_replay_buffer):
     """Every sample of a micro-batch failed (micro-batch size 2, both failed): its statistics have ~0 weight, the
     means are those of the other micro-batch, nothing divides by zero."""
     from openrlhf_search.trainer import SearchActorPPOTrainer
 
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
     rows = _experiences()
     rows = [rows[1], rows[3], rows[0], rows[2]]  # failed, failed | trained, trained
     trainer = _stub_trainer(SearchActorPPOTrainer, rows)
