@@ -42,17 +42,22 @@ SCENARIO = ["--actor.model_name_or_path", "tiny", "--search.max_new_tokens_per_t
             "2", "--actor.tiny.num_heads", "2", "--actor.trainable_layers", "1", "--algo.advantage.estimator", "gae",
             "--algo.advantage.gamma", "0.9", "--algo.advantage.lambd", "0.95", "--train.max_epochs", "2",
             "--warmstart.sft_steps", "2", "--warmstart.num_examples", "4", "--warmstart.batch_size", "2",
-            "--train.max_steps", "1", "--eval.disable", "--ckpt.no_load"]
+            "--train.max_steps", "1", "--eval.disable", "--ckpt.no_load", "--data.validation_size", "0"]
 # metrics.jsonl step 1 and warmstart.jsonl of SCENARIO before --train.device existed (commit 7763df6, CPU)
+# The values that follow the sampled tokens (critic_grad_norm, entropy, grad_norm, policy_loss, ppo_kl, value_loss)
+# re-recorded on the learninfra branch (after 84500c2, CPU) when rollouts moved to per-sample seeds and vLLM's
+# exponential-race sampler (issue 17 item 7: other sampled tokens; main at 27cdf80 still gave the old values). The
+# scenario keeps every training question (--data.validation_size 0), so its warm start and prompts are those of the
+# recording (the warm-start losses are unchanged to the last digit).
 GOLDEN_STEP1 = {
     "advantage_abs": 0.8538381457328796, "answer_present": 0.0, "answer_rate": 0.0, "clip_ratio": 0.0,
-    "cover_em": 0.0, "critic_grad_norm": 1.7985131740570068, "data_epoch": 0, "data_pos": 0, "em": 0.0,
-    "entropy": 11.923082987467447, "excluded": 0, "excluded_retrieval_failed": 0, "f1": 0.0, "format_ok": 0.0,
-    "grad_norm": 0.25595879554748535, "invalid_actions": 1.0, "kl": 0.0, "kl_loss": 0.0, "lr": 0.0001,
-    "nan_skipped": 0, "obs_tokens": 0.0, "policy_loss": -0.0008761286735534668, "ppo_kl": -0.00010881821071961895,
+    "cover_em": 0.0, "critic_grad_norm": 1.8101425170898438, "data_epoch": 0, "data_pos": 0, "em": 0.0,
+    "entropy": 11.923067092895508, "excluded": 0, "excluded_retrieval_failed": 0, "f1": 0.0, "format_ok": 0.0,
+    "grad_norm": 0.26073044538497925, "invalid_actions": 1.0, "kl": 0.0, "kl_loss": 0.0, "lr": 0.0001,
+    "nan_skipped": 0, "obs_tokens": 0.0, "policy_loss": -0.0008983053267002106, "ppo_kl": 1.7841657609096728e-05,
     "queries": 0.0, "response_length": 12.0, "response_tokens": 12.0, "retrieval_failovers": 0.0,
     "retrieval_requests": 1.0, "reward": -2.0, "reward_std": 0.0, "samples": 2, "step": 1, "total_length": 214.0,
-    "truncated": 1.0, "turns": 1.0, "valid_searches": 0.0, "value_loss": 0.6011990904808044}
+    "truncated": 1.0, "turns": 1.0, "valid_searches": 0.0, "value_loss": 0.6012530326843262}
 GOLDEN_WARMSTART = [11.936856269836426, 11.890850067138672]
 
 
