@@ -60,7 +60,7 @@ class Arm:
 def build_arms(critic_lr: float = DEFAULT_CRITIC_LR) -> Dict[str, Arm]:
     """The arms in table order (main first); ``critic_lr`` is arm (c)'s ``--critic.adam.lr``."""
     return {a.name: a for a in (
-        Arm("main", "main: GRPO, masking on, search on (the preset)", ()),
+        Arm("main", "main: the preset as is (default: GRPO, masking on, search on)", ()),
         Arm("a", "(a) masking off (retrieved tokens in the loss)", ("--train.mask_retrieved_tokens", "false")),
         Arm("b", "(b) no search at training time (evaluated with search)", ("--train.no_search",)),
         Arm("c", f"(c) PPO: critic + GAE instead of GRPO (critic lr {critic_lr:g})",
