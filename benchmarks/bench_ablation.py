@@ -1,129 +1,291 @@
-"""The papers' two central claims in miniature, on the CPU main job (embedded default, SmolLM2-135M-Instruct):
+"""Ablations of the CPU main job in one table (issue 17 item 6), each arm with the main arm's warm start:
 
-(a) retrieved-token masking on vs off (Search-R1, arXiv 2503.09516 sec. 5.3 / table 4): the same RL, but with the
-    loss, KL and advantages also on the retrieved passages (``--train.mask_retrieved_tokens false``);
-(b) RL with the retriever vs the same RL with search disabled (every search returns no passage, so the answers come
-    from the model's own memory; ``--train.no_search``), the comparison behind both papers' main tables.
+- main: the preset as is (``train_local --preset default``: GRPO ``group_norm``, retrieved-token masking on, search
+  on);
+- (a) masking off (Search-R1, arXiv 2503.09516 sec. 5.3 / table 4): the same RL with loss, KL and advantages also on
+  the retrieved passages (``--train.mask_retrieved_tokens false``);
+- (b) no search at training time only (``--train.no_search``): the RL rollouts get empty documents, while the warm
+  start and both evaluations search the real retriever as the main arm does, so the row measures what RL without
+  retrieval teaches a searching model, evaluated with search;
+- (c) PPO with a critic and GAE instead of GRPO (Search-R1's PPO-vs-GRPO panel (a)): ``--algo.advantage.estimator
+  gae`` with Search-R1's released PPO settings, read from PeterGriffinJin/Search-R1 at a14dc3a4ffc6:
+  gamma = lambda = 1.0 (``verl/trainer/config/ppo_trainer.yaml`` lines 153-154, unset in ``train_ppo.sh``); the KL a
+  reward penalty (ppo_trainer.yaml line 36 ``use_kl_loss: False``, line 157 ``kl_penalty: kl`` = our k1; coefficient
+  0.001, ``train_ppo.sh`` line 70, as the preset's); value clip 0.5 (ppo_trainer.yaml line 126 ``cliprange_value``);
+  no critic warm-up (train_ppo.sh line 72). The critic's learning rate is ``--critic_lr`` (default 2e-3: 10x the
+  preset's actor lr 2e-4, the ratio of train_ppo.sh line 61 ``critic.optim.lr=1e-5`` to line 43
+  ``actor.optim.lr=1e-6``), to be chosen on ``--split validation``. Not copied: Search-R1's PPO samples one
+  trajectory per prompt (train_ppo.sh line 58 ``n_agent=1``) where its GRPO samples 5 (train_grpo.sh line 62) from
+  the same 512 prompts (line 34 of both), i.e. a fifth of GRPO's trajectories per step; here arm (c) keeps the main
+  arm's 4 prompts x 4 trajectories per step, so the two differ only in the advantage estimator and the critic, on
+  equal rollout compute (with 4 trajectories per step, 20 steps would hold 80 trajectories in all).
 
-Every arm is the main job (``train_local --preset default``) with the same seed, data, warm start and held-out
-questions, against one retriever service started here. Each cell is a mean over the held-out questions with its
-bootstrap 95% interval; differences between arms are paired over the same questions. Reported as measured, whatever
-the outcome. Takes about 3x the main job (at most ~30 minutes on 2 idle cores).
+Every arm is ``train_local --preset default`` with the same seed, data, warm start and evaluated questions
+(``--split``, passed as ``--eval.split``: settings such as ``--critic_lr`` are chosen on ``validation``, the README
+reports ``heldout``), against one retriever service started here. Each cell is a mean over the questions with its
+bootstrap 95% interval; differences are paired over the same questions (after - before within an arm; arm - main
+between arms). A line per arm checks the shared warm start: its before-RL greedy predictions (and whole
+trajectories) against the main arm's. Reported as measured, whatever the outcome. About 4x the main job.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_ablation.py [--steps N] [--seed S]
-Writes ``<out>/ablation.json`` and ``<out>/ablation.md``.
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_ablation.py --split validation [--arms main,c] [--critic_lr X]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_ablation.py --split heldout [--reuse_main RUN_DIR] [--steps N]
+Writes ``<out>/ablation.json`` (with the split, seed, steps, critic lr and each arm's command) and
+``<out>/ablation.md``.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import time
+from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-ARMS = {
-    "RL with search, masking on (main job)": [],
-    "(a) retrieved tokens in the loss (masking off)": ["--train.mask_retrieved_tokens", "false"],
-    "(b) RL without search (empty documents)": ["--train.no_search"],
-}
+DEFAULT_CRITIC_LR = 2e-3  # 10x the preset's actor lr, Search-R1's critic/actor ratio (see the module docstring)
 
 
-def run_arm(name, extra, ds, url, out, a) -> dict:
-    run_dir = os.path.join(out, "arm_" + str(list(ARMS).index(name)))
-    cmd = [sys.executable, "-m", "openrlhf_search.cli.train_local", "--preset", "default",
-           "--train_data", ds.train_path, "--eval_data", ds.eval_path, "--search.retriever_urls", url,
-           "--ckpt.output_dir", run_dir, "--ckpt.no_load"] + extra
-    if a.steps is not None:
-        cmd += ["--train.max_steps", str(a.steps)]
-    if a.seed is not None:
-        cmd += ["--train.seed", str(a.seed)]
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One arm: its short name (``--arms``), the table label and the train_local flags added to the preset."""
+
+    name: str
+    label: str
+    flags: Tuple[str, ...]
+
+
+def build_arms(critic_lr: float = DEFAULT_CRITIC_LR) -> Dict[str, Arm]:
+    """The arms in table order (main first); ``critic_lr`` is arm (c)'s ``--critic.adam.lr``."""
+    return {a.name: a for a in (
+        Arm("main", "main: the preset as is (default: GRPO, masking on, search on)", ()),
+        Arm("a", "(a) masking off (retrieved tokens in the loss)", ("--train.mask_retrieved_tokens", "false")),
+        Arm("b", "(b) no search at training time (evaluated with search)", ("--train.no_search",)),
+        Arm("c", f"(c) PPO: critic + GAE instead of GRPO (critic lr {critic_lr:g})",
+            ("--algo.advantage.estimator", "gae", "--algo.advantage.gamma", "1.0", "--algo.advantage.lambd", "1.0",
+             "--algo.kl.estimator", "k1", "--critic.value_clip", "0.5", "--critic.adam.lr", repr(float(critic_lr)))),
+    )}
+
+
+def arm_argv(arm: Arm, train_path: str, eval_path: str, url: str, run_dir: str, split: str,
+             steps: Optional[int] = None, seed: Optional[int] = None, preset: str = "default",
+             extra: Sequence[str] = ()) -> List[str]:
+    """The ``python -m openrlhf_search.cli.train_local`` arguments of ``arm`` (the preset first, the arm's flags
+    after it so that they win; ``extra``, given to every arm, last)."""
+    argv = ["--preset", preset, "--train_data", train_path, "--eval_data", eval_path,
+            "--search.retriever_urls", url, "--ckpt.output_dir", run_dir, "--ckpt.no_load",
+            "--eval.split", split] + list(arm.flags)
+    if steps is not None:
+        argv += ["--train.max_steps", str(steps)]
+    if seed is not None:
+        argv += ["--train.seed", str(seed)]
+    return argv + list(extra)
+
+
+def run_arm(arm: Arm, argv: List[str], out: str) -> dict:
+    """Run one arm as a child process (its log in ``<out>/arm_<name>.log``); its evaluations, wall time and peak
+    RSS (MiB, of the trainer process).
+
+    Raises:
+        SystemExit: the arm exited with an error.
+    """
+    run_dir = argv[argv.index("--ckpt.output_dir") + 1]
     env = dict(os.environ, PYTHONPATH=REPO, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1")
     t0 = time.perf_counter()
-    print(f"== {name}: {' '.join(extra) or '(preset as is)'}", flush=True)
-    with open(os.path.join(out, f"{os.path.basename(run_dir)}.log"), "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    print(f"== {arm.label}: {' '.join(arm.flags) or '(preset as is)'}", flush=True)
+    with open(os.path.join(out, f"arm_{arm.name}.log"), "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "openrlhf_search.cli.train_local"] + argv, cwd=REPO, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
         rc = os.waitstatus_to_exitcode(status)
     if rc != 0:
-        raise SystemExit(f"arm {name!r} failed (exit {rc}); see {log.name}")
-    load = lambda f: json.load(open(os.path.join(run_dir, f)))  # noqa: E731
+        raise SystemExit(f"arm {arm.name!r} failed (exit {rc}); see {log.name}")
     wall = time.perf_counter() - t0
     print(f"   {wall:.0f} s, trainer peak RSS {usage.ru_maxrss / 1024:.0f} MiB", flush=True)
-    return {"before": load("eval_before.json"), "after": load("eval.json"), "wall_s": wall,
-            "peak_rss_mib": usage.ru_maxrss / 1024, "run_dir": run_dir}
+    return dict(load_run(run_dir), wall_s=wall, peak_rss_mib=usage.ru_maxrss / 1024)
 
 
-def main(argv=None) -> dict:
+def load_run(run_dir: str) -> dict:
+    """A finished run's ``eval_before.json`` and ``eval.json``."""
+    def load(name):
+        with open(os.path.join(run_dir, name)) as fh:
+            return json.load(fh)
+    return {"before": load("eval_before.json"), "after": load("eval.json"), "run_dir": run_dir,
+            "wall_s": None, "peak_rss_mib": None}
+
+
+def warm_start_check(main_before: dict, arm_before: dict) -> dict:
+    """Whether an arm's before-RL evaluation is the main arm's (the same warm start, the same greedy answers).
+
+    Args:
+        main_before, arm_before: ``evaluate()`` results with ``questions`` and per-question ``records``.
+    Returns:
+        {"same": bool or None (no records to compare), "differ": predictions that differ, "trajectories_differ":
+        whole greedy trajectories that differ (queries, passages read, answer), "n": questions compared}; questions
+        in another order or another set count as all differing.
+    """
+    rm, ra = main_before.get("records") or [], arm_before.get("records") or []
+    if not rm or not ra:
+        return {"same": None, "differ": None, "trajectories_differ": None, "n": 0}
+    n = max(len(rm), len(ra))
+    if [r["question"] for r in rm] != [r["question"] for r in ra]:
+        return {"same": False, "differ": n, "trajectories_differ": n, "n": n}
+    differ = sum(x.get("prediction") != y.get("prediction") for x, y in zip(rm, ra))
+    traj = sum(x.get("trajectory") != y.get("trajectory") for x, y in zip(rm, ra))
+    return {"same": differ == 0 and traj == 0, "differ": differ, "trajectories_differ": traj, "n": n}
+
+
+def warm_start_line(label: str, check: dict) -> str:
+    """``<label>: same warm start: yes (0 of 64 predictions differ; 0 trajectories)``."""
+    if check["same"] is None:
+        return f"{label}: same warm start: unknown (no per-question records)"
+    return (f"{label}: same warm start: {'yes' if check['same'] else 'no'} ({check['differ']} of {check['n']} "
+            f"predictions differ; {check['trajectories_differ']} trajectories)")
+
+
+COLUMNS = ("arm", "EM before RL", "EM after RL", "EM after - before", "F1 before RL", "F1 after RL",
+           "F1 after - before", "EM after vs main", "F1 after vs main", "answer rate after", "searches/question after",
+           "job time, peak RSS")
+
+
+def ablation_table(results: Dict[str, dict], arms: Dict[str, Arm], main: str = "main",
+                   seed: int = 0) -> Tuple[Dict[str, dict], List[str]]:
+    """Rows and markdown lines of the ablation table, in the order of ``arms``.
+
+    Args:
+        results: {arm name: {"before", "after" (``evaluate()`` dicts with ``questions`` and ``per_question``:
+            em, f1, answer_rate, searches), "wall_s", "peak_rss_mib" (None when reused), "run_dir"}}; must hold
+            ``main``.
+        arms: the arms (labels), e.g. :func:`build_arms`.
+        seed: bootstrap seed of every interval.
+    Returns:
+        ({arm name: row of formatted cells and the warm-start check}, [header, separator, one line per arm, then a
+        warm-start line per arm other than main]).
+    Raises:
+        ValueError: an arm evaluated on other questions than the main arm (no paired difference), or before and after
+            of an arm on different questions.
+    """
+    from openrlhf_search.evaluation.compare import interval_str, mean_interval_str, paired_difference
+
+    ref = results[main]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    checks, rows = [], {}
+    for name, arm in arms.items():
+        if name not in results:
+            continue
+        r = results[name]
+        if r["after"]["questions"] != ref["after"]["questions"]:
+            raise ValueError(f"arm {name!r} was evaluated on other questions than the main arm")
+        if r["before"]["questions"] != r["after"]["questions"]:
+            raise ValueError(f"arm {name!r}: before and after RL on different questions")
+        pb, pa, pm = r["before"]["per_question"], r["after"]["per_question"], ref["after"]["per_question"]
+        vs = lambda m: "-" if name == main else interval_str(paired_difference(pm[m], pa[m], seed=seed))  # noqa
+        row = {"label": arm.label, "n": r["after"]["n"],
+               "em_before": mean_interval_str(pb["em"], seed), "em_after": mean_interval_str(pa["em"], seed),
+               "em_diff": interval_str(paired_difference(pb["em"], pa["em"], seed=seed)),
+               "f1_before": mean_interval_str(pb["f1"], seed), "f1_after": mean_interval_str(pa["f1"], seed),
+               "f1_diff": interval_str(paired_difference(pb["f1"], pa["f1"], seed=seed)),
+               # paired_difference(main, arm) = arm - main: negative = the arm is worse than the main arm
+               "em_after_vs_main": vs("em"), "f1_after_vs_main": vs("f1"),
+               "answer_rate_after": mean_interval_str(pa["answer_rate"], seed),
+               "searches_after": mean_interval_str(pa["searches"], seed),
+               "wall_s": None if r.get("wall_s") is None else round(r["wall_s"]),
+               "peak_rss_mib": None if r.get("peak_rss_mib") is None else round(r["peak_rss_mib"]),
+               "run_dir": r.get("run_dir"), "flags": list(arm.flags),
+               "warm_start": None if name == main else warm_start_check(ref["before"], r["before"])}
+        rows[name] = row
+        cost = (f"{row['wall_s']} s, {row['peak_rss_mib']} MiB" if row["wall_s"] is not None
+                else f"reused: {row['run_dir']}")
+        lines.append("| " + " | ".join([arm.label] + [row[k] for k in (
+            "em_before", "em_after", "em_diff", "f1_before", "f1_after", "f1_diff", "em_after_vs_main",
+            "f1_after_vs_main", "answer_rate_after", "searches_after")] + [cost]) + " |")
+        if row["warm_start"] is not None:
+            checks.append(warm_start_line(arm.label, row["warm_start"]))
+    return rows, lines + [""] + checks
+
+
+def parse_arms(spec: str, arms: Dict[str, Arm]) -> List[str]:
+    """``main,a,c`` -> ["main", "a", "c"] in table order.
+
+    Raises:
+        SystemExit: an unknown arm name.
+    """
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = [s for s in names if s not in arms]
+    if unknown or not names:
+        raise SystemExit(f"--arms: unknown {unknown or spec!r}; known: {','.join(arms)}")
+    return [n for n in arms if n in names]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--split", default="heldout", choices=["validation", "heldout"],
+                   help="the questions every arm is evaluated on (its --eval.split): validation for choices "
+                        "(e.g. --critic_lr), heldout for the report")
+    p.add_argument("--arms", default="main,a,b,c", help="comma-separated subset of main,a,b,c (default: all)")
+    p.add_argument("--critic_lr", type=float, default=DEFAULT_CRITIC_LR, help="arm (c)'s --critic.adam.lr")
     p.add_argument("--steps", type=int, default=None, help="RL steps per arm (default: the preset's)")
     p.add_argument("--seed", type=int, default=None, help="--train.seed of every arm (default: the preset's)")
     p.add_argument("--encoder", default="bm25", choices=["minilm", "bm25"])
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_ablation"))
+    p.add_argument("--preset", default="default", help="train_local preset of every arm (tiny: a pipeline smoke "
+                                                          "that cannot learn)")
     p.add_argument("--reuse_main", default=None, metavar="RUN_DIR",
-                   help="take the main-job arm from a finished run of the same preset and seed (e.g. the train/ "
-                        "folder of benchmarks/bench_train_local.py) instead of running it again; its held-out "
-                        "questions must be the ones of this benchmark")
+                   help="take the main arm from a finished run of the same preset, seed, steps and split (e.g. the "
+                        "train/ folder of benchmarks/bench_train_local.py) instead of running it again; its "
+                        "evaluated questions must be this benchmark's, and the warm-start lines check the rest")
+    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="further train_local flags for every arm, "
+                                                                         "last")
     a = p.parse_args(argv)
+    arms = build_arms(a.critic_lr)
+    chosen = parse_arms(a.arms, arms)
+    if "main" not in chosen and not a.reuse_main:
+        raise SystemExit("the table compares every arm with the main arm: add main to --arms or give --reuse_main")
 
     from openrlhf_search.data.default_dataset import build_default_dataset
-    from openrlhf_search.evaluation.compare import interval_str, mean_interval_str, paired_difference
     from retriever.launch import ensure_index, start_server_process, stop_server_process
 
     os.makedirs(a.out, exist_ok=True)
     ds = build_default_dataset(os.path.join(a.out, "data"), seed=0)
+    results, commands = {}, {}
+    if a.reuse_main:
+        results["main"] = load_run(a.reuse_main)
+        split = results["main"]["after"].get("split", "heldout")
+        if split != a.split:
+            raise SystemExit(f"--reuse_main {a.reuse_main} was evaluated on {split}, this run on {a.split}")
+        commands["main"] = f"reused: {a.reuse_main}"
+        print(f"== {arms['main'].label}: reused from {a.reuse_main}", flush=True)
     index_dir = ensure_index(ds.corpus_path, os.path.join(a.out, "index"), encoder=a.encoder)
     server, url = start_server_process(index_dir, log_path=os.path.join(a.out, "retriever.log"))
     t0 = time.perf_counter()
-    results = {}
-    if a.reuse_main:
-        main_name = next(iter(ARMS))
-        load = lambda f: json.load(open(os.path.join(a.reuse_main, f)))  # noqa: E731
-        results[main_name] = {"before": load("eval_before.json"), "after": load("eval.json"), "wall_s": float("nan"),
-                              "peak_rss_mib": float("nan"), "run_dir": a.reuse_main}
-        print(f"== {main_name}: reused from {a.reuse_main}", flush=True)
     try:
-        for name, extra in ARMS.items():
-            if name not in results:
-                results[name] = run_arm(name, extra, ds, url, a.out, a)
+        for name in chosen:
+            if name in results:
+                continue
+            argv_arm = arm_argv(arms[name], ds.train_path, ds.eval_path, url, os.path.join(a.out, f"arm_{name}"),
+                                a.split, a.steps, a.seed, a.preset, a.extra)
+            commands[name] = argv_arm
+            results[name] = run_arm(arms[name], argv_arm, a.out)
     finally:
         stop_server_process(server)
-    main_arm = results[next(iter(ARMS))]
-    for name, r in results.items():  # paired differences need the same questions in the same order
-        if r["after"]["questions"] != main_arm["after"]["questions"]:
-            raise SystemExit(f"arm {name!r} was evaluated on other questions than the main job")
-    header = ("| arm | F1 before RL | F1 after RL | F1 after - before | EM after | answer rate after | searches after "
-              "| F1 after vs main job | job time, peak RSS |")
-    lines = [header, "|" + " --- |" * 9]
-    out = {}
-    for name, r in results.items():
-        pb, pa = r["before"]["per_question"], r["after"]["per_question"]
-        same_q = r["after"]["questions"] == main_arm["after"]["questions"]
-        vs_main = (paired_difference(main_arm["after"]["per_question"]["f1"], pa["f1"])
-                   if same_q and r is not main_arm else None)
-        row = {"f1_before": mean_interval_str(pb["f1"]), "f1_after": mean_interval_str(pa["f1"]),
-               "f1_diff": interval_str(paired_difference(pb["f1"], pa["f1"])),
-               "em_after": mean_interval_str(pa["em"]), "answer_rate_after": mean_interval_str(pa["answer_rate"]),
-               "searches_after": mean_interval_str(pa["searches"]),
-               # paired_difference(main, arm) = arm - main: negative = the arm is worse than the main job
-               "f1_after_vs_main": "-" if vs_main is None else interval_str(vs_main),
-               "n": r["after"]["n"], "wall_s": None if r["wall_s"] != r["wall_s"] else round(r["wall_s"]),
-               "peak_rss_mib": None if r["peak_rss_mib"] != r["peak_rss_mib"] else round(r["peak_rss_mib"])}
-        out[name] = row
-        lines.append(f"| {name} | {row['f1_before']} | {row['f1_after']} | {row['f1_diff']} | {row['em_after']} | "
-                     f"{row['answer_rate_after']} | {row['searches_after']} | {row['f1_after_vs_main']} | "
-                     + (f"{row['wall_s']} s, {row['peak_rss_mib']} MiB |" if row["wall_s"] is not None
-                        else f"reused: {r['run_dir']} |"))
-    n = main_arm["after"]["n"]
-    table = "\n".join(lines)
-    note = (f"\n{n} held-out questions, greedy; mean [bootstrap 95% interval]; differences paired over the same "
-            f"questions; total {time.perf_counter() - t0:.0f} s, load average at the end {os.getloadavg()[0]:.1f}.")
-    print(table + note)
+    try:
+        rows, lines = ablation_table(results, arms, seed=0)
+    except ValueError as e:
+        raise SystemExit(str(e))
+    n = results["main"]["after"]["n"]
+    split_name = {"heldout": "held-out", "validation": "validation"}[a.split]
+    note = (f"{n} {split_name} questions, greedy; mean [bootstrap 95% interval]; differences paired over the same "
+            f"questions (vs main: arm - main); total {time.perf_counter() - t0:.0f} s, load average at the end "
+            f"{os.getloadavg()[0]:.1f}.")
+    text = "\n".join(lines[:len(rows) + 2]) + "\n" + note + "\n" + "\n".join(lines[len(rows) + 2:])
+    print(text)
     with open(os.path.join(a.out, "ablation.md"), "w") as fh:
-        fh.write(table + note + "\n")
+        fh.write(text + "\n")
+    out = {"split": a.split, "preset": a.preset, "extra": a.extra, "seed": a.seed, "steps": a.steps, "critic_lr": a.critic_lr, "encoder": a.encoder,
+           "arms": rows, "commands": commands}
     with open(os.path.join(a.out, "ablation.json"), "w") as fh:
         json.dump(out, fh, indent=1)
     return out

@@ -104,8 +104,8 @@ def _trainer_class():
             engine = _Arrivals(self.timed_engine, self.arrivals)
             self.timed_engine = JitteredEngine(engine, self.latency_seed) if self.turn_jitter else engine
 
-        def rollout(self, rows, n, greedy=False, desc=None, step=None):
-            outs = super().rollout(rows, n, greedy=greedy, desc=None, step=step)
+        def rollout(self, rows, n, greedy=False, desc=None, step=None, **kw):
+            outs = super().rollout(rows, n, greedy=greedy, desc=None, step=step, **kw)
             if not greedy:
                 self.recorded = getattr(self, "recorded", [])
                 self.recorded.append([(tuple(o["observation_tokens"]), float(o["reward"]),

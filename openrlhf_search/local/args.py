@@ -189,7 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="true (default): loss, KL and advantages on policy tokens only (Search-R1's retrieved-token "
                         "masking); false: the ablation that trains on retrieved passages too")
     p.add_argument("--train.no_search", action="store_true",
-                   help="ablation: every search returns no passage (the model answers from its own memory)")
+                   help="ablation: search off at training time only: every search of an RL rollout returns no "
+                        "passage (the rewarded answers come from the model's own memory); the warm start and every "
+                        "evaluation (before, during and after RL, and the baselines) use the real retriever, as "
+                        "without the flag")
     p.add_argument("--train.threads", type=int, default=0, help="torch threads (0: leave as set by OMP_NUM_THREADS)")
     p.add_argument("--train.device", default="cpu", choices=DEVICE_CHOICES,
                    help="where the policy, reference, critic, frozen-trunk states, batches and the retriever's query "

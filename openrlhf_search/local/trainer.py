@@ -27,6 +27,11 @@ samples the next step as the uninterrupted run would. After every weight change 
 step) the trainer drops the engine's prefix cache (``reset_prefix_cache``, as OpenRLHF does on its vLLM engines after
 a weight sync), whatever the optimiser.
 
+Ablation ``--train.no_search``: search off at training time only: the RL rollouts' executor (``self.executor``)
+gets empty documents (:class:`NoSearchClient`), while the warm start, every evaluation and the baselines use the real
+retriever (``self.client``, ``self.eval_executor``), so with the same seeds that arm's warm start and before-RL
+evaluation are token-identical to the main arm's.
+
 Evaluation: ``--eval.split heldout`` (default) evaluates the held-out questions before and after RL;
 ``--eval.split validation`` the validation split carved from the training questions (trials: every choice of setting
 is made there). Each evaluation keeps a record per question (:mod:`openrlhf_search.evaluation.records`), and the
@@ -129,9 +134,11 @@ class DataCursor:
 
 
 class NoSearchClient:
-    """Ablation "RL without retrieval": every query gets no passage (an empty documents block), so answers come from
-    the model's own memory; everything else (prompt, executor, reward, update) is unchanged. Wraps a real
-    ``RetrievalClient`` only so that ``stats`` / ``aclose`` keep working."""
+    """Ablation "RL without retrieval at training time" (``--train.no_search``): every query of an RL rollout gets no
+    passage (an empty documents block), so the rewarded answers come from the model's own memory; everything else
+    (prompt, executor, reward, update) is unchanged. Only the RL rollouts' executor holds it: the warm start and every
+    evaluation use the real retriever, as the main arm does. Wraps a real ``RetrievalClient`` only so that ``stats`` /
+    ``aclose`` keep working."""
 
     def __init__(self, client):
         self._client = client
@@ -233,10 +240,8 @@ class LocalSearchTrainer:
 
         self.timers = {k: BusyTimer() for k in ("generation", "retrieval", "reward")}
         self.loop = asyncio.new_event_loop()
+        # the real retriever: the warm start, every evaluation and the baselines use it, also under --train.no_search
         self.client = RetrievalClient.from_config(self.cfg)
-        self.search_client = self.client  # the real retriever, also under --train.no_search (baselines)
-        if args.train.no_search:  # ablation: the same RL, but every search call returns an empty documents block
-            self.client = NoSearchClient(self.client)
         self._build_engine()
         self.cursor = DataCursor(len(self.train_rows), args.train.seed)
         self.step = 0
@@ -255,9 +260,16 @@ class LocalSearchTrainer:
         if trunk_boundary(self.actor) > 0:  # the rollout's own trunk states feed the experience pass
             self.engine.capture_hidden_after(trunk_boundary(self.actor))
         self.timed_engine = TimedEngine(self.engine, self.timers["generation"])
-        self.executor = _TimedExecutor(self.cfg, retrieval_client=TimedRetrievalClient(self.client,
-                                                                                          self.timers["retrieval"]),
-                                       protocol=self.protocol, reward_timer=self.timers["reward"])
+        # evaluations (before, during and after RL) search the real retriever, whatever the ablation
+        self.eval_executor = self._executor(self.client)
+        # the RL rollouts' executor: --train.no_search (ablation: search off at training time only) hands it empty
+        # documents; rebuilt on resume from the same flag, so a resumed no-search run still trains without search
+        self.executor = (self._executor(NoSearchClient(self.client)) if self.args.train.no_search
+                         else self.eval_executor)
+
+    def _executor(self, client) -> "_TimedExecutor":
+        return _TimedExecutor(self.cfg, retrieval_client=TimedRetrievalClient(client, self.timers["retrieval"]),
+                              protocol=self.protocol, reward_timer=self.timers["reward"])
 
     def prompt_of(self, row: dict) -> str:
         """The rendered prompt of a QA row (protocol template, chat or base as configured)."""
@@ -341,8 +353,11 @@ class LocalSearchTrainer:
                               max_tokens=self.max_new_tokens, skip_special_tokens=False)
 
     def rollout(self, rows: List[dict], n: int, greedy: bool = False, desc: Optional[str] = None,
-                step: Optional[int] = None) -> List[dict]:
+                step: Optional[int] = None, executor=None) -> List[dict]:
         """Run ``n`` trajectories per row concurrently; returns the executor dicts in row-major order.
+
+        ``executor``: who runs them (default ``self.executor``, the RL rollouts' one; :meth:`evaluate` passes
+        ``self.eval_executor``, which searches the real retriever also under ``--train.no_search``).
 
         Sampled (not greedy) trajectories get per-call seeds from (``--train.seed``, ``step``, row index, sample index,
         turn) (:class:`~openrlhf_search.local.seeding.SeededSample`); ``step`` defaults to the step being trained
@@ -350,11 +365,12 @@ class LocalSearchTrainer:
         bar."""
         params = self.sampling_params(greedy)
         step = self.step + 1 if step is None else step
+        executor = self.executor if executor is None else executor
         bar = tqdm(total=len(rows) * n, desc=desc, unit="traj", leave=False, disable=desc is None)
 
         async def one(r, i, j):
             engine = self.timed_engine if greedy else SeededSample(self.timed_engine, self.args.train.seed, step, i, j)
-            out = await self.executor.execute(self.prompt_of(r), r["golden_answers"], params, self.args.data.max_len,
+            out = await executor.execute(self.prompt_of(r), r["golden_answers"], params, self.args.data.max_len,
                                               self.tokenizer, engine)
             bar.update(1)
             return out
@@ -477,6 +493,9 @@ class LocalSearchTrainer:
         if scheme != self.executor.config.reward_scheme:
             logger.info("reward stage %d from step %d: %s", schedule.stage_at(self.step), self.step + 1, scheme)
             self.executor.config = dataclasses.replace(self.executor.config, reward_scheme=scheme)
+        ev = getattr(self, "eval_executor", None)  # its own object under --train.no_search: the same stage
+        if ev is not None and ev is not self.executor and hasattr(ev, "config"):
+            ev.config = self.executor.config
         return scheme
 
     def _sync(self) -> None:
@@ -517,7 +536,7 @@ class LocalSearchTrainer:
         rows = list(rows if rows is not None else self.split_rows())[:limit]
         if not rows:
             return {"n": 0}
-        outs = self.rollout(rows, 1, greedy=True, desc=desc)
+        outs = self.rollout(rows, 1, greedy=True, desc=desc, executor=self.eval_executor)
         scores = {k: [] for k in ("em", "f1", "cover_em", "answer_rate", "valid_searches", "valid_search_rate",
                                   "searches", "turns", "response_tokens")}
         failed, examples, questions, records = [], [], [], []
@@ -689,7 +708,7 @@ class LocalSearchTrainer:
             return None
         try:
             passages = self.loop.run_until_complete(
-                self.search_client.search_batch([r["question"] for r in records], topk=1))
+                self.client.search_batch([r["question"] for r in records], topk=1))
             matcher = EntityMatcher(entity_vocabulary())
         except (RetrievalError, ImportError, RuntimeError, ValueError) as e:
             logger.warning("first-entity baseline left out: %s", e)
