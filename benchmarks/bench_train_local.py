@@ -122,6 +122,9 @@ def main(argv=None) -> dict:
         "data_and_index_s": t_index,
         "encoder": a.encoder,
         "omp_threads": a.threads,
+        "seed": a.seed,  # --train.seed of the job; None: the preset's (42)
+        "job_args": a.job_args,
+        "load_average_end": os.getloadavg()[0],
         "valid_searches_per_step": [round(r.get("valid_searches", 0.0), 3) for r in steps],
         "reward_per_step": [round(r.get("reward", 0.0), 3) for r in steps],
         # prefix caching: share of the rollouts' prompt tokens (every turn) that the engine actually ran
