@@ -244,6 +244,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     chosen = parse_arms(a.arms, arms)
     if "main" not in chosen and not a.reuse_main:
         raise SystemExit("the table compares every arm with the main arm: add main to --arms or give --reuse_main")
+    if a.reuse_main:  # before any data, index or retriever is built
+        missing = [f for f in ("eval_before.json", "eval.json") if not os.path.isfile(os.path.join(a.reuse_main, f))]
+        if missing:
+            raise SystemExit(f"--reuse_main {a.reuse_main}: no {', '.join(missing)} (a finished train_local run "
+                             "folder, e.g. runs/bench_train_local/train)")
 
     from openrlhf_search.data.default_dataset import build_default_dataset
     from retriever.launch import ensure_index, start_server_process, stop_server_process

@@ -24,13 +24,20 @@ def load(path: str) -> dict:
     """One seed's figures from a ``bench_train_local.json``.
 
     Raises:
-        ValueError: the file has no before/after comparison or no baselines (a run stopped before its end, or one
+        ValueError: the file is not JSON, not an object, has no before/after comparison or no baselines (a run stopped before its end, or one
             with ``--eval.baselines false``): it cannot be a row of a report on every seed.
     """
-    d = json.load(open(path))
+    try:
+        d = json.load(open(path))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: not a bench_train_local.json object")
     cmp, ana = d.get("compare"), d.get("analysis") or {}
-    if not cmp or "f1" not in cmp:
-        raise ValueError(f"{path}: no before/after comparison (did the run finish?)")
+    if not cmp or any(k not in cmp for k in ("em", "f1", "cover_em")):
+        raise ValueError(f"{path}: no before/after comparison of em, f1 and cover_em (did the run finish?)")
+    if d.get("split", "heldout") not in ("heldout", "validation"):
+        raise ValueError(f"{path}: split {d.get('split')!r} is neither heldout nor validation")
     base = ana.get("baselines") or {}
     missing = [b for b in BASELINES if b not in base]
     if missing:

@@ -109,3 +109,11 @@ def test_warm_start_line_says_no_when_before_rl_predictions_differ():
     assert warm_start_line("x", check).startswith("x: same warm start: no (0 of 8")
     assert warm_start_check(main, _ev(list(reversed(QS)), [0.1] * 8))["same"] is False
     assert warm_start_line("x", warm_start_check(main, {"records": []})).endswith("unknown (no per-question records)")
+
+
+def test_a_reused_main_run_without_its_evaluations_is_refused_before_anything_is_built(tmp_path):
+    from benchmarks import bench_ablation
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match="no eval_before.json, eval.json"):
+        bench_ablation.main(["--arms", "a", "--reuse_main", str(tmp_path / "missing"), "--out", str(out)])
+    assert not out.exists()  # no data, index or retriever was built for a run that cannot report

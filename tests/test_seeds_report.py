@@ -56,3 +56,9 @@ def test_bad_inputs_are_refused_with_a_reason(tmp_path):
     (tmp_path / "d.json").write_text(json.dumps(d))
     with pytest.raises(SystemExit, match="did the run finish"):
         seeds_report.main([str(tmp_path / "d.json")])
+    (tmp_path / "e.json").write_text("[]")
+    with pytest.raises(SystemExit, match="not a bench_train_local.json object"):
+        seeds_report.main([str(tmp_path / "e.json")])
+    (tmp_path / "f.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="f.json: not JSON"):
+        seeds_report.main([str(tmp_path / "f.json")])
