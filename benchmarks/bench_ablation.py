@@ -237,17 +237,29 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                    help="take the main arm from a finished run of the same preset, seed, steps and split (e.g. the "
                         "train/ folder of benchmarks/bench_train_local.py) instead of running it again; its "
                         "evaluated questions must be this benchmark's, and the warm-start lines check the rest")
+    p.add_argument("--reuse", action="append", default=[], metavar="ARM=RUN_DIR",
+                   help="take any arm from a finished run folder (repeatable; e.g. arms run by earlier invocations "
+                        "in parallel: --reuse a=runs/bench_ablation_a/arm_a); --reuse_main D is --reuse main=D")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="further train_local flags for every arm, "
                                                                          "last")
     a = p.parse_args(argv)
     arms = build_arms(a.critic_lr)
     chosen = parse_arms(a.arms, arms)
-    if "main" not in chosen and not a.reuse_main:
+    reuse = {}
+    for item in a.reuse + ([f"main={a.reuse_main}"] if a.reuse_main else []):
+        name, sep, run_dir = item.partition("=")
+        if not sep or name not in arms or not run_dir:
+            raise SystemExit(f"--reuse {item!r}: expected ARM=RUN_DIR with ARM one of {','.join(arms)}")
+        if name in reuse:
+            raise SystemExit(f"--reuse: arm {name} given twice")
+        reuse[name] = run_dir
+    chosen = list(dict.fromkeys(list(chosen) + [n for n in arms if n in reuse]))  # reused arms are in the table
+    if "main" not in chosen:
         raise SystemExit("the table compares every arm with the main arm: add main to --arms or give --reuse_main")
-    if a.reuse_main:  # before any data, index or retriever is built
-        missing = [f for f in ("eval_before.json", "eval.json") if not os.path.isfile(os.path.join(a.reuse_main, f))]
+    for name, run_dir in reuse.items():  # before any data, index or retriever is built
+        missing = [f for f in ("eval_before.json", "eval.json") if not os.path.isfile(os.path.join(run_dir, f))]
         if missing:
-            raise SystemExit(f"--reuse_main {a.reuse_main}: no {', '.join(missing)} (a finished train_local run "
+            raise SystemExit(f"reused arm {name} ({run_dir}): no {', '.join(missing)} (a finished train_local run "
                              "folder, e.g. runs/bench_train_local/train)")
 
     from openrlhf_search.data.default_dataset import build_default_dataset
@@ -256,26 +268,27 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     os.makedirs(a.out, exist_ok=True)
     ds = build_default_dataset(os.path.join(a.out, "data"), seed=0)
     results, commands = {}, {}
-    if a.reuse_main:
-        results["main"] = load_run(a.reuse_main)
-        split = results["main"]["after"].get("split", "heldout")
+    for name, run_dir in reuse.items():
+        results[name] = load_run(run_dir)
+        split = results[name]["after"].get("split", "heldout")
         if split != a.split:
-            raise SystemExit(f"--reuse_main {a.reuse_main} was evaluated on {split}, this run on {a.split}")
-        commands["main"] = f"reused: {a.reuse_main}"
-        print(f"== {arms['main'].label}: reused from {a.reuse_main}", flush=True)
-    index_dir = ensure_index(ds.corpus_path, os.path.join(a.out, "index"), encoder=a.encoder)
-    server, url = start_server_process(index_dir, log_path=os.path.join(a.out, "retriever.log"))
+            raise SystemExit(f"reused arm {name} ({run_dir}) was evaluated on {split}, this run on {a.split}")
+        commands[name] = f"reused: {run_dir}"
+        print(f"== {arms[name].label}: reused from {run_dir}", flush=True)
     t0 = time.perf_counter()
-    try:
-        for name in chosen:
-            if name in results:
-                continue
-            argv_arm = arm_argv(arms[name], ds.train_path, ds.eval_path, url, os.path.join(a.out, f"arm_{name}"),
-                                a.split, a.steps, a.seed, a.preset, a.extra)
-            commands[name] = argv_arm
-            results[name] = run_arm(arms[name], argv_arm, a.out)
-    finally:
-        stop_server_process(server)
+    to_run = [name for name in chosen if name not in results]
+    if to_run:  # a table of reused arms only needs no retriever
+        index_dir = ensure_index(ds.corpus_path, os.path.join(a.out, "index"), encoder=a.encoder)
+        server, url = start_server_process(index_dir, log_path=os.path.join(a.out, "retriever.log"))
+        try:
+            for name in to_run:
+                argv_arm = arm_argv(arms[name], ds.train_path, ds.eval_path, url, os.path.join(a.out, f"arm_{name}"),
+                                    a.split, a.steps, a.seed, a.preset, a.extra)
+                commands[name] = argv_arm
+                results[name] = run_arm(arms[name], argv_arm, a.out)
+        finally:
+            stop_server_process(server)
+    results = {name: results[name] for name in arms if name in results}  # the table's rows in arm order
     try:
         rows, lines = ablation_table(results, arms, seed=0)
     except ValueError as e:

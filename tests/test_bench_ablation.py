@@ -117,3 +117,13 @@ def test_a_reused_main_run_without_its_evaluations_is_refused_before_anything_is
     with pytest.raises(SystemExit, match="no eval_before.json, eval.json"):
         bench_ablation.main(["--arms", "a", "--reuse_main", str(tmp_path / "missing"), "--out", str(out)])
     assert not out.exists()  # no data, index or retriever was built for a run that cannot report
+
+
+def test_reuse_takes_any_arm_and_refuses_a_malformed_or_doubled_one(tmp_path):
+    from benchmarks import bench_ablation
+    for bad, msg in ((["--reuse", "z=/x"], "expected ARM=RUN_DIR"), (["--reuse", "a"], "expected ARM=RUN_DIR"),
+                     (["--reuse", "a=/x", "--reuse", "a=/y"], "given twice"),
+                     (["--arms", "a", "--reuse", "a=" + str(tmp_path)], "add main to --arms")):
+        with pytest.raises(SystemExit, match=msg):
+            bench_ablation.main(bad + ["--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
