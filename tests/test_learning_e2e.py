@@ -1,16 +1,18 @@
-"""End-to-end learning signal of the CPU main job (slow): RL with search must improve SmolLM2-135M-Instruct's
-held-out answers on a fixed seed.
+"""End-to-end learning signal of the CPU main job (slow): RL with search must make SmolLM2-135M-Instruct's held-out
+answers exact more often on a fixed seed (issue 17 item 8).
 
 This is the only check that catches a silent sign, mask or advantage error through the whole pipeline (executor,
 reward, masked advantages, masked loss, update) on a real pretrained model. It runs the main job (``--preset
-default``, 27-34 minutes on the loaded 2-core machine in 2026-12, BM25 retrieval as in ``make demo``) and asserts that the held-out F1 after
-RL is at least 0.10 (the issue's target) above the F1 before RL, with a paired bootstrap 95% interval that excludes
-zero (measured with this seed, 2026-12-01: +0.128 [+0.088, +0.167] on 64 questions; seeds 7 and 1 in README's
-per-seed table; the run's tokens depend only on its seeds, so the margin of 0.028 absorbs float rounding on another
-CPU, not sampling luck), and that Cover-EM and valid searches did not fall. It does not yet check issue 17's EM
-target (EM gain with its interval above zero), which no setting meets so far (docs/trials_em.md). A sign flip in the
-advantages, a loss on the wrong tokens or a dropped update makes the F1 fall or stay put, and the test fail. The
-benchmark ``benchmarks/bench_train_local.py`` reports the same figures against the target of +0.10.
+default``: the bare-span instruction, the think_span warm start, Search-R1's EM reward; 30-36 minutes at one thread
+on the loaded 2-core machine in 2026-12, BM25 retrieval as in ``make demo``) and asserts issue 17's EM targets on
+training seed 42: held-out EM after RL >= 0.30 and the EM gain's paired bootstrap 95% interval above zero (measured
+with this seed, 2026-12-01: EM 0.406 -> 0.516, +0.109 [+0.016, +0.204] on 64 questions; seeds 7 and 1 in README's
+per-seed table). The run's tokens depend only on its seeds, so the result repeats on this machine; the interval's
+margin is one question (1/64 = 0.016), so float rounding on another CPU that flips one answer can fail it, which
+says the run is not the measured one. Also: valid searches do not fall by more than 0.05 and the same questions are
+evaluated before and after. A sign flip in the advantages, a loss on the wrong tokens or a dropped update makes the
+EM fall or stay put, and the test fail. Issue 17's third target (F1 above every trivial baseline) is not asserted:
+no setting meets it on this corpus (README). ``benchmarks/bench_train_local.py`` reports the same figures.
 """
 
 import json
@@ -26,7 +28,7 @@ pytest.importorskip("gguf", reason="SmolLM2 is read from its GGUF file (scripts/
 
 
 @pytest.mark.slow
-def test_rl_improves_held_out_f1_of_smollm2(tmp_path):
+def test_rl_improves_held_out_em_of_smollm2(tmp_path):
     from openrlhf_search.data.default_dataset import build_default_dataset
 
     ds = build_default_dataset(str(tmp_path / "data"), seed=0)
@@ -39,12 +41,13 @@ def test_rl_improves_held_out_f1_of_smollm2(tmp_path):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     assert "before RL vs after RL" in res.stdout
     cmp = json.loads((out / "eval_compare.json").read_text())
-    f1 = cmp["f1"]
-    assert f1["n"] >= 64
-    assert f1["diff"] >= 0.10 and f1["low"] > 0, f"RL did not improve held-out F1 by 0.10: {f1}"
+    em = cmp["em"]
+    assert em["n"] >= 64
+    assert em["after"] >= 0.30, f"held-out EM after RL below 0.30: {em}"
+    assert em["low"] > 0, f"RL's held-out EM gain has its 95% interval not above zero: {em}"
     before = json.loads((out / "eval_before.json").read_text())
     after = json.loads((out / "eval.json").read_text())
     assert before["questions"] == after["questions"]  # the same held-out questions, the same order
-    # what RL changed: answers closer to the gold span (Cover-EM does not fall) and no loss of the search habit
-    assert after["cover_em"] >= before["cover_em"] and after["valid_search_rate"] >= before["valid_search_rate"] - 0.05
+    # no loss of the search habit (Cover-EM may fall a little: RL trades contained answers for exact ones)
+    assert after["valid_search_rate"] >= before["valid_search_rate"] - 0.05
     assert (out / "learning_curves.png").stat().st_size > 10_000

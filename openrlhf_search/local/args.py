@@ -36,25 +36,30 @@ SCHEDULE_FLAGS = ("stage2_reward_scheme", "stage2_start_step")
 # Named flag sets; ``--preset NAME`` puts them before the user's flags, so the user's flags win.
 #
 # "default": the CPU main job (examples/scripts/run_default.sh, benchmarks/bench_train_local.py): the real pretrained
-# SmolLM2-135M-Instruct (ChatML) with Search-R1's tags and a short instruction, R1-Searcher's stage-2 reward (answer
-# F1, -2 when the format is wrong, e.g. an answer of more than 10 words), GRPO with groups of 4 at temperature 0.7,
+# SmolLM2-135M-Instruct (ChatML) with Search-R1's tags and an instruction that asks for the bare answer span
+# (searchr1_bare), Search-R1's exact-match reward (arXiv 2503.09516 eq. 4), GRPO with groups of 4 at temperature 0.7,
 # only the top 4 of 30 decoder layers trained (their input states are computed once per batch), 1-hop questions, the
-# top passage cut to 64 tokens. A 40-step warm start teaches the protocol with the policy's own answers
-# (--warmstart.answers self: no gold answer), so "before RL" measures a searching model that answers in its own
-# verbose style and "after RL" what 20 RL steps added. One optimiser pass per batch at lr 2e-4 (README's trial table:
-# it learnt most per second; two passes at lr 2e-4, or temperature 1.0, made the format collapse in trials).
-# "tiny": the former default, a random hidden-128 Qwen2 with the Qwen tokenizer, a 200-step scripted SFT warm start
+# top passage cut to 64 tokens, 48 tokens per turn. A 40-step warm start teaches the protocol with the policy's own
+# answers (--warmstart.answers self: no gold answer): its own sentence in <think>, the words of it that do not restate
+# the question in <answer> (--warmstart.self_form think_span). "Before RL" measures a searching model that answers
+# with a short span, often not exactly the gold one; "after RL" what 20 RL steps under EM added. One optimiser pass per
+# batch at lr 2e-4 (README's trial table). Chosen on the validation split (docs/trials_em.md, trial T2c).
+# "f1_sentences": the default until 2026-12-01 (README's ablation and two-hop figures were measured with it):
+# searchr1_short's instruction, sentence answers in the warm start, R1-Searcher's stage-2 reward (answer F1, -2 when
+# the format is wrong, e.g. an answer of more than 10 words), 32 tokens per turn; everything else as "default".
+# "tiny": the former smoke run, a random hidden-128 Qwen2 with the Qwen tokenizer, a 200-step scripted SFT warm start
 # (gold answers included) and the stage-1 reward; a pipeline smoke run in ~2.5 minutes that cannot learn to answer.
 PRESETS = {
     "default": [
         "--actor.model_name_or_path", "smollm2", "--actor.trainable_layers", "4",
-        "--search.protocol", "searchr1_short", "--search.chat_template", "true",
-        "--search.reward_scheme", "r1searcher_stage2",
-        "--search.topk", "1", "--search.max_turns", "3", "--search.max_new_tokens_per_turn", "32",
+        "--search.protocol", "searchr1_bare", "--search.chat_template", "true",
+        "--search.reward_scheme", "searchr1_em",
+        "--search.topk", "1", "--search.max_turns", "3", "--search.max_new_tokens_per_turn", "48",
         "--search.max_obs_tokens", "64", "--data.max_len", "512",
         "--data.max_hops", "1",
         "--warmstart.sft_steps", "40", "--warmstart.lr", "2e-4", "--warmstart.batch_size", "4",
         "--warmstart.num_examples", "48", "--warmstart.answers", "self",
+        "--warmstart.self_prompt", "bare", "--warmstart.self_form", "think_span",
         "--algo.advantage.estimator", "group_norm", "--algo.kl.init_coef", "0.001",
         "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "4", "--rollout.temperature", "0.7",
         "--actor.adam.lr", "2e-4", "--train.max_epochs", "1", "--train.max_steps", "20",
@@ -74,6 +79,11 @@ PRESETS = {
         "--ckpt.save_steps", "5", "--eval.max_samples", "16",
     ],
 }
+# the former default: the "default" list with the five settings it changed put back (later flags win)
+PRESETS["f1_sentences"] = PRESETS["default"] + [
+    "--search.protocol", "searchr1_short", "--search.reward_scheme", "r1searcher_stage2",
+    "--search.max_new_tokens_per_turn", "32", "--warmstart.self_prompt", "few_words", "--warmstart.self_form", "sentence",
+]
 
 
 def _search_field_type(f: dataclasses.Field):
@@ -261,12 +271,15 @@ def parse_args(argv=None):
     """
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--preset" in argv:
-        i = argv.index("--preset")
-        name = argv[i + 1] if i + 1 < len(argv) else ""
+    # ``--preset NAME`` or ``--preset=NAME``; given twice (run_default.sh passes ``--preset default`` and a user may
+    # add ``--preset tiny``), the last one wins, as argparse's own value does
+    names = [a.split("=", 1)[1] if a.startswith("--preset=") else (argv[i + 1] if i + 1 < len(argv) else "")
+             for i, a in enumerate(argv) if a == "--preset" or a.startswith("--preset=")]
+    for name in names:
         if name not in PRESETS:
             parser.error(f"--preset: unknown name {name!r}; known: {sorted(PRESETS)}")
-        argv = PRESETS[name] + argv
+    if names:
+        argv = PRESETS[names[-1]] + argv
     flat = parser.parse_args(argv)
     args = hierarchize(flat)
     est = args.algo.advantage.estimator

@@ -1,0 +1,71 @@
+"""The named flag sets of ``train_local --preset``: what the main job runs is what README and docs/trials_em.md say.
+
+The default was chosen on the validation split (docs/trials_em.md, trial T2c) and its held-out figures in README are
+runs of the former default plus five flags; ``f1_sentences`` is the former default, which README's ablation and
+two-hop figures were measured with. These tests catch a preset that loses one of those flags (the figures would then
+belong to another job), or an ``f1_sentences`` that drifts from ``default`` in more than the five settings.
+"""
+
+from openrlhf_search.local.args import PRESETS, parse_args
+
+# trial T2c's flags (docs/trials_em.md) and the former default's values of the same settings
+T2C = {"search.protocol": "searchr1_bare", "search.reward_scheme": "searchr1_em",
+       "search.max_new_tokens_per_turn": 48, "warmstart.self_prompt": "bare", "warmstart.self_form": "think_span"}
+FORMER = {"search.protocol": "searchr1_short", "search.reward_scheme": "r1searcher_stage2",
+          "search.max_new_tokens_per_turn": 32, "warmstart.self_prompt": "few_words", "warmstart.self_form": "sentence"}
+
+
+def _flat(obj, prefix="") -> dict:
+    """Parsed train_local args -> {"group.sub.field": value}: namespaces and dataclasses (SearchConfig,
+    RewardSchedule) flattened recursively; every other value a leaf."""
+    fields = vars(obj) if hasattr(obj, "__dict__") and not isinstance(obj, (str, int, float, list, tuple)) else None
+    if fields is None:
+        return {prefix[:-1]: obj}
+    out = {}
+    for k, v in fields.items():
+        out.update(_flat(v, f"{prefix}{k}."))
+    return out
+
+
+def _get(flat: dict, key: str):
+    assert key in flat, f"{key} not in the parsed args"
+    return flat[key]
+
+
+def test_default_preset_is_the_exact_answer_setting_chosen_on_validation():
+    flat = _flat(parse_args(["--preset", "default"]))
+    for key, want in T2C.items():
+        assert _get(flat, key) == want, key
+    assert _get(flat, "warmstart.answers") == "self"  # no gold answer in the warm start
+
+
+def test_f1_sentences_is_the_former_default_and_differs_in_those_settings_only():
+    new, old = _flat(parse_args(["--preset", "default"])), _flat(parse_args(["--preset", "f1_sentences"]))
+    for key, want in FORMER.items():
+        assert _get(old, key) == want, key
+    # every parsed value that differs is one of the five settings (also where SearchConfig / RewardSchedule copy it)
+    differ = {k for k in new if k != "preset" and new[k] != old.get(k)}
+    settings = {k.split(".")[-1] for k in T2C} | {"stage1_scheme"}  # RewardSchedule's name for the reward scheme
+    assert differ and all(k.split(".")[-1] in settings for k in differ), sorted(differ)
+    assert all(key in differ for key in T2C), sorted(differ)
+
+
+def test_user_flags_win_over_a_preset():
+    args = _flat(parse_args(["--preset", "default", "--search.reward_scheme", "r1searcher_stage2"]))
+    assert _get(args, "search.reward_scheme") == "r1searcher_stage2"
+    assert set(PRESETS) == {"default", "f1_sentences", "tiny"}
+
+
+def test_the_last_preset_wins_in_either_spelling():
+    """run_default.sh passes ``--preset default`` and README offers ``--preset tiny`` as an extra flag: the second
+    must take effect (it was ignored: args.preset said tiny while the flags were the default's), as must
+    ``--preset=NAME``, which argparse accepts."""
+    import pytest
+
+    for argv in (["--preset", "default", "--preset", "tiny"], ["--preset=tiny"], ["--preset", "default", "--preset=tiny"]):
+        args = parse_args(argv)
+        assert args.preset == "tiny" and args.actor.model_name_or_path == "tiny", argv
+    assert parse_args(["--preset=tiny", "--preset", "default"]).actor.model_name_or_path == "smollm2"
+    for bad in (["--preset", "default", "--preset", "nope"], ["--preset=nope"], ["--preset"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
