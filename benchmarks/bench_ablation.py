@@ -20,7 +20,8 @@
   arm's 4 prompts x 4 trajectories per step, so the two differ only in the advantage estimator and the critic, on
   equal rollout compute (with 4 trajectories per step, 20 steps would hold 80 trajectories in all).
 
-Every arm is ``train_local --preset default`` with the same seed, data, warm start and evaluated questions
+Every arm is ``train_local --preset P`` (``--preset``, default ``default``; README's table was measured with
+``--preset f1_sentences``, the former default) with the same seed, data, warm start and evaluated questions
 (``--split``, passed as ``--eval.split``: settings such as ``--critic_lr`` are chosen on ``validation``, the README
 reports ``heldout``), against one retriever service started here. Each cell is a mean over the questions with its
 bootstrap 95% interval; differences are paired over the same questions (after - before within an arm; arm - main

@@ -2,7 +2,7 @@
 
 Search-R1 (arXiv 2503.09516, sec. 5.4 and fig. 2 (d)) reports the number of valid searches per trajectory rising
 during training; R1-Searcher (arXiv 2503.05592) evaluates on multi-hop sets. Here the main job (``train_local
---preset default``) trains on the embedded default's 1- and 2-hop questions (``--data.max_hops 2``: ``capital``,
+--preset default``; ``--preset f1_sentences``, the former default, for README's figures) trains on the embedded default's 1- and 2-hop questions (``--data.max_hops 2``: ``capital``,
 ``currency``, ``currency_of_capital``, ``capital_of_neighbor``) with one more turn (``--search.max_turns 4``), and is
 evaluated before and after RL on held-out 2-hop questions only. Reported, with paired bootstrap 95% intervals over the
 same questions:
