@@ -1,0 +1,66 @@
+"""benchmarks/validation_of_run.sh: a finished held-out run's policies evaluated on the validation split.
+
+The script must resume the run's *final* checkpoint (linked, never copied or modified), give train_local the run's
+before-RL *validation* pass as the "before" (so the table is warm start vs RL on the same validation questions), and
+ask for ``--eval.split validation`` with the run's seed and data. A stand-in python records the arguments instead of
+training, so this runs in a second. Catches: the held-out eval_before.json used as "before" (a cross-split table),
+the source run's checkpoint folder written to, the seed or the split not passed, a half-finished run accepted.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO_ROOT
+
+SCRIPT = os.path.join(REPO_ROOT, "benchmarks", "validation_of_run.sh")
+
+
+def _finished_run(root):
+    (root / "train" / "checkpoints" / "global_step20").mkdir(parents=True)
+    (root / "train" / "checkpoints" / "ref").mkdir()
+    (root / "train" / "checkpoints" / "latest").write_text("global_step20")
+    (root / "train" / "eval_before.json").write_text(json.dumps({"split": "heldout", "em": 0.4}))
+    (root / "train" / "eval_before_validation.json").write_text(json.dumps({"split": "validation", "em": 0.45}))
+    (root / "train" / "metrics.jsonl").write_text("{}\n")
+    (root / "train" / "warmstart.jsonl").write_text("{}\n")
+    (root / "data").mkdir()
+    for name in ("train", "eval", "corpus"):
+        (root / "data" / f"{name}.jsonl").write_text("{}\n")
+
+
+def test_resumes_the_final_checkpoint_with_the_validation_before_pass(tmp_path):
+    src, out = tmp_path / "run", tmp_path / "val"
+    _finished_run(src)
+    record = tmp_path / "argv.json"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n")
+    fake.chmod(0o755)
+    res = subprocess.run(["bash", SCRIPT, str(src), "7", str(out), "--train.max_steps", "20"],
+                         env=dict(os.environ, PYTHON=str(fake)), capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    argv = json.loads(record.read_text())
+    assert argv[:2] == ["-m", "openrlhf_search.cli.train_local"] and argv[argv.index("--preset") + 1] == "default"
+    assert argv[argv.index("--eval.split") + 1] == "validation" and argv[argv.index("--train.seed") + 1] == "7"
+    assert argv[argv.index("--ckpt.output_dir") + 1] == str(out / "train") and "--ckpt.no_load" not in argv
+    assert argv[argv.index("--train_data") + 1] == str(src / "data" / "train.jsonl")
+    assert argv[-2:] == ["--train.max_steps", "20"]  # the run's own flags passed through, last
+    assert json.loads((out / "train" / "eval_before.json").read_text())["split"] == "validation"
+    ckpt = out / "train" / "checkpoints"
+    assert os.path.islink(ckpt / "global_step20") and os.path.realpath(ckpt / "ref") == str(
+        (src / "train" / "checkpoints" / "ref").resolve())
+    assert (ckpt / "latest").read_text().strip() == "global_step20"
+    # the source run is left as it was
+    assert json.loads((src / "train" / "eval_before.json").read_text())["split"] == "heldout"
+
+
+def test_a_run_without_its_validation_pass_or_checkpoint_is_refused(tmp_path):
+    src = tmp_path / "run"
+    _finished_run(src)
+    os.remove(src / "train" / "eval_before_validation.json")  # e.g. a run with --eval.baselines false
+    res = subprocess.run(["bash", SCRIPT, str(src), "1", str(tmp_path / "val")], capture_output=True, text=True)
+    assert res.returncode == 2 and "eval_before_validation.json missing" in res.stderr
+    assert not (tmp_path / "val").exists()
+    res = subprocess.run(["bash", SCRIPT, str(src)], capture_output=True, text=True)
+    assert res.returncode == 2 and "usage" in res.stderr
