@@ -232,8 +232,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     p.add_argument("--seed", type=int, default=None, help="--train.seed of every arm (default: the preset's)")
     p.add_argument("--encoder", default="bm25", choices=["minilm", "bm25"])
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_ablation"))
-    p.add_argument("--preset", default="default", help="train_local preset of every arm (tiny: a pipeline smoke "
-                                                          "that cannot learn)")
+    p.add_argument("--preset", default="default", choices=["default", "f1_sentences", "tiny"],
+                   help="train_local preset of every arm (f1_sentences: the former default, README's table; tiny: a "
+                        "pipeline smoke that cannot learn)")
     p.add_argument("--reuse_main", default=None, metavar="RUN_DIR",
                    help="take the main arm from a finished run of the same preset, seed, steps and split (e.g. the "
                         "train/ folder of benchmarks/bench_train_local.py) instead of running it again; its "

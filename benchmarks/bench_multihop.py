@@ -108,7 +108,9 @@ def main(argv=None) -> dict:
     p.add_argument("--max_turns", type=int, default=4, help="--search.max_turns (two searches and an answer fit in 3)")
     p.add_argument("--eval_n", type=int, default=64, help="held-out 2-hop questions evaluated")
     p.add_argument("--encoder", default="bm25", choices=["minilm", "bm25"])
-    p.add_argument("--preset", default="default", help="train_local preset (tiny: a pipeline smoke, cannot learn)")
+    p.add_argument("--preset", default="default", choices=["default", "f1_sentences", "tiny"],
+                   help="train_local preset (f1_sentences: the former default, README's figures; tiny: a pipeline "
+                        "smoke, cannot learn)")
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_multihop"))
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="further train_local flags, last")
     a = p.parse_args(argv)

@@ -4,7 +4,7 @@ Runs exactly what ``examples/scripts/run_default.sh`` runs (``train_local --pres
 warm start, greedy evaluation of the held-out questions before RL, RL with search, the same evaluation after RL)
 against a real retriever service started here, then reads the job's outputs:
 
-- the learning figure: F1 (and EM, Cover-EM, answer rate, searches) before vs after RL on the same questions, with
+- the learning figure: EM (and F1, Cover-EM, answer rate, searches) before vs after RL on the same questions, with
   the paired bootstrap 95% interval of the difference (``eval_compare.json``), against issue 17's targets (EM after RL
   >= 0.30, the EM gain's interval above zero, F1 after RL above every trivial baseline; ``seeds_report.targets``)
   and the whole job <= 600 s on 2 idle cores; beside it the job's analysis
@@ -57,7 +57,7 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=None, help="RL steps (default: the preset's)")
     p.add_argument("--seed", type=int, default=None, help="--train.seed of the job (default: the preset's)")
-    p.add_argument("--preset", default="default", choices=["default", "f1_sentences"],
+    p.add_argument("--preset", default="default", choices=["default", "f1_sentences", "tiny"],
                    help="train_local preset: 'default' (the main job, EM reward) or 'f1_sentences' (the former "
                         "default: F1 reward, sentence answers; README's ablation and two-hop figures)")
     p.add_argument("--sft_steps", type=int, default=None, help="warm-start SFT steps (default: the preset's)")
@@ -70,6 +70,14 @@ def main(argv=None) -> dict:
     p.add_argument("--job_args", default="", help="more train_local flags, one string, appended after the preset "
                                                    "(e.g. \"--actor.adam.lr 2e-4 --train.max_epochs 1\")")
     a = p.parse_args(argv)
+    try:  # before any work: a bad --job_args string is one line, not a traceback after the index is built
+        job_args = shlex.split(a.job_args)
+    except ValueError as e:
+        p.error(f"--job_args: {e}")
+    owned = sorted({f for f in job_args if f.split("=")[0] in ("--preset", "--eval.split", "--train.seed",
+                                                                 "--ckpt.output_dir", "--ckpt.no_load")})
+    if owned:  # the JSON records --preset / --split / --seed: a copy inside --job_args would silently win
+        p.error(f"--job_args: {owned} are set by this script's own options (--preset, --split, --seed, --out)")
 
     from openrlhf_search.data.default_dataset import build_default_dataset
     from retriever.launch import ensure_index, start_server_process, stop_server_process
@@ -93,7 +101,7 @@ def main(argv=None) -> dict:
     if a.sft_steps is not None:
         cmd += ["--warmstart.sft_steps", str(a.sft_steps)]
     cmd += ["--eval.split", a.split]
-    cmd += shlex.split(a.job_args)
+    cmd += job_args
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS=str(a.threads), TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     try:

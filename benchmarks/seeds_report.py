@@ -28,23 +28,29 @@ def load(path: str) -> dict:
             with ``--eval.baselines false``): it cannot be a row of a report on every seed.
     """
     try:
-        d = json.load(open(path))
-    except json.JSONDecodeError as e:
+        d = json.load(open(path, encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not JSON ({e})") from None
     if not isinstance(d, dict):
         raise ValueError(f"{path}: not a bench_train_local.json object")
     cmp, ana = d.get("compare"), d.get("analysis") or {}
-    if not cmp or any(k not in cmp for k in ("em", "f1", "cover_em")):
+    if not isinstance(cmp, dict) or any(not isinstance(cmp.get(k), dict) for k in ("em", "f1", "cover_em")):
         raise ValueError(f"{path}: no before/after comparison of em, f1 and cover_em (did the run finish?)")
+    for k in ("em", "f1", "cover_em"):
+        if any(not isinstance(cmp[k].get(f), (int, float)) for f in ("before", "after", "diff", "low", "high")):
+            raise ValueError(f"{path}: compare.{k} lacks before / after / diff / low / high numbers")
     if d.get("split", "heldout") not in ("heldout", "validation"):
         raise ValueError(f"{path}: split {d.get('split')!r} is neither heldout nor validation")
     base = ana.get("baselines") or {}
     missing = [b for b in BASELINES if b not in base]
     if missing:
         raise ValueError(f"{path}: baselines {missing} missing (run without --eval.baselines false)")
+    num = lambda v: v if isinstance(v, (int, float)) else None  # noqa: E731  (a malformed time is left out)
+    # what ran: the preset (older files: "default" of their day) and the extra flags; rows of one table must agree
+    setting = (d.get("preset") or "default", " ".join(str(d.get("job_args") or "").split()))
     return {"path": path, "seed": 42 if d.get("seed") is None else d["seed"], "split": d.get("split", "heldout"),
-            "compare": cmp, "baselines": base, "job_s": d.get("job_wall_s"), "threads": d.get("omp_threads"),
-            "load": d.get("load_average_end")}
+            "compare": cmp, "baselines": base, "job_s": num(d.get("job_wall_s")), "threads": d.get("omp_threads"),
+            "load": num(d.get("load_average_end")), "setting": setting}
 
 
 def targets(row: dict) -> dict:
@@ -99,10 +105,18 @@ def main(argv=None) -> str:
         raise SystemExit(f"seeds_report: the same seed twice in {seeds}: one row per training seed")
     if len({r["split"] for r in rows}) != 1:
         raise SystemExit("seeds_report: rows from different splits (validation and held-out) do not go in one table")
+    settings = {r["setting"] for r in rows}
+    if len(settings) != 1:
+        raise SystemExit(f"seeds_report: rows of different settings (preset, job_args) {sorted(settings)}: one "
+                         "table is one setting over its seeds")
     text = table(rows)
     print(text)
     if a.md:
-        open(a.md, "w").write(text + "\n")
+        try:
+            with open(a.md, "w") as fh:
+                fh.write(text + "\n")
+        except OSError as e:
+            raise SystemExit(f"seeds_report: cannot write --md {a.md}: {e}")
     return text
 
 

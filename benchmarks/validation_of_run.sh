@@ -8,16 +8,43 @@
 # held-out run for the baselines) as the "before", and evaluates the final policy on the validation questions: the
 # before/after table, baselines and decomposition on validation, as `bench_train_local.py --split validation` prints.
 #
-#   bash benchmarks/validation_of_run.sh RUN SEED OUT [train_local flags of the run, after --preset default]
+#   bash benchmarks/validation_of_run.sh RUN SEED OUT [more train_local flags]
 #   bash benchmarks/validation_of_run.sh runs/em_heldout/seed7 7 runs/em_val/seed7
+# The run's preset and --job_args are read from RUN/bench_train_local.json (PRESET=NAME overrides the preset: a run
+# written before the JSON recorded it, with empty job_args, ran the default of its day), SEED must be the run's.
+# OUT must be new (or hold only an earlier evaluation of this script): nothing is written into RUN.
 set -euo pipefail
 [ $# -ge 3 ] || { echo "usage: $0 RUN_DIR SEED OUT_DIR [flags]" >&2; exit 2; }
 SRC=$1 SEED=$2 OUT=$3; shift 3
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-for f in train/checkpoints/latest train/eval_before_validation.json data/train.jsonl data/eval.jsonl data/corpus.jsonl; do
+PY="${PYTHON:-$ROOT/.venv/bin/python}"
+[[ "$SEED" =~ ^[0-9]+$ ]] || { echo "SEED must be an integer, got '$SEED'" >&2; exit 2; }
+for f in train/checkpoints/latest train/checkpoints/ref train/eval_before_validation.json data/train.jsonl \
+         data/eval.jsonl data/corpus.jsonl; do
   [ -e "$SRC/$f" ] || { echo "$SRC/$f missing: not a finished held-out run of bench_train_local.py" >&2; exit 2; }
 done
 step=$(cat "$SRC/train/checkpoints/latest")
+[ -d "$SRC/train/checkpoints/$step" ] || { echo "$SRC/train/checkpoints/$step missing (latest names it)" >&2; exit 2; }
+for f in "$@"; do
+  [ "$f" != "--ckpt.no_load" ] || { echo "--ckpt.no_load would train again through the linked checkpoints" >&2; exit 2; }
+done
+mkdir -p "$OUT"
+if [ "$(realpath "$OUT")" = "$(realpath "$SRC")" ]; then echo "OUT must not be RUN" >&2; exit 2; fi
+for d in "$OUT"/train/checkpoints/*/; do  # a real checkpoint folder in OUT would be resumed instead of RUN's
+  [ -e "$d" ] || continue
+  [ -L "${d%/}" ] || { echo "$OUT already holds a checkpoint ($d): give a new OUT" >&2; exit 2; }
+done
+# the run's own preset, flags and seed (bench_train_local.json); "" when the file is absent
+read -r RUN_PRESET RUN_SEED < <("$PY" - "$SRC/bench_train_local.json" <<'PYEOF'
+import json, os, sys
+d = json.load(open(sys.argv[1])) if os.path.exists(sys.argv[1]) else {}
+print(d.get("preset") or "default", 42 if d.get("seed") is None else d["seed"])
+PYEOF
+)
+RUN_JOB_ARGS=$("$PY" -c 'import json,os,sys; p=sys.argv[1]; print(json.load(open(p)).get("job_args","") if os.path.exists(p) else "")' "$SRC/bench_train_local.json")
+if [ -e "$SRC/bench_train_local.json" ] && [ "$RUN_SEED" != "$SEED" ]; then
+  echo "SEED $SEED is not the run's (--train.seed $RUN_SEED in $SRC/bench_train_local.json)" >&2; exit 2
+fi
 mkdir -p "$OUT/train/checkpoints"
 ln -sfn "$(realpath "$SRC/train/checkpoints/$step")" "$OUT/train/checkpoints/$step"
 ln -sfn "$(realpath "$SRC/train/checkpoints/ref")" "$OUT/train/checkpoints/ref"
@@ -25,6 +52,8 @@ cp "$SRC/train/checkpoints/latest" "$OUT/train/checkpoints/latest"
 cp "$SRC/train/eval_before_validation.json" "$OUT/train/eval_before.json"
 cp "$SRC/train/metrics.jsonl" "$SRC/train/warmstart.jsonl" "$OUT/train/"
 export PYTHONPATH="$ROOT" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-"${PYTHON:-$ROOT/.venv/bin/python}" -m openrlhf_search.cli.train_local --preset default \
+# shellcheck disable=SC2086  # the run's job_args, split as bench_train_local split them
+eval "set -- $RUN_JOB_ARGS \"\$@\""
+"$PY" -m openrlhf_search.cli.train_local --preset "${PRESET:-$RUN_PRESET}" \
   --train_data "$SRC/data/train.jsonl" --eval_data "$SRC/data/eval.jsonl" --corpus "$SRC/data/corpus.jsonl" \
   --retriever.encoder bm25 --train.seed "$SEED" --eval.split validation --ckpt.output_dir "$OUT/train" "$@"

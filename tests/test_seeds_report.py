@@ -62,3 +62,30 @@ def test_bad_inputs_are_refused_with_a_reason(tmp_path):
     (tmp_path / "f.json").write_text("{not json")
     with pytest.raises(SystemExit, match="f.json: not JSON"):
         seeds_report.main([str(tmp_path / "f.json")])
+
+
+def test_rows_of_other_settings_or_malformed_numbers_are_refused(tmp_path):
+    """One table is one setting over its seeds: a run of another preset or other --job_args (e.g. the former default
+    beside the new one) is refused, not counted as a seed; a compare entry without its numbers, an unreadable file
+    or an unwritable --md give one line, not a traceback."""
+    a = _bench(tmp_path, 1, (0.2, 0.45, 0.05, 0.30), (0.3, 0.7, 0.2, 0.6), (0.5, 0.5, 0.6), (0.01, 0.01, 0.02))
+    b = _bench(tmp_path, 2, (0.2, 0.45, 0.05, 0.30), (0.3, 0.7, 0.2, 0.6), (0.5, 0.5, 0.6), (0.01, 0.01, 0.02))
+    d = json.load(open(b))
+    d["preset"] = "f1_sentences"
+    (tmp_path / "other.json").write_text(json.dumps(d))
+    with pytest.raises(SystemExit, match="different settings"):
+        seeds_report.main([a, str(tmp_path / "other.json")])
+    d["preset"], d["job_args"] = "default", "--actor.adam.lr 1e-4"
+    (tmp_path / "flags.json").write_text(json.dumps(d))
+    with pytest.raises(SystemExit, match="different settings"):
+        seeds_report.main([a, str(tmp_path / "flags.json")])
+    d["job_args"] = ""
+    d["compare"]["em"] = {"before": 0.1}
+    (tmp_path / "partial.json").write_text(json.dumps(d))
+    with pytest.raises(SystemExit, match="compare.em lacks"):
+        seeds_report.main([str(tmp_path / "partial.json")])
+    (tmp_path / "latin1.json").write_bytes(b'{"seed": "\xe9"}')
+    with pytest.raises(SystemExit, match="latin1.json: not JSON"):
+        seeds_report.main([str(tmp_path / "latin1.json")])
+    with pytest.raises(SystemExit, match="cannot write --md"):
+        seeds_report.main([a, "--md", str(tmp_path / "no" / "such" / "dir.md")])

@@ -112,6 +112,57 @@ def test_steps_checkpoint_and_resume_in_process(tmp_path, retriever_url, default
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["data_pos"] == 2
 
 
+def test_resume_under_other_training_settings_is_refused(tmp_path, retriever_url, default_data, caplog):
+    """A checkpoint trained under one reward (or prompt, warm start, lr, ...) is not continued under another: the
+    resume stops with one error naming the flag, saved vs now, and writes nothing (a runs/default of the former
+    default resumed under the new --preset default mixed two runs in one table). Training longer, another device,
+    split or retriever URL stay resumable; a checkpoint from before the check resumes with a warning."""
+    from openrlhf_search.local.trainer import TrainingError
+
+    base = ["--train.max_steps", "1", "--eval.disable", "--search.reward_scheme", "r1searcher_stage2"]
+    t1 = _trainer(tmp_path, retriever_url, default_data, base)
+    try:
+        t1.fit()
+    finally:
+        t1.close()
+    run = tmp_path / "run"
+    state_path = run / "checkpoints" / "global_step1" / "trainer_state.json"
+    assert json.loads(state_path.read_text())["training_config"]["search.reward_scheme"] == "r1searcher_stage2"
+    rows_before = (run / "metrics.jsonl").read_text()
+    t2 = _trainer(tmp_path, retriever_url, default_data, ["--train.max_steps", "2", "--eval.disable",
+                                                          "--search.reward_scheme", "searchr1_em"])
+    try:
+        with pytest.raises(TrainingError, match=r"search\.reward_scheme: 'r1searcher_stage2' -> 'searchr1_em'"):
+            t2.fit()
+    finally:
+        t2.close()
+    assert (run / "metrics.jsonl").read_text() == rows_before  # nothing of the refused run was written
+    # an older checkpoint (no recorded settings): resumed, with a warning, and allowed flags may change
+    state = json.loads(state_path.read_text())
+    del state["training_config"]
+    state_path.write_text(json.dumps(state))
+    t3 = _trainer(tmp_path, retriever_url, default_data, ["--train.max_steps", "2", "--eval.disable",
+                                                          "--search.reward_scheme", "r1searcher_stage2",
+                                                          "--eval.split", "validation"])
+    try:
+        with caplog.at_level("WARNING"):
+            out = t3.fit()
+    finally:
+        t3.close()
+    assert out["resumed_from"] == 1 and out["steps"] == 2
+    assert "records no training settings" in caplog.text
+
+
+def test_parser_refuses_abbreviations_and_unknown_protocols():
+    """argparse's prefix matching let "--pres tiny" set args.preset without the preset's flags; an unknown protocol
+    parsed and failed later, after the data and index were built."""
+    with pytest.raises(SystemExit):
+        parse_args(["--pres", "tiny"])
+    with pytest.raises(SystemExit):
+        parse_args(["--search.protocol", "nope"])
+    assert parse_args(["--search.protocol", "searchr1_bare"]).search_config.protocol == "searchr1_bare"
+
+
 class _StubExecutor:
     """Returns executor dicts; the samples of the first prompt come back with ``retrieval_failed``."""
 

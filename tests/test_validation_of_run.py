@@ -17,6 +17,16 @@ from tests.conftest import REPO_ROOT
 SCRIPT = os.path.join(REPO_ROOT, "benchmarks", "validation_of_run.sh")
 
 
+def _fake_python(tmp_path):
+    """A stand-in interpreter: the script's JSON reads run for real, the train_local call is recorded."""
+    record, fake = tmp_path / "argv.json", tmp_path / "python"
+    fake.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                    f"if sys.argv[1] in ('-', '-c'):\n    os.execv({sys.executable!r}, [{sys.executable!r}] + sys.argv[1:])\n"
+                    f"json.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n")
+    fake.chmod(0o755)
+    return fake, record
+
+
 def _finished_run(root):
     (root / "train" / "checkpoints" / "global_step20").mkdir(parents=True)
     (root / "train" / "checkpoints" / "ref").mkdir()
@@ -25,6 +35,8 @@ def _finished_run(root):
     (root / "train" / "eval_before_validation.json").write_text(json.dumps({"split": "validation", "em": 0.45}))
     (root / "train" / "metrics.jsonl").write_text("{}\n")
     (root / "train" / "warmstart.jsonl").write_text("{}\n")
+    (root / "bench_train_local.json").write_text(json.dumps(
+        {"seed": 7, "preset": "default", "job_args": "--search.topk 2 --actor.adam.lr 1e-4"}))
     (root / "data").mkdir()
     for name in ("train", "eval", "corpus"):
         (root / "data" / f"{name}.jsonl").write_text("{}\n")
@@ -33,10 +45,7 @@ def _finished_run(root):
 def test_resumes_the_final_checkpoint_with_the_validation_before_pass(tmp_path):
     src, out = tmp_path / "run", tmp_path / "val"
     _finished_run(src)
-    record = tmp_path / "argv.json"
-    fake = tmp_path / "python"
-    fake.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n")
-    fake.chmod(0o755)
+    fake, record = _fake_python(tmp_path)
     res = subprocess.run(["bash", SCRIPT, str(src), "7", str(out), "--train.max_steps", "20"],
                          env=dict(os.environ, PYTHON=str(fake)), capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -45,7 +54,8 @@ def test_resumes_the_final_checkpoint_with_the_validation_before_pass(tmp_path):
     assert argv[argv.index("--eval.split") + 1] == "validation" and argv[argv.index("--train.seed") + 1] == "7"
     assert argv[argv.index("--ckpt.output_dir") + 1] == str(out / "train") and "--ckpt.no_load" not in argv
     assert argv[argv.index("--train_data") + 1] == str(src / "data" / "train.jsonl")
-    assert argv[-2:] == ["--train.max_steps", "20"]  # the run's own flags passed through, last
+    assert argv[-6:] == ["--search.topk", "2", "--actor.adam.lr", "1e-4", "--train.max_steps", "20"]  # the run's
+    # own job_args (from its JSON), then the caller's flags, last
     assert json.loads((out / "train" / "eval_before.json").read_text())["split"] == "validation"
     ckpt = out / "train" / "checkpoints"
     assert os.path.islink(ckpt / "global_step20") and os.path.realpath(ckpt / "ref") == str(
@@ -64,3 +74,25 @@ def test_a_run_without_its_validation_pass_or_checkpoint_is_refused(tmp_path):
     assert not (tmp_path / "val").exists()
     res = subprocess.run(["bash", SCRIPT, str(src)], capture_output=True, text=True)
     assert res.returncode == 2 and "usage" in res.stderr
+
+
+def test_a_wrong_seed_an_occupied_out_or_no_load_is_refused(tmp_path):
+    src = tmp_path / "run"
+    _finished_run(src)
+    fake, record = _fake_python(tmp_path)
+    env = dict(os.environ, PYTHON=str(fake))
+    res = subprocess.run(["bash", SCRIPT, str(src), "1", str(tmp_path / "a")], env=env, capture_output=True, text=True)
+    assert res.returncode == 2 and "not the run's" in res.stderr  # the JSON says seed 7
+    res = subprocess.run(["bash", SCRIPT, str(src), "x", str(tmp_path / "a")], env=env, capture_output=True, text=True)
+    assert res.returncode == 2 and "integer" in res.stderr
+    occupied = tmp_path / "b" / "train" / "checkpoints" / "global_step5"
+    occupied.mkdir(parents=True)  # a real checkpoint would be resumed instead of the run's
+    res = subprocess.run(["bash", SCRIPT, str(src), "7", str(tmp_path / "b")], env=env, capture_output=True, text=True)
+    assert res.returncode == 2 and "already holds a checkpoint" in res.stderr
+    res = subprocess.run(["bash", SCRIPT, str(src), "7", str(src)], env=env, capture_output=True, text=True)
+    assert res.returncode == 2 and "must not be RUN" in res.stderr
+    res = subprocess.run(["bash", SCRIPT, str(src), "7", str(tmp_path / "c"), "--ckpt.no_load"], env=env,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "no_load" in res.stderr
+    assert not record.exists()  # train_local was never called
+    assert not os.path.islink(src / "train" / "checkpoints" / "global_step20" / "global_step20")

@@ -164,6 +164,7 @@ def main(argv=None) -> int:
 
     shutdown.install()
     from openrlhf_search.data.qa import QADataError
+    from openrlhf_search.local.checkpoint import CheckpointError
     from openrlhf_search.local.trainer import LocalSearchTrainer, TrainingError
     from openrlhf_search.retrieval_client import RetrievalError
 
@@ -204,7 +205,8 @@ def main(argv=None) -> int:
         print(json.dumps({"steps": result["steps"], "resumed_from": result["resumed_from"],
                           "output_dir": os.path.abspath(args.ckpt.output_dir)}))
         return 0
-    except (TrainingError, RetrievalError) as e:  # RetrievalError: the warm start found the retriever down
+    except (TrainingError, RetrievalError, CheckpointError) as e:  # RetrievalError: the warm start found the
+        # retriever down; CheckpointError: a checkpoint folder that `latest` names is missing or incomplete
         logger.error("training stopped: %s", e)
         return 1
     finally:

@@ -108,7 +108,9 @@ def _bool(s: str) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (all defaults sized for a 2-core CPU and a tiny policy)."""
-    p = argparse.ArgumentParser(prog="python -m openrlhf_search.cli.train_local",
+    # allow_abbrev=False: "--pres tiny" would set args.preset without the preset's flags (parse_args expands only
+    # the full name), and a prefix that matches one flag today may match two after the next flag is added
+    p = argparse.ArgumentParser(prog="python -m openrlhf_search.cli.train_local", allow_abbrev=False,
                                 description="Single-process CPU RL training of a search agent (R1-Searcher / "
                                             "Search-R1 protocols) against a real retriever service.")
     # data
@@ -298,6 +300,9 @@ def parse_args(argv=None):
     try:
         args.search_config = search_config_from_args(args)
         check_overlong_args(args)
+        from openrlhf_search.protocol import get_protocol
+
+        get_protocol(args.search_config.protocol)  # an unknown name fails here, not after the data and index are built
     except (ConfigError, ValueError) as e:
         parser.error(str(e))
     from openrlhf_search.reward_schedule import RewardSchedule, known_reward_schemes

@@ -96,6 +96,39 @@ class TrainingError(RuntimeError):
     """The run cannot go on (no usable sample for many steps, data exhausted, broken checkpoint)."""
 
 
+# Flags that may change between a run and its resume: how long to train, where, what to evaluate, where to write and
+# how to reach the retriever; every other parsed flag defines the trained policy (see ``training_config``).
+RESUMABLE_GROUPS = ("ckpt", "eval", "logger", "retriever", "corpus", "preset", "search_config", "reward_schedule")
+RESUMABLE_FLAGS = {"train.max_steps", "train.device", "data.prompt_dataset", "search.retriever_urls",
+                   "search.retrieval_timeout_s", "search.retrieval_max_retries", "search.retrieval_backoff_s",
+                   "search.coalesce_window_ms", "search.max_batch_queries", "rollout.engine_batch_size",
+                   "train.threads"}
+
+
+def training_config(args) -> dict:
+    """The settings that define what a run trains, flattened to ``{"group.flag": value}`` (JSON values).
+
+    Stored in every checkpoint; a resume with different values is refused (:meth:`LocalSearchTrainer._resume`): a
+    checkpoint trained under one reward, prompt or warm start and continued under another mixes two runs in one
+    table (e.g. a ``runs/default`` of the former default resumed under the new ``--preset default``). The preset's
+    name is left out (its flags are in), as are the flags of ``RESUMABLE_GROUPS`` / ``RESUMABLE_FLAGS`` (a resume
+    may train longer, on another device, evaluate another split, or reach the retriever at another URL)."""
+    out = {}
+
+    def walk(obj, prefix):
+        for k, v in vars(obj).items():
+            key = f"{prefix}{k}"
+            if not prefix and k in RESUMABLE_GROUPS or key in RESUMABLE_FLAGS:
+                continue
+            if hasattr(v, "__dict__") and not dataclasses.is_dataclass(v):
+                walk(v, key + ".")
+            else:
+                out[key] = v if isinstance(v, (str, int, float, bool, type(None))) else repr(v)
+
+    walk(args, "")
+    return out
+
+
 class DataCursor:
     """Deterministic pass over training rows: a seeded permutation per epoch and a position inside it.
 
@@ -299,6 +332,7 @@ class LocalSearchTrainer:
         from transformers import AutoModelForCausalLM
 
         files = ckpt.load_trainer_files(path)  # read onto the CPU whatever device wrote them
+        self._check_same_training_config(path, files["state"])
         device = self.args.train.device
         self.actor = AutoModelForCausalLM.from_pretrained(os.path.join(path, "actor"), dtype=torch.float32)
         self.actor.to(device).eval()
@@ -326,6 +360,25 @@ class LocalSearchTrainer:
         logger.info("resumed from %s at step %d (data epoch %d, position %d)", path, self.step, self.cursor.epoch,
                     self.cursor.pos)
 
+    def _check_same_training_config(self, path: str, state: dict) -> None:
+        """Refuse to resume a checkpoint trained with other settings (see :func:`training_config`).
+
+        Raises:
+            TrainingError: a flag that defines the trained policy differs (the first few named, saved vs now).
+        """
+        saved = state.get("training_config")
+        if saved is None:  # a checkpoint written before the check existed: nothing to compare
+            logger.warning("%s records no training settings (an older checkpoint): resuming it unchecked; pass "
+                           "--ckpt.no_load or another --ckpt.output_dir if it was trained with other flags", path)
+            return
+        now = training_config(self.args)
+        differ = sorted(k for k in set(saved) | set(now) if saved.get(k, "<unset>") != now.get(k, "<unset>"))
+        if differ:
+            shown = "; ".join(f"{k}: {saved.get(k, '<unset>')!r} -> {now.get(k, '<unset>')!r}" for k in differ[:4])
+            more = f" (+{len(differ) - 4} more)" if len(differ) > 4 else ""
+            raise TrainingError(f"{path} was trained with other settings ({shown}{more}): resuming would mix two "
+                                f"runs; pass --ckpt.no_load to start over, or another --ckpt.output_dir")
+
     def _truncate_metrics(self, step: int) -> None:
         """Drop metric rows written after checkpoint ``step`` (the killed run's last, unsaved steps)."""
         if not os.path.exists(self.metrics_path):
@@ -339,7 +392,8 @@ class LocalSearchTrainer:
         """Write a checkpoint of the current step (see :mod:`openrlhf_search.local.checkpoint`)."""
         opts = self.updater.optimizers()
         state = {"data": self.cursor.state(), "excluded_total": self.excluded_total,
-                 "estimator": self.estimator, "max_steps": self.args.train.max_steps}
+                 "estimator": self.estimator, "max_steps": self.args.train.max_steps,
+                 "training_config": training_config(self.args)}
         with shutdown.critical():  # a SIGTERM now exits once the checkpoint is complete
             return ckpt.save_checkpoint(self.ckpt_dir, self.step, self.actor, self.tokenizer, opts, state,
                                         ckpt.rng_state(self.engine._generator), critic=self.updater.critic,
