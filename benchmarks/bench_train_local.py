@@ -21,7 +21,8 @@ against a real retriever service started here, then reads the job's outputs:
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_train_local.py            # the preset as is (BM25, 20 steps)
     PYTHONPATH=. .venv/bin/python benchmarks/bench_train_local.py --split validation \
-        --job_args "--actor.adam.lr 1e-4"                                      # a trial of a setting, on validation
+        --job_args "--actor.adam.lr 1e-4" --out runs/trials/lr1e-4         # a trial of a setting, on validation
+
 Prints a table and writes ``<out>/bench_train_local.json``.
 """
 

@@ -1,7 +1,8 @@
 """Trials that choose the CPU main job's settings for exact answers (issue 17 item 4), on a VALIDATION split only.
 
-Until ``train_local`` has its own validation split (``--eval.split``), this script carves one from the embedded
-default's training questions: the 1-hop training rows of ``default_dataset --seed 0`` minus 64 of them (seeded,
+Written before ``train_local`` had its own validation split (``--eval.split validation``, which
+``bench_train_local.py --split validation`` uses and later trials used); this script carves another one from the
+embedded default's training questions: the 1-hop training rows of ``default_dataset --seed 0`` minus 64 of them (seeded,
 ``--val_seed``) are the trial's training file, those 64 its evaluation file. The held-out file (``eval.jsonl``) is
 never read.
 
