@@ -13,13 +13,23 @@
 # The run's preset and --job_args are read from RUN/bench_train_local.json (PRESET=NAME overrides the preset: a run
 # written before the JSON recorded it, with empty job_args, ran the default of its day), SEED must be the run's.
 # OUT must be new (or hold only an earlier evaluation of this script): nothing is written into RUN.
+# SPLIT=heldout BEFORE=FILE: the other way round, a validation run's final policy on the held-out questions, FILE the
+# held-out before-RL evaluation (eval_before.json) of a run with the same warm start (same seed and warm-start flags;
+# the RL flags may differ), e.g. a held-out run of the default for a validation trial of another RL setting.
 set -euo pipefail
 [ $# -ge 3 ] || { echo "usage: $0 RUN_DIR SEED OUT_DIR [flags]" >&2; exit 2; }
 SRC=$1 SEED=$2 OUT=$3; shift 3
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [[ "$SEED" =~ ^[0-9]+$ ]] || { echo "SEED must be an integer, got '$SEED'" >&2; exit 2; }
-for f in train/checkpoints/latest train/checkpoints/ref train/eval_before_validation.json data/train.jsonl \
+SPLIT="${SPLIT:-validation}"
+case "$SPLIT" in
+  validation) BEFORE="${BEFORE:-$SRC/train/eval_before_validation.json}" ;;
+  heldout) [ -n "${BEFORE:-}" ] || { echo "SPLIT=heldout needs BEFORE=<held-out eval_before.json of the same warm start>" >&2; exit 2; } ;;
+  *) echo "SPLIT must be validation or heldout, got '$SPLIT'" >&2; exit 2 ;;
+esac
+[ -e "$BEFORE" ] || { echo "$BEFORE missing: the before-RL evaluation of the $SPLIT split" >&2; exit 2; }
+for f in train/checkpoints/latest train/checkpoints/ref data/train.jsonl \
          data/eval.jsonl data/corpus.jsonl; do
   [ -e "$SRC/$f" ] || { echo "$SRC/$f missing: not a finished held-out run of bench_train_local.py" >&2; exit 2; }
 done
@@ -45,15 +55,17 @@ RUN_JOB_ARGS=$("$PY" -c 'import json,os,sys; p=sys.argv[1]; print(json.load(open
 if [ -e "$SRC/bench_train_local.json" ] && [ "$RUN_SEED" != "$SEED" ]; then
   echo "SEED $SEED is not the run's (--train.seed $RUN_SEED in $SRC/bench_train_local.json)" >&2; exit 2
 fi
+before_split=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("split", "heldout"))' "$BEFORE")
+[ "$before_split" = "$SPLIT" ] || { echo "$BEFORE holds the $before_split split, not $SPLIT" >&2; exit 2; }
 mkdir -p "$OUT/train/checkpoints"
 ln -sfn "$(realpath "$SRC/train/checkpoints/$step")" "$OUT/train/checkpoints/$step"
 ln -sfn "$(realpath "$SRC/train/checkpoints/ref")" "$OUT/train/checkpoints/ref"
 cp "$SRC/train/checkpoints/latest" "$OUT/train/checkpoints/latest"
-cp "$SRC/train/eval_before_validation.json" "$OUT/train/eval_before.json"
+cp "$BEFORE" "$OUT/train/eval_before.json"
 cp "$SRC/train/metrics.jsonl" "$SRC/train/warmstart.jsonl" "$OUT/train/"
 export PYTHONPATH="$ROOT" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 # shellcheck disable=SC2086  # the run's job_args, split as bench_train_local split them
 eval "set -- $RUN_JOB_ARGS \"\$@\""
 "$PY" -m openrlhf_search.cli.train_local --preset "${PRESET:-$RUN_PRESET}" \
   --train_data "$SRC/data/train.jsonl" --eval_data "$SRC/data/eval.jsonl" --corpus "$SRC/data/corpus.jsonl" \
-  --retriever.encoder bm25 --train.seed "$SEED" --eval.split validation --ckpt.output_dir "$OUT/train" "$@"
+  --retriever.encoder bm25 --train.seed "$SEED" --eval.split "$SPLIT" --ckpt.output_dir "$OUT/train" "$@"

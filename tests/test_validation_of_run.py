@@ -96,3 +96,25 @@ def test_a_wrong_seed_an_occupied_out_or_no_load_is_refused(tmp_path):
     assert res.returncode == 2 and "no_load" in res.stderr
     assert not record.exists()  # train_local was never called
     assert not os.path.islink(src / "train" / "checkpoints" / "global_step20" / "global_step20")
+
+
+def test_heldout_direction_needs_a_heldout_before_pass_of_the_same_warm_start(tmp_path):
+    """SPLIT=heldout evaluates a validation run's final policy on the held-out questions; its "before" must be a
+    held-out evaluation (BEFORE): none, or one of the validation split, is refused."""
+    src = tmp_path / "run"
+    _finished_run(src)
+    fake, record = _fake_python(tmp_path)
+    env = dict(os.environ, PYTHON=str(fake), SPLIT="heldout")
+    res = subprocess.run(["bash", SCRIPT, str(src), "7", str(tmp_path / "a")], env=env, capture_output=True, text=True)
+    assert res.returncode == 2 and "needs BEFORE" in res.stderr
+    wrong = src / "train" / "eval_before_validation.json"
+    res = subprocess.run(["bash", SCRIPT, str(src), "7", str(tmp_path / "a")], env=dict(env, BEFORE=str(wrong)),
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "holds the validation split" in res.stderr and not record.exists()
+    right = src / "train" / "eval_before.json"  # split heldout
+    res = subprocess.run(["bash", SCRIPT, str(src), "7", str(tmp_path / "b")], env=dict(env, BEFORE=str(right)),
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    argv = json.loads(record.read_text())
+    assert argv[argv.index("--eval.split") + 1] == "heldout"
+    assert json.loads((tmp_path / "b" / "train" / "eval_before.json").read_text())["split"] == "heldout"
