@@ -66,6 +66,18 @@ cp "$SRC/train/metrics.jsonl" "$SRC/train/warmstart.jsonl" "$OUT/train/"
 export PYTHONPATH="$ROOT" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 # shellcheck disable=SC2086  # the run's job_args, split as bench_train_local split them
 eval "set -- $RUN_JOB_ARGS \"\$@\""
+# the evaluated policy's figures as a bench_train_local.json, so that seeds_report.py puts them in its table
+summary() {
+  "$PY" - "$OUT" "$SEED" "$SPLIT" "${PRESET:-$RUN_PRESET}" "$RUN_JOB_ARGS" "$SRC" <<'PYEOF'
+import json, os, sys
+out, seed, split, preset, job_args, src = sys.argv[1:]
+read = lambda name: json.load(open(os.path.join(out, "train", name))) if os.path.exists(os.path.join(out, "train", name)) else None
+json.dump({"seed": int(seed), "split": split, "preset": preset, "job_args": job_args, "compare": read("eval_compare.json"),
+           "analysis": read("eval_analysis.json"), "source_run": src, "evaluated_by": "benchmarks/validation_of_run.sh",
+           "job_wall_s": None, "omp_threads": None}, open(os.path.join(out, "bench_train_local.json"), "w"), indent=1)
+PYEOF
+}
 "$PY" -m openrlhf_search.cli.train_local --preset "${PRESET:-$RUN_PRESET}" \
   --train_data "$SRC/data/train.jsonl" --eval_data "$SRC/data/eval.jsonl" --corpus "$SRC/data/corpus.jsonl" \
   --retriever.encoder bm25 --train.seed "$SEED" --eval.split "$SPLIT" --ckpt.output_dir "$OUT/train" "$@"
+summary

@@ -61,6 +61,9 @@ def test_resumes_the_final_checkpoint_with_the_validation_before_pass(tmp_path):
     assert os.path.islink(ckpt / "global_step20") and os.path.realpath(ckpt / "ref") == str(
         (src / "train" / "checkpoints" / "ref").resolve())
     assert (ckpt / "latest").read_text().strip() == "global_step20"
+    summary = json.loads((out / "bench_train_local.json").read_text())  # for seeds_report.py
+    assert summary["seed"] == 7 and summary["split"] == "validation" and summary["source_run"] == str(src)
+    assert summary["preset"] == "default" and summary["job_args"] == "--search.topk 2 --actor.adam.lr 1e-4"
     # the source run is left as it was
     assert json.loads((src / "train" / "eval_before.json").read_text())["split"] == "heldout"
 
