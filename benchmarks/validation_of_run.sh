@@ -62,6 +62,11 @@ ln -sfn "$(realpath "$SRC/train/checkpoints/$step")" "$OUT/train/checkpoints/$st
 ln -sfn "$(realpath "$SRC/train/checkpoints/ref")" "$OUT/train/checkpoints/ref"
 cp "$SRC/train/checkpoints/latest" "$OUT/train/checkpoints/latest"
 cp "$BEFORE" "$OUT/train/eval_before.json"
+# SPLIT=heldout from a validation run: its own before-RL pass holds the validation records that choose the suffix
+# baseline's k (eval_before_validation.json of a held-out run)
+if [ "$SPLIT" = heldout ] && [ -e "$SRC/train/eval_before.json" ] && [ "$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("split", "heldout"))' "$SRC/train/eval_before.json")" = validation ]; then
+  cp "$SRC/train/eval_before.json" "$OUT/train/eval_before_validation.json"
+fi
 cp "$SRC/train/metrics.jsonl" "$SRC/train/warmstart.jsonl" "$OUT/train/"
 export PYTHONPATH="$ROOT" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 # shellcheck disable=SC2086  # the run's job_args, split as bench_train_local split them

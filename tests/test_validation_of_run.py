@@ -121,3 +121,16 @@ def test_heldout_direction_needs_a_heldout_before_pass_of_the_same_warm_start(tm
     argv = json.loads(record.read_text())
     assert argv[argv.index("--eval.split") + 1] == "heldout"
     assert json.loads((tmp_path / "b" / "train" / "eval_before.json").read_text())["split"] == "heldout"
+    assert not (tmp_path / "b" / "train" / "eval_before_validation.json").exists()  # RUN's before pass is held-out
+    (src / "train" / "eval_before.json").write_text(json.dumps({"split": "validation", "em": 0.45}))  # a validation run
+    res = subprocess.run(["bash", SCRIPT, str(src), "7", str(tmp_path / "c")],
+                         env=dict(env, BEFORE=str(wrong).replace("eval_before_validation", "held")),
+                         capture_output=True, text=True)
+    assert res.returncode == 2  # BEFORE missing
+    held = tmp_path / "held.json"
+    held.write_text(json.dumps({"split": "heldout", "em": 0.4}))
+    res = subprocess.run(["bash", SCRIPT, str(src), "7", str(tmp_path / "c")], env=dict(env, BEFORE=str(held)),
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    # the validation run's own before pass becomes the suffix baseline's validation records
+    assert json.loads((tmp_path / "c" / "train" / "eval_before_validation.json").read_text())["split"] == "validation"
