@@ -12,8 +12,8 @@
   gamma = lambda = 1.0 (``verl/trainer/config/ppo_trainer.yaml`` lines 153-154, unset in ``train_ppo.sh``); the KL a
   reward penalty (ppo_trainer.yaml line 36 ``use_kl_loss: False``, line 157 ``kl_penalty: kl`` = our k1; coefficient
   0.001, ``train_ppo.sh`` line 70, as the preset's); value clip 0.5 (ppo_trainer.yaml line 126 ``cliprange_value``);
-  no critic warm-up (train_ppo.sh line 72). The critic's learning rate is ``--critic_lr`` (default 2e-3: 10x the
-  preset's actor lr 2e-4, the ratio of train_ppo.sh line 61 ``critic.optim.lr=1e-5`` to line 43
+  no critic warm-up (train_ppo.sh line 72). The critic's learning rate is ``--critic_lr`` (default: 10x the
+  preset's actor lr, 1e-3 for ``default``, 2e-3 for ``f1_sentences``, the ratio of train_ppo.sh line 61 ``critic.optim.lr=1e-5`` to line 43
   ``actor.optim.lr=1e-6``), to be chosen on ``--split validation``. Not copied: Search-R1's PPO samples one
   trajectory per prompt (train_ppo.sh line 58 ``n_agent=1``) where its GRPO samples 5 (train_grpo.sh line 62) from
   the same 512 prompts (line 34 of both), i.e. a fifth of GRPO's trajectories per step; here arm (c) keeps the main
@@ -46,7 +46,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-DEFAULT_CRITIC_LR = 2e-3  # 10x the preset's actor lr, Search-R1's critic/actor ratio (see the module docstring)
+DEFAULT_CRITIC_LR = 2e-3  # build_arms' default (10x f1_sentences' actor lr); main() uses critic_lr_of(preset)
+CRITIC_ACTOR_LR_RATIO = 10.0  # Search-R1's train_ppo.sh: critic 1e-5 (line 61) / actor 1e-6 (line 43)
+
+
+def critic_lr_of(preset: str) -> float:
+    """Arm (c)'s default critic lr: ``CRITIC_ACTOR_LR_RATIO`` x the preset's ``--actor.adam.lr`` (1e-4 -> 1e-3)."""
+    from openrlhf_search.local.args import parse_args
+
+    return CRITIC_ACTOR_LR_RATIO * parse_args(["--preset", preset]).actor.adam.lr
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +235,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                    help="the questions every arm is evaluated on (its --eval.split): validation for choices "
                         "(e.g. --critic_lr), heldout for the report")
     p.add_argument("--arms", default="main,a,b,c", help="comma-separated subset of main,a,b,c (default: all)")
-    p.add_argument("--critic_lr", type=float, default=DEFAULT_CRITIC_LR, help="arm (c)'s --critic.adam.lr")
+    p.add_argument("--critic_lr", type=float, default=None,
+                   help="arm (c)'s --critic.adam.lr (default: 10x the preset's actor lr, Search-R1's ratio)")
     p.add_argument("--steps", type=int, default=None, help="RL steps per arm (default: the preset's)")
     p.add_argument("--seed", type=int, default=None, help="--train.seed of every arm (default: the preset's)")
     p.add_argument("--encoder", default="bm25", choices=["minilm", "bm25"])
@@ -245,6 +254,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="further train_local flags for every arm, "
                                                                          "last")
     a = p.parse_args(argv)
+    if a.critic_lr is None:
+        a.critic_lr = critic_lr_of(a.preset)
     arms = build_arms(a.critic_lr)
     chosen = parse_arms(a.arms, arms)
     reuse = {}

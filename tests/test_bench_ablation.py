@@ -127,3 +127,13 @@ def test_reuse_takes_any_arm_and_refuses_a_malformed_or_doubled_one(tmp_path):
         with pytest.raises(SystemExit, match=msg):
             bench_ablation.main(bad + ["--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_critic_lr_default_follows_the_presets_actor_lr():
+    """Arm (c)'s critic lr defaults to Search-R1's 10x critic/actor ratio of the preset's actor lr (it was a fixed 2e-3,
+    10x the former default's 2e-4, and stayed 2e-3 when the default's actor lr became 1e-4)."""
+    from benchmarks.bench_ablation import critic_lr_of
+
+    assert critic_lr_of("default") == pytest.approx(10 * parse_args(["--preset", "default"]).actor.adam.lr)
+    assert critic_lr_of("default") == pytest.approx(1e-3)
+    assert critic_lr_of("f1_sentences") == pytest.approx(2e-3)

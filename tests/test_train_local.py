@@ -137,11 +137,29 @@ def test_resume_under_other_training_settings_is_refused(tmp_path, retriever_url
     finally:
         t2.close()
     assert (run / "metrics.jsonl").read_text() == rows_before  # nothing of the refused run was written
+    # a flag added after the checkpoint was written (absent from its settings) counts as its default there: a
+    # resume at the default continues, another value is refused
+    state = json.loads(state_path.read_text())
+    del state["training_config"]["warmstart.hop_searches"]
+    state_path.write_text(json.dumps(state))
+    t2b = _trainer(tmp_path, retriever_url, default_data, base[2:] + ["--train.max_steps", "2",
+                                                                       "--warmstart.hop_searches", "chain"])
+    try:
+        with pytest.raises(TrainingError, match=r"warmstart\.hop_searches: 'one' -> 'chain'"):
+            t2b.fit()
+    finally:
+        t2b.close()
+    t2c = _trainer(tmp_path, retriever_url, default_data, base[2:] + ["--train.max_steps", "2"])
+    try:
+        assert t2c.fit()["resumed_from"] == 1
+    finally:
+        t2c.close()
     # an older checkpoint (no recorded settings): resumed, with a warning, and allowed flags may change
+    state_path = run / "checkpoints" / "global_step2" / "trainer_state.json"
     state = json.loads(state_path.read_text())
     del state["training_config"]
     state_path.write_text(json.dumps(state))
-    t3 = _trainer(tmp_path, retriever_url, default_data, ["--train.max_steps", "2", "--eval.disable",
+    t3 = _trainer(tmp_path, retriever_url, default_data, ["--train.max_steps", "3", "--eval.disable",
                                                           "--search.reward_scheme", "r1searcher_stage2",
                                                           "--eval.split", "validation"])
     try:
@@ -149,7 +167,7 @@ def test_resume_under_other_training_settings_is_refused(tmp_path, retriever_url
             out = t3.fit()
     finally:
         t3.close()
-    assert out["resumed_from"] == 1 and out["steps"] == 2
+    assert out["resumed_from"] == 2 and out["steps"] == 3
     assert "records no training settings" in caplog.text
 
 
@@ -369,6 +387,59 @@ def test_scripted_warmstart_queries_retrieve_the_supporting_passage(retriever_ur
     assert tok.decode(proto_only.tokens[a:b]).endswith("<answer>") and r["answer"] not in tok.decode(
         proto_only.tokens[a:b])
     assert proto_only.tokens[:a] == traj.tokens[:a]  # same prompt, search call and documents
+
+
+def test_chained_warmstart_searches_again_for_the_entity_the_first_search_found(retriever_url, default_data):
+    """--warmstart.hop_searches chain: a 2-hop row's scripted trajectory searches a second time, for the asked
+    attribute of the entity its first search's top passage is about (read from the retrieval, no gold), and that
+    second search finds the answer passage for most currency-of-capital rows (real retriever); the trajectory is the
+    one-search trajectory up to the first documents block, then the follow-up turn, its documents and the answer."""
+    import asyncio
+
+    from openrlhf_search.config import SearchConfig
+    from openrlhf_search.local.offline_assets import load_qwen_tokenizer
+    from openrlhf_search.local.warmstart import (follow_up_query, passage_entity, scripted_query,
+                                                 scripted_trajectory)
+    from openrlhf_search.protocol import get_protocol
+    from openrlhf_search.retrieval_client import RetrievalClient
+    from openrlhf_search.types import Passage
+
+    tkm = Passage(id="TKM-geo", title="Turkmenistan", text="The capital of Turkmenistan is Ashgabat.")
+    q = "What currency is used in the country whose capital is Ashgabat?"
+    assert passage_entity(Passage(id="x", title="Economy of Turkmenistan", text="")) == "Turkmenistan"
+    assert follow_up_query(q, [tkm]) == "currency Turkmenistan"
+    assert follow_up_query(q, []) is None  # the first search returned nothing: no chain
+    assert follow_up_query(q, [Passage(id="x", title="", text="t")]) is None
+    assert follow_up_query("What currency is used in Turkmenistan?", [tkm]) is None  # nothing new to search for
+
+    rows = [json.loads(line) for line in open(default_data.train_path)]
+    two_hop = [r for r in rows if r["type"] == "currency_of_capital"][:30]
+    client = RetrievalClient.from_config(SearchConfig(retriever_urls=[retriever_url], topk=1))
+    loop = asyncio.new_event_loop()
+    try:
+        first = loop.run_until_complete(client.search_batch([scripted_query(r["question"]) for r in two_hop]))
+        follow = [follow_up_query(r["question"], ps) for r, ps in zip(two_hop, first)]
+        second = loop.run_until_complete(client.search_batch([f or "" for f in follow]))
+        loop.run_until_complete(client.aclose())
+    finally:
+        loop.close()
+    found = sum(f is not None and ps and ps[0].id == r["supporting_ids"][-1]
+                for r, f, ps in zip(two_hop, follow, second))
+    assert found >= 0.7 * len(two_hop), f"{found}/{len(two_hop)} second searches found the answer passage"
+
+    proto, tok = get_protocol("searchr1"), load_qwen_tokenizer()
+    i = next(k for k, f in enumerate(follow) if f)
+    r, prompt = two_hop[i], proto.build_prompt(two_hop[i]["question"], tok, chat=True)
+    one = scripted_trajectory(prompt, r["question"], "X", first[i], proto, tok, max_obs_tokens=200)
+    chain = scripted_trajectory(prompt, r["question"], "X", first[i], proto, tok, max_obs_tokens=200,
+                                follow_ups=[(follow[i], second[i])])
+    assert len(one.action_ranges) == 2 and len(chain.action_ranges) == 3
+    (a1, b1), (a2, b2), (a3, b3) = chain.action_ranges
+    assert chain.tokens[:a2] == one.tokens[:one.action_ranges[1][0]]  # same prompt, first search and documents
+    assert tok.decode(chain.tokens[a2:b2]).endswith(f"<search> {follow[i]} </search>")
+    between = tok.decode(chain.tokens[b2:a3])  # the environment's second documents block, not trained on
+    assert "<information>" in between and second[i][0].title in between
+    assert tok.decode(chain.tokens[a3:b3]).endswith("<answer> X </answer>") and b3 == len(chain.tokens)
 
 
 def test_first_sentence_keeps_abbreviations_and_cuts_long_replies():

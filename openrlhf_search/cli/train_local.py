@@ -81,8 +81,8 @@ def _resolve_data(args):
 
 def make_warmstart(args):
     """The warm-start hook: scripted trajectories (real retrieval) + SFT, logged to ``warmstart.jsonl``."""
-    from openrlhf_search.local.warmstart import (answer_blocks, scripted_query, scripted_trajectory, self_answers,
-                                                 sft_warmstart)
+    from openrlhf_search.local.warmstart import (answer_blocks, follow_up_query, scripted_query, scripted_trajectory,
+                                                 self_answers, sft_warmstart)
 
     def run(trainer):
         w = args.warmstart
@@ -92,30 +92,44 @@ def make_warmstart(args):
         rows = rng.sample(trainer.train_rows, min(w.num_examples, len(trainer.train_rows)))
         queries = [scripted_query(r["question"]) for r in rows]
         passages = trainer.loop.run_until_complete(trainer.client.search_batch(queries))
+        # --warmstart.hop_searches chain: a multi-hop row searches again for the entity its first search found
+        follow = [follow_up_query(r["question"], p) if w.hop_searches == "chain" and int(r.get("hops", 1)) >= 2
+                  else None for r, p in zip(rows, passages)]
+        chained = [i for i, q in enumerate(follow) if q is not None]
+        second = trainer.loop.run_until_complete(trainer.client.search_batch([follow[i] for i in chained])) \
+            if chained else []
+        follow_ups = [[] for _ in rows]
+        for i, ps in zip(chained, second):
+            follow_ups[i] = [(follow[i], ps)]
+        # the passages the answer is read from: the last search's
+        read = [f[-1][1] if f else p for f, p in zip(follow_ups, passages)]
         reasonings = [None] * len(rows)
         if w.answers == "gold":
             answers = [r["golden_answers"][0] for r in rows]
         elif w.answers == "self":
             questions = [r["question"] for r in rows]
-            replies = self_answers(trainer.engine, trainer.tokenizer, questions, passages, prompt=w.self_prompt)
-            answers, reasonings = map(list, zip(*answer_blocks(replies, questions, w.self_form)))
+            replies = self_answers(trainer.engine, trainer.tokenizer, questions, read, prompt=w.self_prompt)
+            # the span drops the words of the question and of the follow-up queries (the bridge entity)
+            asked = [" ".join([q] + [fq for fq, _ in f]) for q, f in zip(questions, follow_ups)]
+            answers, reasonings = map(list, zip(*answer_blocks(replies, asked, w.self_form)))
         else:
             answers = [None] * len(rows)
         trajs = [scripted_trajectory(trainer.prompt_of(r), r["question"], a, p,
-                                     trainer.protocol, trainer.tokenizer, trainer.cfg.max_obs_tokens, reasoning=t)
-                 for r, a, p, t in zip(rows, answers, passages, reasonings)]
+                                     trainer.protocol, trainer.tokenizer, trainer.cfg.max_obs_tokens, reasoning=t,
+                                     follow_ups=f)
+                 for r, a, p, t, f in zip(rows, answers, passages, reasonings, follow_ups)]
         path = os.path.join(trainer.out_dir, "warmstart.jsonl")
         with open(path, "w") as fh:
-            for r, a, t in zip(rows, answers, reasonings):  # what the answer turns were taught (gold / self / none)
+            for r, a, t, q, f in zip(rows, answers, reasonings, queries, follow_ups):  # what the turns were taught
                 fh.write(json.dumps({"question": r["question"], "taught_answer": a, "taught_reasoning": t,
-                                     "gold": r["golden_answers"]}) + "\n")
+                                     "queries": [q] + [fq for fq, _ in f], "gold": r["golden_answers"]}) + "\n")
             def log(row):
                 fh.write(json.dumps(row) + "\n")
             losses = sft_warmstart(trainer.actor, trajs, trainer.pad_id, w.sft_steps, w.lr, w.batch_size,
                                    seed=args.train.seed, log=log)
         trainer.actor.eval()
-        logger.info("warm start: %d SFT steps on %d scripted trajectories, loss %.3f -> %.3f", w.sft_steps,
-                    len(trajs), losses[0], losses[-1])
+        logger.info("warm start: %d SFT steps on %d scripted trajectories (%d with two searches), loss %.3f -> %.3f",
+                    w.sft_steps, len(trajs), len(chained), losses[0], losses[-1])
 
     return run
 

@@ -232,6 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: its first sentence as the answer), 'span' (that sentence without the words that "
                         "restate the question: \"The capital of Tonga is Nuku'alofa.\" -> \"Nuku'alofa\"; no gold "
                         "answer read) or 'think_span' (the sentence in a <think> block, then the span as the answer)")
+    p.add_argument("--warmstart.hop_searches", default="one", choices=["one", "chain"],
+                   help="scripted searches of a multi-hop training row (hops >= 2): 'one' (default: one keyword "
+                        "query, as for a 1-hop row) or 'chain' (then a second query, the asked attribute and the "
+                        "entity the first search's top passage is about, e.g. 'currency Turkmenistan', and the answer "
+                        "read from its passage; no gold supporting passage or answer is read)")
     # checkpoints and logs
     p.add_argument("--ckpt.output_dir", default="runs/train_local", help="run folder (metrics, checkpoints, model)")
     p.add_argument("--ckpt.path", default=None, help="checkpoint folder (default: <output_dir>/checkpoints)")

@@ -372,6 +372,11 @@ class LocalSearchTrainer:
                            "--ckpt.no_load or another --ckpt.output_dir if it was trained with other flags", path)
             return
         now = training_config(self.args)
+        from openrlhf_search.local.args import build_parser
+
+        # a flag added after the checkpoint was written counts as its default there (the behaviour it had then)
+        defaults = build_parser()
+        saved = {**{k: defaults.get_default(k) for k in set(now) - set(saved)}, **saved}
         differ = sorted(k for k in set(saved) | set(now) if saved.get(k, "<unset>") != now.get(k, "<unset>"))
         if differ:
             shown = "; ".join(f"{k}: {saved.get(k, '<unset>')!r} -> {now.get(k, '<unset>')!r}" for k in differ[:4])

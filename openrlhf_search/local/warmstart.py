@@ -6,6 +6,9 @@ format, arXiv 2503.05592 sec. 3.2), the default run first fits the policy to tra
 
     prompt -> "<think>"-turn with a query -> documents block (real retriever) -> turn with the gold answer
 
+and, for a multi-hop row under ``--warmstart.hop_searches chain``, a second search turn and documents block before the
+answer turn (:func:`follow_up_query`: the asked attribute of the entity the first search found), as Search-R1's
+multi-turn rollouts interleave search calls and retrieved blocks (arXiv 2503.09516 sec. 3.1), all
 built token by token exactly as the executor builds rollouts (prompt, model turn, environment block and next model
 turn tokenised separately and concatenated), with the loss on the model-turn (action) tokens only.
 
@@ -43,6 +46,47 @@ def scripted_query(question: str) -> str:
     q = question.strip().rstrip("?.! ").strip()
     kept = [w for w in q.split() if w.lower() not in _QUERY_STOPWORDS]
     return " ".join(kept) if kept else q
+
+
+# Title prefixes of section passages: "Economy of Turkmenistan" is about Turkmenistan.
+_SECTION_PREFIX = re.compile(r"^(?:Economy|Geography|History|Politics|Culture|Demographics|Government) of ", re.I)
+
+
+def passage_entity(passage: Passage) -> str:
+    """The entity a passage is about: its title without a section prefix ("Economy of Turkmenistan" ->
+    "Turkmenistan"; a Wikipedia title is returned as is). Empty when the passage has no title."""
+    return _SECTION_PREFIX.sub("", (passage.title or "").strip()).strip()
+
+
+def follow_up_query(question: str, first_passages: Sequence[Passage]) -> Optional[str]:
+    """The second query of a chained scripted trajectory for a multi-hop question (``--warmstart.hop_searches
+    chain``): the asked attribute (the first keyword of :func:`scripted_query`) and the entity the first search's top
+    passage is about (:func:`passage_entity`), e.g. "What currency is used in the country whose capital is Ashgabat?"
+    with a top passage titled "Turkmenistan" -> "currency Turkmenistan".
+
+    The bridge entity is read from what the first search returned, not from the row's gold supporting passages: when
+    the first search misses, the chain follows the wrong entity, as a searching policy would (the warm start teaches
+    the two-search protocol, Search-R1's "search as many times as you want", not the answers).
+
+    Returns:
+        the query, or None when the first search returned nothing usable (no passage, or a passage without a title),
+        or when the entity is already in the question (a second search would repeat the first).
+    """
+    if not first_passages:
+        return None
+    entity = passage_entity(first_passages[0])
+    if not entity or entity.lower() in question.lower():
+        return None
+    return f"{scripted_query(question).split()[0]} {entity}"
+
+
+def follow_up_turn(query: str, protocol, opened: bool) -> str:
+    """A model turn that searches again (between two documents blocks of a chained scripted trajectory), in the
+    protocol's tags; ``opened``: the prompt ends with an open reasoning tag (R1-Searcher's base prompt)."""
+    p = protocol
+    if opened:
+        return f" I need to search again. {p.query_open} {query} {p.query_close}"
+    return f"{p.think_open} I need to search again. {p.think_close}\n{p.query_open} {query} {p.query_close}"
 
 
 def scripted_turns(prompt: str, question: str, answer: Optional[str], protocol,
@@ -208,26 +252,42 @@ def self_answers(engine, tokenizer, questions: Sequence[str], passages: Sequence
 
 def scripted_trajectory(prompt: str, question: str, answer: Optional[str], passages: Sequence[Passage], protocol,
                         tokenizer, max_obs_tokens: Optional[int] = None,
-                        reasoning: Optional[str] = None) -> Trajectory:
-    """Tokenise one scripted trajectory; ``action_ranges`` cover the two model turns.
+                        reasoning: Optional[str] = None,
+                        follow_ups: Sequence[tuple] = ()) -> Trajectory:
+    """Tokenise one scripted trajectory; ``action_ranges`` cover the model turns (2, or 2 + ``len(follow_ups)``).
 
     Args:
         prompt: the rendered prompt (``protocol.build_prompt``).
         passages: what the retriever returned for :func:`scripted_query`.
-        max_obs_tokens: cap on the documents block tokens (closing tag kept), as the executor does.
+        max_obs_tokens: cap on each documents block's tokens (closing tag kept), as the executor does.
         reasoning: a reasoning block before the answer (:func:`scripted_turns`).
+        follow_ups: ``(query, passages)`` of each further search, in order, between the first documents block and
+            the answer turn (:func:`follow_up_query`, :func:`follow_up_turn`): a chained multi-hop trajectory.
+    Returns:
+        a :class:`Trajectory`: prompt + search turn + documents + (search turn + documents) * len(follow_ups) +
+        answer turn, the environment's tokens outside ``action_ranges``.
     """
-    first, second = scripted_turns(prompt, question, answer, protocol, reasoning=reasoning)
+    first, last = scripted_turns(prompt, question, answer, protocol, reasoning=reasoning)
+    opened = prompt.rstrip().endswith(protocol.think_open)
     enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-    docs = enc(protocol.render_documents(list(passages)))
-    if max_obs_tokens is not None and len(docs) > max_obs_tokens:
-        close = enc(protocol.doc_close)
-        docs = docs[: max(0, max_obs_tokens - len(close))] + close
-    p_ids, a1, a2 = enc(prompt), enc(first), enc(second)
-    tokens = p_ids + a1 + docs + a2
-    s1 = len(p_ids)
-    s2 = s1 + len(a1) + len(docs)
-    return Trajectory(tokens=tokens, action_ranges=[(s1, s1 + len(a1)), (s2, s2 + len(a2))], reward=0.0, group=0)
+
+    def docs_ids(ps):
+        ids = enc(protocol.render_documents(list(ps)))
+        if max_obs_tokens is not None and len(ids) > max_obs_tokens:
+            close = enc(protocol.doc_close)
+            ids = ids[: max(0, max_obs_tokens - len(close))] + close
+        return ids
+
+    tokens = enc(prompt)
+    ranges = []
+    turns = [(first, passages)] + [(follow_up_turn(q, protocol, opened), ps) for q, ps in follow_ups]
+    for text, ps in turns:
+        a = enc(text)
+        ranges.append((len(tokens), len(tokens) + len(a)))
+        tokens = tokens + a + docs_ids(ps)
+    a = enc(last)
+    ranges.append((len(tokens), len(tokens) + len(a)))
+    return Trajectory(tokens=tokens + a, action_ranges=ranges, reward=0.0, group=0)
 
 
 def sft_warmstart(model, trajectories: List[Trajectory], pad_id: int, steps: int, lr: float, batch_size: int,
