@@ -406,11 +406,23 @@ def test_chained_warmstart_searches_again_for_the_entity_the_first_search_found(
 
     tkm = Passage(id="TKM-geo", title="Turkmenistan", text="The capital of Turkmenistan is Ashgabat.")
     q = "What currency is used in the country whose capital is Ashgabat?"
+    q1 = scripted_query(q)
     assert passage_entity(Passage(id="x", title="Economy of Turkmenistan", text="")) == "Turkmenistan"
-    assert follow_up_query(q, [tkm]) == "currency Turkmenistan"
-    assert follow_up_query(q, []) is None  # the first search returned nothing: no chain
-    assert follow_up_query(q, [Passage(id="x", title="", text="t")]) is None
-    assert follow_up_query("What currency is used in Turkmenistan?", [tkm]) is None  # nothing new to search for
+    assert follow_up_query(q, [q1], [tkm]) == "currency Turkmenistan"  # the bridge's asked attribute
+    assert follow_up_query(q, [q1, "currency Turkmenistan"], [tkm]) is None  # the attribute query was the last
+    assert follow_up_query(q, [q1], []) is None  # the search returned nothing: no chain
+    assert follow_up_query(q, [q1], [Passage(id="x", title="", text="t")]) is None
+    with pytest.raises(ValueError, match="no query yet"):
+        follow_up_query(q, [], [tkm])
+    # the top passage is about the question's own anchor: search for the other anchor, then the bridge's attribute
+    n = "What is the capital of the country that borders Croatia and uses the currency BAM?"
+    hrv = Passage(id="HRV-geo", title="Croatia", text="Croatia shares land borders with ...")
+    bih = Passage(id="BIH-econ", title="Economy of Bosnia and Herzegovina", text="... BAM ...")
+    n1 = scripted_query(n)
+    assert follow_up_query(n, [n1], [hrv]) == "capital country borders uses currency BAM"
+    assert follow_up_query(n, [n1, "capital country borders uses currency BAM"], [bih]) == \
+        "capital Bosnia and Herzegovina"
+    assert follow_up_query(n, [n1, "capital country borders uses currency BAM"], [hrv]) is None  # nothing new
 
     rows = [json.loads(line) for line in open(default_data.train_path)]
     two_hop = [r for r in rows if r["type"] == "currency_of_capital"][:30]
@@ -418,7 +430,7 @@ def test_chained_warmstart_searches_again_for_the_entity_the_first_search_found(
     loop = asyncio.new_event_loop()
     try:
         first = loop.run_until_complete(client.search_batch([scripted_query(r["question"]) for r in two_hop]))
-        follow = [follow_up_query(r["question"], ps) for r, ps in zip(two_hop, first)]
+        follow = [follow_up_query(r["question"], [scripted_query(r["question"])], ps) for r, ps in zip(two_hop, first)]
         second = loop.run_until_complete(client.search_batch([f or "" for f in follow]))
         loop.run_until_complete(client.aclose())
     finally:

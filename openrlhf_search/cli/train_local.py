@@ -92,15 +92,20 @@ def make_warmstart(args):
         rows = rng.sample(trainer.train_rows, min(w.num_examples, len(trainer.train_rows)))
         queries = [scripted_query(r["question"]) for r in rows]
         passages = trainer.loop.run_until_complete(trainer.client.search_batch(queries))
-        # --warmstart.hop_searches chain: a multi-hop row searches again for the entity its first search found
-        follow = [follow_up_query(r["question"], p) if w.hop_searches == "chain" and int(r.get("hops", 1)) >= 2
-                  else None for r, p in zip(rows, passages)]
-        chained = [i for i, q in enumerate(follow) if q is not None]
-        second = trainer.loop.run_until_complete(trainer.client.search_batch([follow[i] for i in chained])) \
-            if chained else []
+        # --warmstart.hop_searches chain: a multi-hop row searches again from what its searches found (at most
+        # --search.max_turns - 1 searches in all, so that the answer turn still fits)
         follow_ups = [[] for _ in rows]
-        for i, ps in zip(chained, second):
-            follow_ups[i] = [(follow[i], ps)]
+        open_rows = [i for i, r in enumerate(rows) if w.hop_searches == "chain" and int(r.get("hops", 1)) >= 2]
+        for _ in range(max(0, args.search.max_turns - 2)):
+            nxt = {i: follow_up_query(rows[i]["question"], [queries[i]] + [q for q, _ in follow_ups[i]],
+                                      follow_ups[i][-1][1] if follow_ups[i] else passages[i]) for i in open_rows}
+            open_rows = [i for i in open_rows if nxt[i] is not None]
+            if not open_rows:
+                break
+            found = trainer.loop.run_until_complete(trainer.client.search_batch([nxt[i] for i in open_rows]))
+            for i, ps in zip(open_rows, found):
+                follow_ups[i].append((nxt[i], ps))
+        chained = [i for i, f in enumerate(follow_ups) if f]
         # the passages the answer is read from: the last search's
         read = [f[-1][1] if f else p for f, p in zip(follow_ups, passages)]
         reasonings = [None] * len(rows)

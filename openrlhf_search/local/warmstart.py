@@ -58,26 +58,44 @@ def passage_entity(passage: Passage) -> str:
     return _SECTION_PREFIX.sub("", (passage.title or "").strip()).strip()
 
 
-def follow_up_query(question: str, first_passages: Sequence[Passage]) -> Optional[str]:
-    """The second query of a chained scripted trajectory for a multi-hop question (``--warmstart.hop_searches
-    chain``): the asked attribute (the first keyword of :func:`scripted_query`) and the entity the first search's top
-    passage is about (:func:`passage_entity`), e.g. "What currency is used in the country whose capital is Ashgabat?"
-    with a top passage titled "Turkmenistan" -> "currency Turkmenistan".
+def follow_up_query(question: str, queries: Sequence[str], passages: Sequence[Passage]) -> Optional[str]:
+    """The next query of a chained scripted trajectory for a multi-hop question (``--warmstart.hop_searches chain``),
+    from what the searches so far returned, or None when the chain ends. Rules, in order:
 
-    The bridge entity is read from what the first search returned, not from the row's gold supporting passages: when
-    the first search misses, the chain follows the wrong entity, as a searching policy would (the warm start teaches
-    the two-search protocol, Search-R1's "search as many times as you want", not the answers).
+    1. the last query named something the question does not (an attribute query of rule 3, below), or nothing usable
+       came back (no passage, a passage without a title): the chain ends;
+    2. the top passage is about an entity the question names (:func:`passage_entity`; "capital country borders
+       Croatia uses currency BAM" retrieves "Croatia"): search again with the last query's other words, i.e. for the
+       question's other anchor ("capital country borders uses currency BAM"), when words are left and the query is
+       new;
+    3. the top passage is about an entity the question does not name (the bridge): search for the asked attribute
+       (the first keyword of :func:`scripted_query`) of it, e.g. "What currency is used in the country whose capital
+       is Ashgabat?" with a top passage titled "Turkmenistan" -> "currency Turkmenistan"; its passage is the one the
+       answer is read from.
 
-    Returns:
-        the query, or None when the first search returned nothing usable (no passage, or a passage without a title),
-        or when the entity is already in the question (a second search would repeat the first).
+    The bridge entity is read from what the searches returned, not from the row's gold supporting passages: when a
+    search misses, the chain follows the wrong entity, as a searching policy would (the warm start teaches the
+    multi-search protocol, Search-R1's "search as many times as you want", not the answers).
+
+    Args:
+        queries: the chain's queries so far (at least the first, :func:`scripted_query`).
+        passages: what the last of them retrieved, best first.
+    Raises:
+        ValueError: ``queries`` is empty.
     """
-    if not first_passages:
+    if not queries:
+        raise ValueError("follow_up_query: no query yet (the chain starts with scripted_query(question))")
+    asked_words = {_bare(w) for w in question.split()}
+    if len(queries) > 1 and any(_bare(w) not in asked_words for w in queries[-1].split()):
+        return None  # rule 1: the attribute query was the last search
+    entity = passage_entity(passages[0]) if passages else ""
+    if not entity:
         return None
-    entity = passage_entity(first_passages[0])
-    if not entity or entity.lower() in question.lower():
-        return None
-    return f"{scripted_query(question).split()[0]} {entity}"
+    if entity.lower() in question.lower():  # rule 2: the question's own anchor; search for the other one
+        dropped = {_bare(w) for w in entity.split()}
+        rest = " ".join(w for w in queries[-1].split() if _bare(w) not in dropped)
+        return rest if rest and rest not in queries else None
+    return f"{scripted_query(question).split()[0]} {entity}"  # rule 3
 
 
 def follow_up_turn(query: str, protocol, opened: bool) -> str:
