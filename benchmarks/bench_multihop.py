@@ -14,10 +14,11 @@ same questions:
   records (:mod:`openrlhf_search.evaluation.records`);
 - the per-step valid search count of the training rollouts (Search-R1's panel (d)) in ``valid_searches.png``.
 
-The warm start's 2-hop trajectories search twice (``--hop_searches chain`` = ``--warmstart.hop_searches chain``):
-the keyword query, then the asked attribute of the entity the first search's top passage is about ("currency
-Turkmenistan"), and the answer read from the second passage; ``--hop_searches one`` scripts one search per question,
-as for 1-hop rows (README's first two-hop run: the policy then searched once and answered).
+The warm start's 2-hop trajectories search more than once (``--hop_searches chain`` = ``--warmstart.hop_searches
+chain``, :func:`openrlhf_search.local.warmstart.follow_up_query`): the keyword query, then, when its top passage is
+about the question's own anchor, the query without it (the other anchor), then the asked attribute of the entity
+found ("currency Turkmenistan"), the answer read from the last passage; ``--hop_searches one`` scripts one search per
+question, as for 1-hop rows (README's first two-hop run: the policy then searched once and answered).
 
 Targets (the issue's): F1 gain with its interval above zero, searches per 2-hop question rising by at least 0.5, the
 second query naming the bridge entity. Reported as measured whatever the outcome; the settings are the main job's,
@@ -35,6 +36,8 @@ import os
 import subprocess
 import sys
 import time
+
+from typing import Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -59,6 +62,12 @@ def names_bridge(record: dict, bridge: str) -> bool:
     return len(queries) >= 2 and bridge.lower() in queries[1].lower()
 
 
+def follow_up_names_bridge(record: dict, bridge: str) -> bool:
+    """Whether any query after the first names ``bridge``: a capital-of-neighbour chain may search for the question's
+    other anchor second and name the bridge third (``warmstart.follow_up_query`` rule 2)."""
+    return any(bridge.lower() in q.lower() for q in (record.get("queries") or [])[1:])
+
+
 def summarise(before: dict, after: dict, bridges: dict) -> dict:
     """Paired before/after figures over the questions both evaluations scored.
 
@@ -67,7 +76,7 @@ def summarise(before: dict, after: dict, bridges: dict) -> dict:
         bridges: question -> bridge entity.
     Returns:
         {metric: {"before": mean, "after": mean, "diff": paired difference with interval}} for ``em``, ``f1``,
-        ``valid_searches``, ``bridge_in_second_query``, and ``n``.
+        ``valid_searches``, ``bridge_in_second_query``, ``bridge_in_follow_up``, and ``n``.
     Raises:
         SystemExit: the two evaluations scored different questions (the pairing would be wrong).
     """
@@ -79,10 +88,10 @@ def summarise(before: dict, after: dict, bridges: dict) -> dict:
     for k in ("em", "f1", "valid_searches"):
         b, a = before["per_question"][k], after["per_question"][k]
         out[k] = {"before": sum(b) / len(b), "after": sum(a) / len(a), "diff": paired_difference(b, a)}
-    b = [float(names_bridge(r, bridges[r["question"]])) for r in before["records"]]
-    a = [float(names_bridge(r, bridges[r["question"]])) for r in after["records"]]
-    out["bridge_in_second_query"] = {"before": sum(b) / len(b), "after": sum(a) / len(a),
-                                     "diff": paired_difference(b, a)}
+    for key, fn in (("bridge_in_second_query", names_bridge), ("bridge_in_follow_up", follow_up_names_bridge)):
+        b = [float(fn(r, bridges[r["question"]])) for r in before["records"]]
+        a = [float(fn(r, bridges[r["question"]])) for r in after["records"]]
+        out[key] = {"before": sum(b) / len(b), "after": sum(a) / len(a), "diff": paired_difference(b, a)}
     return out
 
 
@@ -121,11 +130,12 @@ def main(argv=None) -> dict:
                         "second time, for the entity the first search found) or 'one' (one search per question, as "
                         "for 1-hop rows: the run README reported first)")
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_multihop"))
+    p.add_argument("--summarise_only", action="store_true",
+                   help="no training: re-read <out>/train of an earlier run and write its table again")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="further train_local flags, last")
     a = p.parse_args(argv)
 
     from openrlhf_search.data.default_dataset import build_default_dataset
-    from openrlhf_search.evaluation.compare import interval_str
     from retriever.launch import ensure_index, start_server_process, stop_server_process
 
     os.makedirs(a.out, exist_ok=True)
@@ -138,9 +148,11 @@ def main(argv=None) -> dict:
     eval_path = os.path.join(a.out, "data", "eval_2hop.jsonl")
     with open(eval_path, "w") as fh:
         fh.writelines(json.dumps(r) + "\n" for r in two_hop)
+    run_dir = os.path.join(a.out, "train")
+    if a.summarise_only:
+        return summarise_run(a, run_dir, bridges, len(two_hop))
     index_dir = ensure_index(ds.corpus_path, os.path.join(a.out, "index"), encoder=a.encoder)
     server, url = start_server_process(index_dir, log_path=os.path.join(a.out, "retriever.log"))
-    run_dir = os.path.join(a.out, "train")
     cmd = [sys.executable, "-m", "openrlhf_search.cli.train_local", "--preset", a.preset,
            "--train_data", ds.train_path, "--eval_data", eval_path, "--search.retriever_urls", url,
            "--data.max_hops", "2", "--search.max_turns", str(a.max_turns), "--eval.max_samples", str(len(two_hop)),
@@ -161,20 +173,51 @@ def main(argv=None) -> dict:
     wall = time.perf_counter() - t0
     if rc != 0:
         raise SystemExit(f"train_local failed (exit {rc}); see {run_dir}")
+    return summarise_run(a, run_dir, bridges, len(two_hop), wall=wall, cmd=cmd)
+
+
+def _flag(cmd: Optional[list], name: str, default):
+    """The value of flag ``name`` in a train_local command line (its last occurrence), else ``default``."""
+    cmd = cmd or []
+    idx = [i for i, c in enumerate(cmd[:-1]) if c == name]
+    return cmd[idx[-1] + 1] if idx else default
+
+
+def summarise_run(a, run_dir: str, bridges: dict, n_asked: int, wall: Optional[float] = None,
+                  cmd: Optional[list] = None) -> dict:
+    """Read a finished run's before/after evaluations, write ``multihop.md`` / ``multihop.json`` / the PNG, print the
+    table. With ``--summarise_only`` (``wall`` None) the job time and command are those of the folder's earlier
+    ``multihop.json``.
+
+    Raises:
+        SystemExit: the run folder has no before/after evaluation, or they scored different questions.
+    """
+    from openrlhf_search.evaluation.compare import interval_str
+
+    if wall is None:
+        prev_path = os.path.join(a.out, "multihop.json")
+        prev = json.load(open(prev_path)) if os.path.exists(prev_path) else {}
+        wall, cmd = prev.get("wall_s", float("nan")), prev.get("cmd")
+    for f in ("eval_before.json", "eval.json"):
+        if not os.path.exists(os.path.join(run_dir, f)):
+            raise SystemExit(f"{run_dir} has no {f}: run the benchmark without --summarise_only first")
     load = lambda f: json.load(open(os.path.join(run_dir, f)))  # noqa: E731
     before, after = load("eval_before.json"), load("eval.json")
     s = summarise(before, after, bridges)
     curve = plot_valid_searches(os.path.join(run_dir, "metrics.jsonl"), os.path.join(a.out, "valid_searches.png"))
     names = {"em": "2-hop EM", "f1": "2-hop F1", "valid_searches": "valid searches per 2-hop question",
-             "bridge_in_second_query": "second query names the bridge entity"}
+             "bridge_in_second_query": "second query names the bridge entity",
+             "bridge_in_follow_up": "a query after the first names the bridge entity"}
     lines = ["| held-out 2-hop, greedy | before RL | after RL | after - before [95% interval] |",
              "| --- | --- | --- | --- |"]
     lines += [f"| {names[k]} | {s[k]['before']:.3f} | {s[k]['after']:.3f} | {interval_str(s[k]['diff'])} |"
               for k in names]
     verdict = (f"targets: F1 gain interval above zero: {'yes' if s['f1']['diff']['low'] > 0 else 'no'}; "
                f"valid searches +0.5: {'yes' if s['valid_searches']['diff']['diff'] >= 0.5 else 'no'}")
-    note = (f"\n{s['n']} held-out 2-hop questions (of {len(two_hop)}); trained on 1- and 2-hop questions, "
-            f"--search.max_turns {a.max_turns}, --warmstart.hop_searches {a.hop_searches}; job {wall:.0f} s, load average at the end {os.getloadavg()[0]:.1f}.\n"
+    note = (f"\n{s['n']} held-out 2-hop questions (of {n_asked}); trained on 1- and 2-hop questions, "
+            f"--search.max_turns {_flag(cmd, '--search.max_turns', a.max_turns)}, --warmstart.hop_searches "
+            f"{_flag(cmd, '--warmstart.hop_searches', 'one')}; job {wall:.0f} s, load average at the end "
+            f"{os.getloadavg()[0]:.1f}.\n"
             + verdict)
     table = "\n".join(lines) + note
     print(table, flush=True)
