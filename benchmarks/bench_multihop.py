@@ -130,6 +130,9 @@ def main(argv=None) -> dict:
                         "second time, for the entity the first search found) or 'one' (one search per question, as "
                         "for 1-hop rows: the run README reported first)")
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_multihop"))
+    p.add_argument("--resume", action="store_true",
+                   help="continue <out>/train from its last checkpoint (a run stopped by a fault; train_local refuses "
+                        "a checkpoint of other settings); the job time is then the resumed part's")
     p.add_argument("--summarise_only", action="store_true",
                    help="no training: re-read <out>/train of an earlier run and write its table again")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="further train_local flags, last")
@@ -156,7 +159,9 @@ def main(argv=None) -> dict:
     cmd = [sys.executable, "-m", "openrlhf_search.cli.train_local", "--preset", a.preset,
            "--train_data", ds.train_path, "--eval_data", eval_path, "--search.retriever_urls", url,
            "--data.max_hops", "2", "--search.max_turns", str(a.max_turns), "--eval.max_samples", str(len(two_hop)),
-           "--warmstart.hop_searches", a.hop_searches, "--ckpt.output_dir", run_dir, "--ckpt.no_load"]
+           "--warmstart.hop_searches", a.hop_searches, "--ckpt.output_dir", run_dir]
+    if not a.resume:
+        cmd += ["--ckpt.no_load"]
     if a.steps is not None:
         cmd += ["--train.max_steps", str(a.steps)]
     if a.seed is not None:
