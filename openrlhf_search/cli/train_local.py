@@ -133,8 +133,8 @@ def make_warmstart(args):
             losses = sft_warmstart(trainer.actor, trajs, trainer.pad_id, w.sft_steps, w.lr, w.batch_size,
                                    seed=args.train.seed, log=log)
         trainer.actor.eval()
-        logger.info("warm start: %d SFT steps on %d scripted trajectories (%d with two searches), loss %.3f -> %.3f",
-                    w.sft_steps, len(trajs), len(chained), losses[0], losses[-1])
+        logger.info("warm start: %d SFT steps on %d scripted trajectories (%d with more than one search), "
+                    "loss %.3f -> %.3f", w.sft_steps, len(trajs), len(chained), losses[0], losses[-1])
 
     return run
 
