@@ -76,7 +76,8 @@ def summarise(before: dict, after: dict, bridges: dict) -> dict:
         bridges: question -> bridge entity.
     Returns:
         {metric: {"before": mean, "after": mean, "diff": paired difference with interval}} for ``em``, ``f1``,
-        ``valid_searches``, ``bridge_in_second_query``, ``bridge_in_follow_up``, and ``n``.
+        ``valid_searches``, ``bridge_in_second_query``, ``bridge_in_follow_up``, ``answer_passage_retrieved`` (the
+        second hop's passage, the last of ``supporting_ids``, returned by some search), and ``n``.
     Raises:
         SystemExit: the two evaluations scored different questions (the pairing would be wrong).
     """
@@ -88,7 +89,9 @@ def summarise(before: dict, after: dict, bridges: dict) -> dict:
     for k in ("em", "f1", "valid_searches"):
         b, a = before["per_question"][k], after["per_question"][k]
         out[k] = {"before": sum(b) / len(b), "after": sum(a) / len(a), "diff": paired_difference(b, a)}
-    for key, fn in (("bridge_in_second_query", names_bridge), ("bridge_in_follow_up", follow_up_names_bridge)):
+    answer_passage = lambda r, _bridge: bool(r.get("answer_passage_retrieved"))  # noqa: E731  (records.py)
+    for key, fn in (("bridge_in_second_query", names_bridge), ("bridge_in_follow_up", follow_up_names_bridge),
+                    ("answer_passage_retrieved", answer_passage)):
         b = [float(fn(r, bridges[r["question"]])) for r in before["records"]]
         a = [float(fn(r, bridges[r["question"]])) for r in after["records"]]
         out[key] = {"before": sum(b) / len(b), "after": sum(a) / len(a), "diff": paired_difference(b, a)}
@@ -212,7 +215,8 @@ def summarise_run(a, run_dir: str, bridges: dict, n_asked: int, wall: Optional[f
     curve = plot_valid_searches(os.path.join(run_dir, "metrics.jsonl"), os.path.join(a.out, "valid_searches.png"))
     names = {"em": "2-hop EM", "f1": "2-hop F1", "valid_searches": "valid searches per 2-hop question",
              "bridge_in_second_query": "second query names the bridge entity",
-             "bridge_in_follow_up": "a query after the first names the bridge entity"}
+             "bridge_in_follow_up": "a query after the first names the bridge entity",
+             "answer_passage_retrieved": "the answer's (second-hop) passage retrieved"}
     lines = ["| held-out 2-hop, greedy | before RL | after RL | after - before [95% interval] |",
              "| --- | --- | --- | --- |"]
     lines += [f"| {names[k]} | {s[k]['before']:.3f} | {s[k]['after']:.3f} | {interval_str(s[k]['diff'])} |"
@@ -221,7 +225,8 @@ def summarise_run(a, run_dir: str, bridges: dict, n_asked: int, wall: Optional[f
                f"valid searches +0.5: {'yes' if s['valid_searches']['diff']['diff'] >= 0.5 else 'no'}")
     note = (f"\n{s['n']} held-out 2-hop questions (of {n_asked}); trained on 1- and 2-hop questions, "
             f"--search.max_turns {_flag(cmd, '--search.max_turns', a.max_turns)}, --warmstart.hop_searches "
-            f"{_flag(cmd, '--warmstart.hop_searches', 'one')}; job {wall:.0f} s, load average at the end "
+            f"{_flag(cmd, '--warmstart.hop_searches', 'one')}, --reward.support_bonus "
+            f"{_flag(cmd, '--reward.support_bonus', '0')}; job {wall:.0f} s, load average at the end "
             f"{os.getloadavg()[0]:.1f}.\n"
             + verdict)
     table = "\n".join(lines) + note

@@ -59,6 +59,9 @@ def test_summary_is_paired_and_signed():
     assert s["valid_searches"]["diff"]["diff"] == pytest.approx(1.0)
     assert s["bridge_in_second_query"]["before"] == 0.0 and s["bridge_in_second_query"]["after"] == 1.0
     assert s["bridge_in_follow_up"]["after"] == 1.0
+    assert s["answer_passage_retrieved"]["before"] == 0.0  # records without the key count as not retrieved
+    after["records"][1]["answer_passage_retrieved"] = True
+    assert summarise(before, after, bridges)["answer_passage_retrieved"]["after"] == 0.5
     with pytest.raises(SystemExit, match="different questions"):
         summarise(before, _eval(["q2", "q1"], [0, 0], [0, 0], [0, 0], [[], []]), bridges)
 

@@ -212,6 +212,48 @@ def test_retrieval_failed_samples_left_out(tmp_path, retriever_url, default_data
     assert row["reward"] == 0.5 and row["response_length"] == 3.0
 
 
+class _SupportExecutor:
+    """Even calls retrieve every supporting passage of the training data, odd calls search nothing; outcome reward 0."""
+
+    def __init__(self, supporting_ids):
+        self.calls, self.ids = 0, sorted(supporting_ids)
+
+    async def execute(self, prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images=None):
+        found = self.calls % 2 == 0
+        self.calls += 1
+        toks = hf_tokenizer(prompt, add_special_tokens=False)["input_ids"][:20] + [100, 200, 300]
+        return {"observation_tokens": toks, "action_ranges": [(len(toks) - 3, len(toks))], "reward": 0.0,
+                "response_text": "x", "search_trace": [{"query": "q", "passage_ids": self.ids}] if found else [],
+                "extra_logs": {"retrieval_failed": 0.0, "turns": 1.0, "valid_searches": float(found),
+                               "answer_present": 0.0}}
+
+
+def test_support_bonus_adds_the_fraction_of_supporting_passages_retrieved(tmp_path, retriever_url, default_data):
+    from openrlhf_search.local.trainer import TrainingError
+
+    t = _trainer(tmp_path, retriever_url, default_data, ["--train.max_steps", "1", "--rollout.batch_size", "2",
+                                                         "--rollout.n_samples_per_prompt", "2",
+                                                         "--reward.support_bonus", "0.5"])
+    try:
+        t.setup()
+        t.executor = _SupportExecutor({i for r in t.train_rows for i in r["supporting_ids"]})
+        row = t.train_step()
+    finally:
+        t.close()
+    # half the rollouts retrieved all their supporting passages: reward 0 + 0.5 * 1 for them, 0 for the others
+    assert row["support_recall"] == 0.5 and row["reward"] == 0.25
+    assert row["reward_std"] > 0  # the bonus reaches the group baseline (GRPO gets a non-zero advantage)
+    with pytest.raises(TrainingError, match="supporting_ids"):
+        from openrlhf_search.local.trainer import LocalSearchTrainer
+
+        args = parse_args(FAST + ["--search.retriever_urls", retriever_url, "--ckpt.output_dir", str(tmp_path / "b"),
+                                  "--reward.support_bonus", "0.5"])
+        LocalSearchTrainer(args, [{"question": "q?", "golden_answers": ["a"]}])
+    for bad in ("-1", "nan"):
+        with pytest.raises(SystemExit):
+            parse_args(FAST + ["--reward.support_bonus", bad])
+
+
 def test_real_data_r1searcher_stage1_over_hotpotqa_paragraphs(tmp_path):
     """R1-Searcher's stage-1 questions, HotpotQA paragraphs indexed by the CLI itself (BM25), one step."""
     from openrlhf_search.cli.train_local import main

@@ -19,6 +19,7 @@ as ``train_ppo_ray.py`` does. Extra knobs of the CPU job:
 
 import argparse
 import dataclasses
+import math
 import sys
 import typing
 
@@ -194,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     # reward shaping (as the cluster path: openrlhf_search.length_penalty)
     p.add_argument("--reward.overlong_buffer_len", type=float, default=None, help=OVERLONG_BUFFER_HELP)
     p.add_argument("--reward.overlong_penalty_factor", type=float, default=1.0, help=OVERLONG_FACTOR_HELP)
+    p.add_argument("--reward.support_bonus", type=float, default=0.0,
+                   help="added to each RL rollout's outcome reward: this times the fraction of the question's "
+                        "supporting passages (the row's supporting_ids) that the trajectory's searches retrieved "
+                        "(openrlhf_search.rewards.support_recall); 0 (default): outcome reward only, as both papers. "
+                        "A process term for two-hop questions, not in either paper; needs supporting_ids in every "
+                        "training row (the embedded default has them); evaluation never reads it")
     # training
     p.add_argument("--train.max_steps", type=int, default=10, help="RL steps")
     p.add_argument("--train.max_epochs", type=int, default=1, help="optimiser passes over each rollout batch")
@@ -300,6 +307,8 @@ def parse_args(argv=None):
         parser.error("--data.validation_size must be >= 0")
     if args.eval.suffix_words is not None and args.eval.suffix_words < 1:
         parser.error("--eval.suffix_words must be >= 1")
+    if not math.isfinite(args.reward.support_bonus) or args.reward.support_bonus < 0:
+        parser.error(f"--reward.support_bonus must be a finite number >= 0, got {args.reward.support_bonus}")
     for name in ("rollout.batch_size", "train.max_steps", "train.micro_batch_size", "ckpt.save_steps"):
         group, key = name.split(".")
         if getattr(getattr(args, group), key) < 1:

@@ -76,6 +76,7 @@ from openrlhf_search.local.seeding import SeededSample
 from openrlhf_search.local.timing import BusyTimer, TimedEngine, TimedRetrievalClient
 from openrlhf_search.protocol import get_protocol
 from openrlhf_search.retrieval_client import RetrievalClient
+from openrlhf_search.rewards import support_recall
 
 logger = logging.getLogger(__name__)
 
@@ -253,6 +254,12 @@ class LocalSearchTrainer:
             raise TrainingError("--eval.split validation needs a validation split (--data.validation_size > 0)")
         if not self.train_rows:
             raise TrainingError("no training rows")
+        self.support_bonus = float(getattr(getattr(args, "reward", None), "support_bonus", 0.0) or 0.0)
+        if self.support_bonus and not all(r.get("supporting_ids") for r in self.train_rows):
+            raise TrainingError("--reward.support_bonus needs supporting_ids in every training row (the embedded "
+                                "default's rows have them); %d of %d rows have none" % (
+                                    sum(1 for r in self.train_rows if not r.get("supporting_ids")),
+                                    len(self.train_rows)))
         self.warmstart_fn = warmstart_fn
         self.out_dir = os.path.abspath(args.ckpt.output_dir)
         self.ckpt_dir = os.path.abspath(args.ckpt.path or os.path.join(self.out_dir, "checkpoints"))
@@ -462,9 +469,12 @@ class LocalSearchTrainer:
                        for k in ("prompt_tokens", "prefill_tokens", "prefix_cache_hit_tokens")}
         generated = self.engine.stats["generated_tokens"] - engine_before["generated_tokens"]
 
-        trajs, rewards, kept = [], [], []
+        trajs, rewards, kept, recalls = [], [], [], []
         for i, o in enumerate(outs):
             r = float(o["reward"])
+            if self.support_bonus:  # the process term of --reward.support_bonus (rewards.support_recall)
+                recalls.append(support_recall(o.get("search_trace"), rows[i // self.n_samples]["supporting_ids"]))
+                r += self.support_bonus * recalls[-1]
             bad = o["extra_logs"].get("retrieval_failed", 0.0) > 0 or not math.isfinite(r) or \
                 len(o["action_ranges"]) == 0
             kept.append(not bad)
@@ -528,6 +538,8 @@ class LocalSearchTrainer:
             if vals:
                 row[k] = sum(vals) / len(vals)
         row["answer_rate"] = row.get("answer_present", 0.0)
+        if recalls:  # fraction of the supporting passages retrieved, over the kept rollouts
+            row["support_recall"] = sum(recalls[i] for i in keep_idx) / len(keep_idx)
         row.update(upd)
         row.update(time_generation_s=gen_s, time_retrieval_s=ret_s, time_reward_s=rew_s, time_rollout_s=t_rollout,
                    time_experience_s=t_exp, time_update_s=t_upd, time_step_s=time.perf_counter() - t0,
