@@ -11,7 +11,10 @@ Layout under the checkpoint folder::
     latest                           name of the newest complete checkpoint (written last, atomically)
 
 A checkpoint is written into ``global_step{N}.tmp`` and renamed when complete, and ``latest`` is replaced only
-afterwards, so a job killed while saving resumes from the previous checkpoint.
+afterwards, so a job killed while saving resumes from the previous checkpoint. Before writing, the free disk space is
+compared with the size of the newest complete checkpoint (a SmolLM2 checkpoint is ~0.6 GB): too little stops the run
+with a :class:`CheckpointError` that says so, and a write that fails anyway (``No space left on device``) removes its
+partial folder, so the disk is not left full and the previous checkpoint stays the one to resume from.
 """
 
 import json
@@ -56,18 +59,70 @@ def set_rng_state(state: dict, engine_generator: Optional[torch.Generator] = Non
         engine_generator.set_state(state["engine"])
 
 
+def folder_bytes(path: str) -> int:
+    """Bytes of the regular files under ``path`` (0 when it does not exist)."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files
+               if os.path.isfile(os.path.join(d, f)))
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2 ** 30:.2f} GiB"
+
+
+def check_disk_space(ckpt_dir: str, margin: float = 1.1) -> None:
+    """Refuse a checkpoint that would not fit: the newest complete one's size (times ``margin``) must be free.
+
+    Raises:
+        CheckpointError: less free space under ``ckpt_dir`` than the previous checkpoint took; the message gives both
+            figures and the checkpoint that stays the one to resume from.
+    """
+    prev = latest_checkpoint(ckpt_dir)
+    if prev is None:
+        return  # the first checkpoint: its size is not known yet (a write that fails is caught below)
+    need, free = folder_bytes(prev) * margin, shutil.disk_usage(ckpt_dir).free
+    if free < need:
+        raise CheckpointError(f"not enough disk space for the next checkpoint in {ckpt_dir}: {_gib(free)} free, "
+                              f"~{_gib(need)} needed (the size of {os.path.basename(prev)}); the run stops here and "
+                              f"resumes from {os.path.basename(prev)} once space is freed (or with a lower "
+                              f"--ckpt.max_num)")
+
+
 def save_checkpoint(ckpt_dir: str, step: int, actor, tokenizer, optimizers: dict, trainer_state: dict,
                     rng: dict, critic=None, max_num: int = 2) -> str:
     """Write checkpoint ``global_step{step}`` and point ``latest`` at it; keep the newest ``max_num``.
 
     Returns:
         the checkpoint folder.
+    Raises:
+        CheckpointError: not enough free disk space (:func:`check_disk_space`), or writing failed (a full disk,
+            ``No space left on device``): the partial folder is removed; ``latest`` still names the previous one.
     """
     os.makedirs(ckpt_dir, exist_ok=True)
+    check_disk_space(ckpt_dir)
     name = f"global_step{step}"
     final = os.path.join(ckpt_dir, name)
     tmp = final + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write_checkpoint_files(tmp, step, actor, tokenizer, optimizers, trainer_state, rng, critic)
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError ("file write failed")
+        shutil.rmtree(tmp, ignore_errors=True)
+        prev = latest_checkpoint(ckpt_dir)
+        raise CheckpointError(f"writing {name} in {ckpt_dir} failed ({e}; {_gib(shutil.disk_usage(ckpt_dir).free)} "
+                              f"free now); the partial folder was removed and the run resumes from "
+                              f"{os.path.basename(prev) if prev else 'scratch'} once the cause is fixed") from e
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    _atomic_write_text(os.path.join(ckpt_dir, LATEST), name)
+    kept = sorted((d for d in os.listdir(ckpt_dir) if d.startswith("global_step") and not d.endswith(".tmp")),
+                  key=lambda d: int(d[len("global_step"):]))
+    for old in kept[:-max_num] if max_num > 0 else []:
+        shutil.rmtree(os.path.join(ckpt_dir, old), ignore_errors=True)
+    return final
+
+
+def _write_checkpoint_files(tmp: str, step: int, actor, tokenizer, optimizers: dict, trainer_state: dict, rng: dict,
+                            critic) -> None:
     os.makedirs(tmp)
     actor.save_pretrained(os.path.join(tmp, "actor"), safe_serialization=True)
     tokenizer.save_pretrained(os.path.join(tmp, "actor"))
@@ -77,14 +132,6 @@ def save_checkpoint(ckpt_dir: str, step: int, actor, tokenizer, optimizers: dict
     torch.save(rng, os.path.join(tmp, "rng.pt"))
     with open(os.path.join(tmp, "trainer_state.json"), "w") as fh:
         json.dump(dict(trainer_state, step=step), fh, indent=1, sort_keys=True)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    _atomic_write_text(os.path.join(ckpt_dir, LATEST), name)
-    kept = sorted((d for d in os.listdir(ckpt_dir) if d.startswith("global_step") and not d.endswith(".tmp")),
-                  key=lambda d: int(d[len("global_step"):]))
-    for old in kept[:-max_num] if max_num > 0 else []:
-        shutil.rmtree(os.path.join(ckpt_dir, old), ignore_errors=True)
-    return final
 
 
 def latest_checkpoint(ckpt_dir: str) -> Optional[str]:
