@@ -7,7 +7,8 @@ default``: the bare-span instruction, the think_span warm start, Search-R1's EM 
 one thread on the loaded 2-core machine in 2026-12, BM25 retrieval as in ``make demo``) and asserts issue 17's EM
 targets on training seed 42: held-out EM after RL >= 0.30 and the EM gain's paired bootstrap 95% interval above zero
 (measured with this seed, 2026-12-01: EM 0.406 -> 0.516, +0.109 [+0.047, +0.203] on 64 questions; seeds 7 and 1 in
-README's per-seed table; the same test passed in 1,958 s with the preset's former lr 2e-4, +0.109 [+0.016, +0.204]).
+README's per-seed table; this test passed at lr 1e-4 on 2026-12-02 in 2,910 s, one thread beside two training jobs,
+with exactly those figures; it had passed in 1,958 s with the preset's former lr 2e-4, +0.109 [+0.016, +0.204]).
 The run's tokens depend only on its seeds, so the result repeats on this machine; the interval's margin is about
 three questions (3/64 = 0.047), so float rounding on another CPU that flips an answer or two does not fail it. Also: valid searches do not fall by more than 0.05 and the same questions are
 evaluated before and after. A sign flip in the advantages, a loss on the wrong tokens or a dropped update makes the
