@@ -215,8 +215,8 @@ def test_retrieval_failed_samples_left_out(tmp_path, retriever_url, default_data
 class _SupportExecutor:
     """Even calls retrieve every supporting passage of the training data, odd calls search nothing; outcome reward 0."""
 
-    def __init__(self, supporting_ids):
-        self.calls, self.ids = 0, sorted(supporting_ids)
+    def __init__(self, supporting_ids, answered=(1.0, 1.0)):
+        self.calls, self.ids, self.answered = 0, sorted(supporting_ids), answered
 
     async def execute(self, prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images=None):
         found = self.calls % 2 == 0
@@ -225,7 +225,7 @@ class _SupportExecutor:
         return {"observation_tokens": toks, "action_ranges": [(len(toks) - 3, len(toks))], "reward": 0.0,
                 "response_text": "x", "search_trace": [{"query": "q", "passage_ids": self.ids}] if found else [],
                 "extra_logs": {"retrieval_failed": 0.0, "turns": 1.0, "valid_searches": float(found),
-                               "answer_present": 0.0}}
+                               "answer_present": self.answered[(self.calls - 1) % 4 // 2]}}
 
 
 def test_support_bonus_adds_the_fraction_of_supporting_passages_retrieved(tmp_path, retriever_url, default_data):
@@ -243,6 +243,20 @@ def test_support_bonus_adds_the_fraction_of_supporting_passages_retrieved(tmp_pa
     # half the rollouts retrieved all their supporting passages: reward 0 + 0.5 * 1 for them, 0 for the others
     assert row["support_recall"] == 0.5 and row["reward"] == 0.25
     assert row["reward_std"] > 0  # the bonus reaches the group baseline (GRPO gets a non-zero advantage)
+    # the first prompt's rollouts answer, the second's do not: only the answering one that retrieved is paid, unless
+    # --reward.support_bonus_if_answered false
+    for if_answered, reward in (("true", 0.125), ("false", 0.25)):
+        t = _trainer(tmp_path, retriever_url, default_data, ["--train.max_steps", "1", "--rollout.batch_size", "2",
+                                                             "--rollout.n_samples_per_prompt", "2", "--ckpt.no_load",
+                                                             "--reward.support_bonus", "0.5",
+                                                             "--reward.support_bonus_if_answered", if_answered])
+        try:
+            t.setup()
+            t.executor = _SupportExecutor({i for r in t.train_rows for i in r["supporting_ids"]}, answered=(1.0, 0.0))
+            row = t.train_step()
+        finally:
+            t.close()
+        assert row["support_recall"] == 0.5 and row["reward"] == reward, (if_answered, row["reward"])
     with pytest.raises(TrainingError, match="supporting_ids"):
         from openrlhf_search.local.trainer import LocalSearchTrainer
 

@@ -201,6 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(openrlhf_search.rewards.support_recall); 0 (default): outcome reward only, as both papers. "
                         "A process term for two-hop questions, not in either paper; needs supporting_ids in every "
                         "training row (the embedded default has them); evaluation never reads it")
+    p.add_argument("--reward.support_bonus_if_answered", type=_bool, default=True,
+                   help="true (default): the support bonus is paid only to a trajectory that gives an answer; false: "
+                        "to every trajectory (measured: the policy learnt to spend every turn searching and stopped "
+                        "answering, README two-hop section)")
     # training
     p.add_argument("--train.max_steps", type=int, default=10, help="RL steps")
     p.add_argument("--train.max_epochs", type=int, default=1, help="optimiser passes over each rollout batch")

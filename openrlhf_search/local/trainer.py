@@ -255,6 +255,7 @@ class LocalSearchTrainer:
         if not self.train_rows:
             raise TrainingError("no training rows")
         self.support_bonus = float(getattr(getattr(args, "reward", None), "support_bonus", 0.0) or 0.0)
+        self.support_bonus_if_answered = bool(getattr(getattr(args, "reward", None), "support_bonus_if_answered", True))
         if self.support_bonus and not all(r.get("supporting_ids") for r in self.train_rows):
             raise TrainingError("--reward.support_bonus needs supporting_ids in every training row (the embedded "
                                 "default's rows have them); %d of %d rows have none" % (
@@ -474,7 +475,9 @@ class LocalSearchTrainer:
             r = float(o["reward"])
             if self.support_bonus:  # the process term of --reward.support_bonus (rewards.support_recall)
                 recalls.append(support_recall(o.get("search_trace"), rows[i // self.n_samples]["supporting_ids"]))
-                r += self.support_bonus * recalls[-1]
+                answered = float(o["extra_logs"].get("answer_present", 0.0)) > 0
+                if answered or not self.support_bonus_if_answered:  # unanswered: searching all turns paid otherwise
+                    r += self.support_bonus * recalls[-1]
             bad = o["extra_logs"].get("retrieval_failed", 0.0) > 0 or not math.isfinite(r) or \
                 len(o["action_ranges"]) == 0
             kept.append(not bad)
