@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 setup:            ## create .venv with the real stack (OpenRLHF 0.11.2, vLLM 0.29.0, CPU torch)
 	bash scripts/setup_cpu_env.sh
 
-demo: setup       ## the main job on the embedded default: index, retriever, 20 RL steps with search, eval before and after
+demo: setup       ## the main job on the embedded default: index, retriever, 30 RL steps with search, eval before and after
 	bash examples/scripts/run_default.sh
 
 test: setup       ## the CPU test suite (slow tests excluded)

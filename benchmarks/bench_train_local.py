@@ -19,7 +19,7 @@ against a real retriever service started here, then reads the job's outputs:
 - the share of step time spent in generation, retrieval, reward, experience (log-probs, KL, advantages) and update.
   Generation and retrieval are busy times of concurrent rollouts (they overlap), so shares can add up to > 100%.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_train_local.py            # the preset as is (BM25, 20 steps)
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_train_local.py            # the preset as is (BM25, 30 steps)
     PYTHONPATH=. .venv/bin/python benchmarks/bench_train_local.py --split validation \
         --job_args "--actor.adam.lr 1e-4" --out runs/trials/lr1e-4         # a trial of a setting, on validation
 

@@ -34,7 +34,7 @@
 #   device call 2: bash benchmarks/gpu_smoke.sh              carry: wheels/small wheels/smollm2.part2
 #   CI / a CPU:    DRY_RUN=1 bash benchmarks/gpu_smoke.sh    (or --dry-run): environment, stand-ins, wheels and the
 #                  job's flags checked with train_local's own parser (--train.device auto, i.e. cpu here); exit 0
-# Settings (environment): STEPS=20 RL steps (as the CPU default), MODEL=smollm2|tiny, FALLBACK=tiny|none,
+# Settings (environment): STEPS=20 RL steps (the CPU default trains 30; 20 fit the 8 minutes), MODEL=smollm2|tiny, FALLBACK=tiny|none,
 #   TOTAL_S=470, RESUME_CHECK=1 (0: no CPU/GPU resume), TRAIN_ARGS (more train_local flags, appended to every call),
 #   DEVICE=cuda (the timed run's --train.device; cpu runs the whole script on a machine without a GPU, to check it),
 #   PYTHON (default .venv/bin/python if present, else python3), WHEELS=wheels, STAGE_DIR, WORK_DIR (emptied first).

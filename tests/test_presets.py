@@ -1,9 +1,9 @@
 """The named flag sets of ``train_local --preset``: what the main job runs is what README and docs/trials_em.md say.
 
 The default was chosen on the validation split (docs/trials_em.md, trial T2c) and its held-out figures in README are
-runs of the former default plus six flags; ``f1_sentences`` is the former default, which README's ablation and
+runs of the former default plus seven flags; ``f1_sentences`` is the former default, which README's ablation and
 two-hop figures were measured with. These tests catch a preset that loses one of those flags (the figures would then
-belong to another job), or an ``f1_sentences`` that drifts from ``default`` in more than the six settings.
+belong to another job), or an ``f1_sentences`` that drifts from ``default`` in more than the seven settings.
 """
 
 from openrlhf_search.local.args import PRESETS, parse_args
@@ -11,10 +11,10 @@ from openrlhf_search.local.args import PRESETS, parse_args
 # trial T2c's flags (docs/trials_em.md) and the former default's values of the same settings
 T2C = {"search.protocol": "searchr1_bare", "search.reward_scheme": "searchr1_em",
        "search.max_new_tokens_per_turn": 48, "warmstart.self_prompt": "bare", "warmstart.self_form": "think_span",
-       "actor.adam.lr": 1e-4}  # lr: trial T5's rule (docs/trials_em.md)
+       "actor.adam.lr": 1e-4, "train.max_steps": 30}  # lr: trial T5's rule, steps: trial T7's (docs/trials_em.md)
 FORMER = {"search.protocol": "searchr1_short", "search.reward_scheme": "r1searcher_stage2",
           "search.max_new_tokens_per_turn": 32, "warmstart.self_prompt": "few_words", "warmstart.self_form": "sentence",
-          "actor.adam.lr": 2e-4}
+          "actor.adam.lr": 2e-4, "train.max_steps": 20}
 
 
 def _flat(obj, prefix="") -> dict:
@@ -45,7 +45,7 @@ def test_f1_sentences_is_the_former_default_and_differs_in_those_settings_only()
     new, old = _flat(parse_args(["--preset", "default"])), _flat(parse_args(["--preset", "f1_sentences"]))
     for key, want in FORMER.items():
         assert _get(old, key) == want, key
-    # every parsed value that differs is one of the six settings (also where SearchConfig / RewardSchedule copy it)
+    # every parsed value that differs is one of the seven settings (also where SearchConfig / RewardSchedule copy it)
     differ = {k for k in new if k != "preset" and new[k] != old.get(k)}
     settings = {k.split(".")[-1] for k in T2C} | {"stage1_scheme"}  # RewardSchedule's name for the reward scheme
     assert differ and all(k.split(".")[-1] in settings for k in differ), sorted(differ)
