@@ -126,6 +126,27 @@ def load_run(run_dir: str) -> dict:
             "wall_s": None, "peak_rss_mib": None}
 
 
+def run_steps(run_dir: str) -> Optional[int]:
+    """RL steps a finished run trained: the last ``step`` of its ``metrics.jsonl``; None when it has no such file
+    (nothing to compare)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return None
+    last = None
+    with open(path) as fh:
+        for line in fh:
+            if line.strip():
+                last = json.loads(line).get("step", last)
+    return last
+
+
+def arm_steps(preset: str, steps: Optional[int], extra: Sequence[str]) -> int:
+    """RL steps each arm run by this invocation trains: ``--steps``, else the preset's (with ``extra``'s flags)."""
+    from openrlhf_search.local.args import parse_args
+    argv = ["--preset", preset] + (["--train.max_steps", str(steps)] if steps is not None else []) + list(extra)
+    return parse_args(argv).train.max_steps
+
+
 def warm_start_check(main_before: dict, arm_before: dict) -> dict:
     """Whether an arm's before-RL evaluation is the main arm's (the same warm start, the same greedy answers).
 
@@ -274,6 +295,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         if missing:
             raise SystemExit(f"reused arm {name} ({run_dir}): no {', '.join(missing)} (a finished train_local run "
                              "folder, e.g. runs/bench_train_local/train)")
+    if reuse:  # a table of arms trained for different numbers of steps compares nothing (the default's changed)
+        want = arm_steps(a.preset, a.steps, a.extra)
+        for name, run_dir in reuse.items():
+            got = run_steps(run_dir)
+            if got is not None and got != want:
+                raise SystemExit(f"reused arm {name} ({run_dir}) trained {got} RL steps, this table's arms {want}: "
+                                 f"pass --steps {got} (or reuse runs of {want} steps)")
 
     from openrlhf_search.data.default_dataset import build_default_dataset
     from retriever.launch import ensure_index, start_server_process, stop_server_process

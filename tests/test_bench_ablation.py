@@ -2,6 +2,8 @@
 does what its label says; the table's differences are paired and signed, rows keep their arm's label, and the
 warm-start line says "no" when before-RL predictions differ. No model runs here."""
 
+import json
+
 import pytest
 
 from benchmarks.bench_ablation import (ablation_table, arm_argv, build_arms, parse_arms, warm_start_check,
@@ -137,3 +139,23 @@ def test_critic_lr_default_follows_the_presets_actor_lr():
     assert critic_lr_of("default") == pytest.approx(10 * parse_args(["--preset", "default"]).actor.adam.lr)
     assert critic_lr_of("default") == pytest.approx(1e-3)
     assert critic_lr_of("f1_sentences") == pytest.approx(2e-3)
+
+
+def test_a_reused_run_of_another_step_count_is_refused_before_anything_is_built(tmp_path):
+    """The default's steps changed (20 -> 30, trial T7): an arm reused from a 20-step run beside arms of 30 steps
+    would put unlike runs in one table. Mutations caught: no check, a check on the count of lines instead of the last
+    step, a check that ignores --steps."""
+    from benchmarks import bench_ablation
+    run = tmp_path / "run20"
+    run.mkdir()
+    for name in ("eval_before.json", "eval.json"):
+        (run / name).write_text("{}")
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in (1, 2, 3, 20)))
+    assert bench_ablation.run_steps(str(run)) == 20 and bench_ablation.run_steps(str(tmp_path)) is None
+    assert bench_ablation.arm_steps("default", None, []) == 30  # the preset's
+    assert bench_ablation.arm_steps("default", 20, []) == 20 and bench_ablation.arm_steps("default", None,
+                                                                                           ["--train.max_steps", "7"]) == 7
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match="trained 20 RL steps, this table's arms 30: pass --steps 20"):
+        bench_ablation.main(["--arms", "a", "--reuse_main", str(run), "--out", str(out)])
+    assert not out.exists()
