@@ -34,6 +34,10 @@ for f in train/checkpoints/latest train/checkpoints/ref data/train.jsonl \
   [ -e "$SRC/$f" ] || { echo "$SRC/$f missing: not a finished held-out run of bench_train_local.py" >&2; exit 2; }
 done
 step=$(cat "$SRC/train/checkpoints/latest")
+# the checkpoint's own step count as --train.max_steps: a run of fewer steps than today's preset (20 before trial T7
+# made the default 30) is evaluated as it is, not trained on to the preset's count
+ckpt_steps=${step##*[!0-9]}
+[[ "$ckpt_steps" =~ ^[0-9]+$ ]] || { echo "$SRC/train/checkpoints/latest names '$step', not global_stepN" >&2; exit 2; }
 [ -d "$SRC/train/checkpoints/$step" ] || { echo "$SRC/train/checkpoints/$step missing (latest names it)" >&2; exit 2; }
 for f in "$@"; do
   [ "$f" != "--ckpt.no_load" ] || { echo "--ckpt.no_load would train again through the linked checkpoints" >&2; exit 2; }
@@ -84,5 +88,6 @@ PYEOF
 }
 "$PY" -m openrlhf_search.cli.train_local --preset "${PRESET:-$RUN_PRESET}" \
   --train_data "$SRC/data/train.jsonl" --eval_data "$SRC/data/eval.jsonl" --corpus "$SRC/data/corpus.jsonl" \
-  --retriever.encoder bm25 --train.seed "$SEED" --eval.split "$SPLIT" --ckpt.output_dir "$OUT/train" "$@"
+  --retriever.encoder bm25 --train.seed "$SEED" --eval.split "$SPLIT" --ckpt.output_dir "$OUT/train" \
+  --train.max_steps "$ckpt_steps" "$@"
 summary

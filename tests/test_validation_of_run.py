@@ -134,3 +134,24 @@ def test_heldout_direction_needs_a_heldout_before_pass_of_the_same_warm_start(tm
     assert res.returncode == 0, res.stderr
     # the validation run's own before pass becomes the suffix baseline's validation records
     assert json.loads((tmp_path / "c" / "train" / "eval_before_validation.json").read_text())["split"] == "validation"
+
+
+def test_a_run_of_fewer_steps_than_the_preset_is_evaluated_not_trained_on(tmp_path):
+    """The default went from 20 to 30 RL steps (trial T7): resuming a 20-step run under today's preset would train 10
+    more steps before evaluating. The script passes the checkpoint's own step count. Mutations caught: no
+    --train.max_steps (the preset's 30 wins), the count taken from elsewhere than the checkpoint named by latest."""
+    src, out = tmp_path / "run", tmp_path / "val"
+    _finished_run(src)
+    fake, record = _fake_python(tmp_path)
+    res = subprocess.run(["bash", SCRIPT, str(src), "7", str(out)], env=dict(os.environ, PYTHON=str(fake)),
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    argv = json.loads(record.read_text())
+    assert argv[argv.index("--train.max_steps") + 1] == "20"
+    from openrlhf_search.local.args import parse_args
+    assert parse_args(argv[2:]).train.max_steps == 20  # what train_local parses, the preset's 30 overridden
+    (src / "train" / "checkpoints" / "final").mkdir()  # latest naming a folder without a step count
+    (src / "train" / "checkpoints" / "latest").write_text("final")
+    res = subprocess.run(["bash", SCRIPT, str(src), "7", str(tmp_path / "v2")], env=dict(os.environ, PYTHON=str(fake)),
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "not global_stepN" in res.stderr
