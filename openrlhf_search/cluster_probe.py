@@ -161,7 +161,9 @@ def _wrap_trainer(module) -> None:
             weights = ray.get(engine.engine_named_parameters.remote())
             cmp = compare_weights(policy, weights)
             rows.append({"engine": i, **{k: cmp[k] for k in ("max_abs_diff", "n_compared", "missing_in_engine",
-                                                             "not_from_policy")}})
+                                                             "not_from_policy")},
+                         # layers computing from a packed copy would ignore the synced weights compared above
+                         "packed_layers": ray.get(engine.engine_packed_layers.remote())})
         _append_jsonl("sync.jsonl", {"call": _next("sync"), "policy_digest": digest(policy), "engines": rows,
                                      "time": time.time()})
         return out

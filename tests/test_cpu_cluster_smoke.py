@@ -52,6 +52,7 @@ def test_one_ppo_step_runs_on_the_real_path(tmp_path):
     syncs = result.syncs()
     assert len(syncs) == 1 and syncs[0]["engines"][0]["n_compared"] > 0
     assert syncs[0]["engines"][0]["max_abs_diff"] == 0.0 and not syncs[0]["engines"][0]["missing_in_engine"]
+    assert syncs[0]["engines"][0]["packed_layers"] == []  # every layer computes from the synced weights
 
     # retrieved tokens: exactly zero gradient of the loss with respect to their log-probs; action tokens: some
     tok = AutoTokenizer.from_pretrained(paths["model"])

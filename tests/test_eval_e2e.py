@@ -146,3 +146,20 @@ def test_runner_marks_retriever_down(qwen_tokenizer):
                          tokenizer=qwen_tokenizer)
     assert [r["stop_reason"] for r in rows] == ["retrieval_failed"] * 3
     assert all(r["retrieval_failed"] and r["prediction"] == "" for r in rows)
+
+
+def test_eval_cli_refuses_a_dead_retriever(tmp_path, capsys):
+    """A dead retriever stops cli.eval before any question, in one line with exit 2 (it used to score every question
+    0 under a normal-looking table, exit 0). Mutation caught: the check removed or its failure only logged."""
+    import socket
+
+    from openrlhf_search.cli.eval import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rc = main(["--model", "tiny", "--datasets", "bamboogle", "--data_dir", shared_path(), "--protocol", "r1searcher",
+               "--retriever_url", f"http://127.0.0.1:{port}", "--limit", "2", "--out_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith("error: bamboogle: retriever http://127.0.0.1:")
+    assert "did not answer" in err[-1] and not (tmp_path / "out" / "summary.json").exists()

@@ -334,6 +334,15 @@ def run(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     args.max_length = next(iter(per_set.values())).max_length  # the engine's context: the setting's unless given
+    from openrlhf_search.retriever_check import RetrieverCheckError, check_retrievers
+
+    try:  # as the launchers do: a dead retriever would score every question 0 under a normal-looking table
+        for name, st in per_set.items():
+            check_retrievers(list(st.retriever_url))
+    except RetrieverCheckError as e:
+        print(f"error: {name}: {e} (start it with examples/scripts/start_retriever.sh, or pass --retriever_url)",
+              file=sys.stderr)
+        return 2
     where = {}
     for name, st in per_set.items():
         info = _retriever_info(st.retriever_url[0])
