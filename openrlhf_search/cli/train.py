@@ -43,6 +43,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 from openrlhf_search.config import ENV_VAR, ConfigError, SearchConfig
 from openrlhf_search.length_penalty import check_overlong_args, document_overlong_flags
+from openrlhf_search.off_policy import check_is_correction_sampling
 from openrlhf_search.schedules import add_schedule_arguments, resolved_schedule, validate_schedule_args
 
 OPENRLHF_TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
@@ -251,6 +252,7 @@ def validate_search(args, cfg: SearchConfig) -> None:
                           "experience maker (masked GAE, failure handling)")
     try:
         check_overlong_args(args)
+        check_is_correction_sampling(args)
     except ValueError as e:
         raise ConfigError(str(e)) from e
     check_prompt_files(args, cfg)
