@@ -64,6 +64,7 @@ folder; vLLM's CPU KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB (default 1 here: R
 import argparse
 import logging
 import os
+import re
 import sys
 import tempfile
 from typing import Any, Dict, List, Optional, Tuple
@@ -636,6 +637,148 @@ def ray_init_kwargs(runtime_env: Dict[str, Any], temp_dir: Optional[str] = None)
         "runtime_env": cpu_runtime_env(runtime_env),
         "log_to_driver": True,
     }
+
+
+# ---------------------------------------------------------------------------------------------------- the private Ray
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "psm_"  # multiprocessing.shared_memory segments: vLLM's MessageQueue ring buffers (~160 MiB each)
+_TRACEBACK = "Traceback (most recent call last):"
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
+_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Refused|Limit|Failure)\b.*")
+
+
+def _mapped_shm_segments() -> set:
+    """Names of /dev/shm segments some live process maps (read from /proc/*/maps)."""
+    out = set()
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    i = line.find(SHM_DIR + "/")
+                    if i >= 0:
+                        out.add(line[i + len(SHM_DIR) + 1:].split()[0])
+        except OSError:
+            continue
+    return out
+
+
+def _shm_segments() -> Dict[str, float]:
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)]
+    except OSError:
+        return {}
+    out = {}
+    for n in names:
+        try:
+            out[n] = os.stat(os.path.join(SHM_DIR, n)).st_mtime
+        except OSError:
+            continue
+    return out
+
+
+def last_worker_traceback(log_dir: str) -> Optional[Dict[str, str]]:
+    """The newest Python traceback in the Ray worker logs under ``log_dir`` (``session_*/logs/worker-*.err|out``).
+
+    Returns {"exception": last line of the traceback, "where": "file:line in func" of its innermost frame, "log":
+    the file}, or None when no worker log holds a traceback."""
+    import glob
+
+    files = glob.glob(os.path.join(log_dir, "session_*", "logs", "worker-*.err"))
+    files += glob.glob(os.path.join(log_dir, "session_*", "logs", "worker-*.out"))
+    best = None
+    for path in files:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        starts = [i for i, ln in enumerate(lines) if _TRACEBACK in ln]
+        if not starts:
+            continue
+        block = lines[starts[-1] + 1:]
+        where, exc = "", ""
+        for ln in block:
+            m = _FRAME.match(ln)
+            if m:
+                where = f"{m.group(1)}:{m.group(2)} in {m.group(3)}"
+                continue
+            text = ln.strip()
+            if where and _EXC_LINE.match(text):
+                exc = text
+                break
+        if not exc:
+            continue
+        mtime = os.path.getmtime(path)
+        if best is None or mtime > best[0]:
+            best = (mtime, {"exception": exc[:500], "where": where, "log": path})
+    return best[1] if best else None
+
+
+class PrivateRay:
+    """The private local Ray of one CPU-cluster run and what it leaves on the machine.
+
+    Owns a temp folder (``ray_cpu_cluster_*``) and, at :meth:`cleanup`, removes it and the ``/dev/shm/psm_*``
+    segments created since the run started that no live process maps any more (vLLM-CPU's shared-memory ring
+    buffers of killed engine processes stay otherwise, ~160 MiB of RAM each until reboot). :meth:`failure` reads the
+    worker logs first, so a failed run's console ends with the worker's own exception."""
+
+    def __init__(self, temp_root: Optional[str] = None):
+        self.temp_dir = tempfile.mkdtemp(prefix="ray_cpu_cluster_", dir=temp_root)
+        self._shm_before = _shm_segments()
+        self._cleaned = False
+
+    def failure(self, keep_log_in: Optional[str] = None) -> Optional[str]:
+        """One line naming the failed worker's exception and where it was raised (None if no worker log holds a
+        traceback). ``keep_log_in``: a folder the worker's log is copied to, since the Ray folder is removed."""
+        found = last_worker_traceback(self.temp_dir)
+        if found is None:
+            return None
+        log = found["log"]
+        if keep_log_in:
+            import shutil
+
+            try:
+                os.makedirs(keep_log_in, exist_ok=True)
+                kept = os.path.join(keep_log_in, "ray_worker_failure.log")
+                shutil.copyfile(found["log"], kept)
+                log = kept
+            except OSError:
+                log = found["log"] + " (removed at exit)"
+        return f"a Ray worker failed: {found['exception']} (raised at {found['where']}; worker log: {log})"
+
+    def leaked_shm_segments(self) -> List[str]:
+        """``psm_*`` segments created during this run that no live process maps."""
+        mapped = _mapped_shm_segments()
+        return sorted(n for n in _shm_segments() if n not in self._shm_before and n not in mapped)
+
+    def cleanup(self, wait_s: float = 10.0) -> List[str]:
+        """Remove the temp folder and this run's unmapped shm segments (idempotent); returns what was removed.
+
+        Waits up to ``wait_s`` for the engine processes Ray is stopping to unmap their segments."""
+        import shutil
+        import time
+
+        if self._cleaned:
+            return []
+        deadline = time.time() + wait_s
+        while time.time() < deadline:
+            new = {n for n in _shm_segments() if n not in self._shm_before}
+            if not new & _mapped_shm_segments():
+                break
+            time.sleep(0.5)
+        removed = []
+        for name in self.leaked_shm_segments():
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed.append(os.path.join(SHM_DIR, name))
+            except OSError:
+                pass
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        removed.append(self.temp_dir)
+        self._cleaned = True
+        return removed
 
 
 def stale_line_refs(site_packages: Optional[str] = None) -> List[str]:

@@ -105,16 +105,21 @@ def warmup_updates(args, horizon: int, who: str = "actor") -> int:
     return math.ceil(horizon * getattr(args, who).lr_warmup_ratio)
 
 
+class StepCapReached(Exception):
+    """Raised by the wrapped ``generate_samples`` once ``--train.max_steps`` steps are done; ends ``fit``."""
+
+
 class StepCapTrainerMixin:
     """Mixin for OpenRLHF's plain ``PPOTrainer`` class (before ``ray.remote``): stop after ``--train.max_steps``,
     and evaluate at step 0 with ``--eval.before_training``.
 
     Put it first in the bases: ``class T(StepCapTrainerMixin, SomePPOTrainer.__ray_actor_class__)``.
     ``get_max_steps`` returns :func:`scheduler_horizon`; ``train_step`` records the step; the sample generator's
-    ``generate_samples`` is wrapped so that once the cap is reached it reports an exhausted loader, which ends
-    OpenRLHF's ``fit`` loops (every remaining episode sees an empty, exhausted loader at once). Nothing else of
-    ``fit`` changes. The step at which the cap is reached is checkpointed even when it is not a multiple of
-    ``--ckpt.save_steps`` (unless saving is off).
+    ``generate_samples`` is wrapped so that once the cap is reached it raises :class:`StepCapReached`, which
+    :meth:`fit` catches: OpenRLHF's ``fit`` would otherwise open a progress bar for every remaining episode. The
+    step at which the cap is reached is checkpointed even when it is not a multiple of ``--ckpt.save_steps``
+    (unless saving is off). Progress is one ``step k of N`` line per step (N: the cap, or what the data gives), in
+    place of OpenRLHF's per-episode bar over prompts (``Episode [1/15]``), which kept spinning to its end after a cap.
     """
 
     def __init__(self, *args, **kwargs):
@@ -135,10 +140,36 @@ class StepCapTrainerMixin:
 
         def generate_samples(**kwargs):
             if self.cap_reached:
-                return [], None, 0, True
+                raise StepCapReached(self.step_cap)
             return original(**kwargs)
 
         generator.generate_samples = generate_samples
+
+    def fit(self, global_step: int = 0) -> None:
+        """OpenRLHF's ``fit`` without its per-episode prompt bar, ended at the step cap (loggers closed as ``fit``
+        closes them)."""
+        import functools
+
+        import openrlhf.trainer.ppo_trainer as ppo_trainer_module
+        from tqdm import tqdm
+
+        # fit() builds its per-episode bar from this module global (ppo_trainer.py:522); the step line replaces it
+        ppo_trainer_module.tqdm = functools.partial(tqdm, disable=True)
+        try:
+            return super().fit(global_step)
+        except StepCapReached:
+            for tracker in (getattr(self, "wandb_logger", None), getattr(self, "tensorboard_logger", None)):
+                if tracker:
+                    tracker.close()
+
+    def total_steps(self) -> Optional[int]:
+        """N of ``step k of N``: the cap, else episodes x prompt batches per episode (None if unknown)."""
+        if self.step_cap is not None:
+            return self.step_cap
+        try:
+            return int(self.args.train.num_episodes) * len(self.prompts_dataloader)
+        except (AttributeError, TypeError):
+            return None
 
     @property
     def cap_reached(self) -> bool:
@@ -153,6 +184,9 @@ class StepCapTrainerMixin:
     def train_step(self, rollout_samples, global_step: int):
         status, next_step = super().train_step(rollout_samples, global_step)
         self._steps_done = next_step
+        total = self.total_steps()
+        logger.info(f"step {next_step} of {total if total is not None else '?'}: reward "
+                    f"{status.get('rollout/reward_mean', status.get('reward', float('nan'))):.4f}")
         if self.cap_reached:
             status["train/step_cap_reached"] = 1.0
             logger.info(f"{MAX_STEPS_FLAG} {self.step_cap} reached at step {next_step}: stopping")

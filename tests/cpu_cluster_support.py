@@ -45,6 +45,7 @@ class Run:
     out_dir: str
     wall_s: float
     argv: List[str] = field(default_factory=list)
+    shm_before: Dict[str, float] = field(default_factory=dict)
 
     @property
     def log(self) -> str:
@@ -72,6 +73,23 @@ class Run:
     def n_experience(self) -> int:
         return len([f for f in os.listdir(self.probe) if f.startswith("experience_")])
 
+    def left_behind(self) -> List[str]:
+        """What the run left on the machine: its private Ray folder if it still exists, and ``/dev/shm/psm_*``
+        segments created during the run that no live process maps (vLLM's ring buffers of dead engines)."""
+        import re
+
+        from openrlhf_search.cpu_cluster import SHM_DIR, _mapped_shm_segments, _shm_segments
+
+        out = []
+        m = re.search(r"\[cpu_cluster\] private Ray folder (\S+)", self.log)
+        if m is None:
+            out.append("(no private Ray folder named in the log)")
+        elif os.path.exists(m.group(1)):
+            out.append(m.group(1))
+        mapped = _mapped_shm_segments()
+        out += [os.path.join(SHM_DIR, n) for n in _shm_segments() if n not in self.shm_before and n not in mapped]
+        return out
+
     def describe(self) -> str:
         return f"rc={self.rc} after {self.wall_s:.0f} s; log {self.log_path}:\n{self.log[-4000:]}"
 
@@ -82,10 +100,13 @@ def run(tmp_dir: str, paths: Dict[str, str], url: str, timeout_s: float = 1500, 
 
     os.makedirs(tmp_dir, exist_ok=True)
     out_dir, probe = os.path.join(tmp_dir, "run"), os.path.join(tmp_dir, "probe")
+    from openrlhf_search.cpu_cluster import _shm_segments
+
     argv = cluster_argv(paths, url, out_dir, **kwargs)
+    shm_before = _shm_segments()
     start = time.time()
     rc = run_train(argv, os.path.join(tmp_dir, "log.txt"), timeout_s, probe_dir=probe)
-    return Run(rc, os.path.join(tmp_dir, "log.txt"), probe, out_dir, time.time() - start, argv)
+    return Run(rc, os.path.join(tmp_dir, "log.txt"), probe, out_dir, time.time() - start, argv, shm_before)
 
 
 class Background:
@@ -100,7 +121,7 @@ class Background:
     def _go(self, *args, **kwargs):
         try:
             self.result = run(*args, **kwargs)
-        except BaseException as e:  # noqa: BLE001 - re-raised by join()
+        except BaseException as e:  # re-raised by join()
             self.error = e
 
     def join(self, timeout: float) -> Run:

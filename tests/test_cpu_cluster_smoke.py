@@ -32,6 +32,7 @@ def test_one_ppo_step_runs_on_the_real_path(tmp_path):
                      extra=["--critic.model_name_or_path", paths["model"], "--algo.kl.init_coef", "0.001",
                             "--algo.kl.estimator", "k1"])
     assert result.rc == 0, result.describe()
+    assert result.left_behind() == []  # the private Ray folder and vLLM's shared-memory segments are removed
     assert "Loading extension module" not in result.log and "Building extension module" not in result.log
 
     steps = result.steps()

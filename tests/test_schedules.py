@@ -102,6 +102,21 @@ def test_cap_stops_openrlhfs_fit_loop_and_checkpoints_the_last_step():
     assert t.samples_generator.calls == 3 and t.cap_reached
 
 
+def test_cap_ends_fit_at_once_with_one_step_line_per_step(caplog):
+    """Mutation caught: the cap reported as an exhausted loader again (fit then opened one more episode, and one
+    more progress bar, per remaining episode: 47 more asks here), or the step line dropped."""
+    import logging
+
+    t = _Capped(_args(max_steps=3, save_steps=float("inf")))
+    asks, wrapped = [], t.samples_generator.generate_samples
+    t.samples_generator.generate_samples = lambda **kw: (asks.append(1), wrapped(**kw))[1]
+    with caplog.at_level(logging.INFO, logger="openrlhf_search.schedules"):
+        t.fit()
+    assert len(asks) == 4  # three steps, then the ask that ends fit
+    assert [r.getMessage().split(":")[0] for r in caplog.records if r.getMessage().startswith("step ")] == [
+        "step 1 of 3", "step 2 of 3", "step 3 of 3"]
+
+
 def test_without_cap_nothing_changes():
     t = _Capped(_args(max_steps=None, num_episodes=1))
     original = t.samples_generator.generate_samples

@@ -426,18 +426,45 @@ def run(args, cfg: SearchConfig) -> None:
         cpu_cluster.install(driver=True)  # before train_ppo_ray (and vllm_engine) is imported
     inject_classes()
     started = False
+    private = None
     if not ray.is_initialized():
         if cpu:
-            ray.init(**cpu_cluster.ray_init_kwargs(build_runtime_env(cfg)))
+            private = cpu_cluster.PrivateRay()
+            print(f"[cpu_cluster] private Ray folder {private.temp_dir} (removed at exit)", file=sys.stderr)
+            _raise_on_sigterm()  # so that the cleanup below runs when the launcher or a scheduler stops the run
+            ray.init(**cpu_cluster.ray_init_kwargs(build_runtime_env(cfg), temp_dir=private.temp_dir))
         else:
             ray.init(runtime_env=build_runtime_env(cfg))
         started = True
     try:
         check_retrievers_before_training(args, cfg)
         openrlhf_main().module.train(args)
+    except BaseException as e:
+        if private is not None:  # the worker's own exception is only in its log, which cleanup removes
+            e.worker_failure = private.failure(keep_log_in=getattr(args.ckpt, "output_dir", None))
+        raise
     finally:
         if cpu and started:
             ray.shutdown()
+        if private is not None:
+            private.cleanup()
+
+
+class Terminated(SystemExit):
+    """SIGTERM in a CPU-cluster run (exit status 143 after the cleanup)."""
+
+
+def _raise_on_sigterm() -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, frame):
+        raise Terminated(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -465,11 +492,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     except RetrieverCheckError as e:
         print(f"error: {e} (the job does not start)", file=sys.stderr)
         return 1
-    except Exception as e:  # noqa: BLE001 - only the run-stopping errors of the search environment are caught
+    except Exception as e:  # only the run-stopping errors of the search environment are caught
         cause = stop_reason(e)
-        if cause is None:
+        worker = getattr(e, "worker_failure", None)
+        if cause is None and worker is None:
             raise
-        print(f"error: {cause} (training stopped)", file=sys.stderr)
+        if cause is None:  # CPU cluster mode: the traceback as usual, then the worker's own error last
+            import traceback
+
+            traceback.print_exc()
+        print(f"error: {cause or worker} (training stopped)", file=sys.stderr)
         return 1
     return 0
 
