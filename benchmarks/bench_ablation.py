@@ -1,4 +1,4 @@
-"""Ablations of the CPU main job in one table (issue 17 item 6), each arm with the main arm's warm start:
+"""Ablations of the CPU main job in one table, each arm with the main arm's warm start:
 
 - main: the preset as is (``train_local --preset default``: GRPO ``group_norm``, retrieved-token masking on, search
   on);
@@ -13,12 +13,13 @@
   reward penalty (ppo_trainer.yaml line 36 ``use_kl_loss: False``, line 157 ``kl_penalty: kl`` = our k1; coefficient
   0.001, ``train_ppo.sh`` line 70, as the preset's); value clip 0.5 (ppo_trainer.yaml line 126 ``cliprange_value``);
   no critic warm-up (train_ppo.sh line 72). The critic's learning rate is ``--critic_lr`` (default: 10x the
-  preset's actor lr, 1e-3 for ``default``, 2e-3 for ``f1_sentences``, the ratio of train_ppo.sh line 61 ``critic.optim.lr=1e-5`` to line 43
-  ``actor.optim.lr=1e-6``), to be chosen on ``--split validation``. Not copied: Search-R1's PPO samples one
-  trajectory per prompt (train_ppo.sh line 58 ``n_agent=1``) where its GRPO samples 5 (train_grpo.sh line 62) from
-  the same 512 prompts (line 34 of both), i.e. a fifth of GRPO's trajectories per step; here arm (c) keeps the main
-  arm's 4 prompts x 4 trajectories per step, so the two differ only in the advantage estimator and the critic, on
-  equal rollout compute (with 4 trajectories per step, 20 steps would hold 80 trajectories in all).
+  preset's actor lr, 1e-3 for ``default``, 2e-3 for ``f1_sentences``, the ratio of train_ppo.sh line 61
+  ``critic.optim.lr=1e-5`` to line 43 ``actor.optim.lr=1e-6``), to be chosen on ``--split validation``. Not copied:
+  Search-R1's PPO samples one trajectory per prompt (train_ppo.sh line 58 ``n_agent=1``) where its GRPO samples 5
+  (train_grpo.sh line 62) from the same 512 prompts (line 34 of both), i.e. a fifth of GRPO's trajectories per step;
+  here arm (c) keeps the main arm's 4 prompts x 4 trajectories per step, so the two differ only in the advantage
+  estimator and the critic, on equal rollout compute (with 4 trajectories per step, 20 steps would hold 80 trajectories
+  in all).
 
 Every arm is ``train_local --preset P`` (``--preset``, default ``default``; README's table was measured with
 ``--preset f1_sentences``, the former default) with the same seed, data, warm start and evaluated questions
@@ -212,7 +213,7 @@ def ablation_table(results: Dict[str, dict], arms: Dict[str, Arm], main: str = "
         if r["before"]["questions"] != r["after"]["questions"]:
             raise ValueError(f"arm {name!r}: before and after RL on different questions")
         pb, pa, pm = r["before"]["per_question"], r["after"]["per_question"], ref["after"]["per_question"]
-        vs = lambda m: "-" if name == main else interval_str(paired_difference(pm[m], pa[m], seed=seed))  # noqa
+        vs = lambda m: "-" if name == main else interval_str(paired_difference(pm[m], pa[m], seed=seed))
         row = {"label": arm.label, "n": r["after"]["n"],
                "em_before": mean_interval_str(pb["em"], seed), "em_after": mean_interval_str(pa["em"], seed),
                "em_diff": interval_str(paired_difference(pb["em"], pa["em"], seed=seed)),
@@ -343,8 +344,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     print(text)
     with open(os.path.join(a.out, "ablation.md"), "w") as fh:
         fh.write(text + "\n")
-    out = {"split": a.split, "preset": a.preset, "extra": a.extra, "seed": a.seed, "steps": a.steps, "critic_lr": a.critic_lr, "encoder": a.encoder,
-           "arms": rows, "commands": commands}
+    out = {"split": a.split, "preset": a.preset, "extra": a.extra, "seed": a.seed, "steps": a.steps,
+           "critic_lr": a.critic_lr, "encoder": a.encoder, "arms": rows, "commands": commands}
     with open(os.path.join(a.out, "ablation.json"), "w") as fh:
         json.dump(out, fh, indent=1)
     return out

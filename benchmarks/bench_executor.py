@@ -26,21 +26,21 @@ from types import SimpleNamespace
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import httpx  # noqa: E402
-import torch  # noqa: E402
-from vllm import SamplingParams  # noqa: E402
-from vllm.logprobs import Logprob  # noqa: E402
-from vllm.outputs import CompletionOutput, RequestOutput  # noqa: E402
+import httpx
+import torch
+from vllm import SamplingParams
+from vllm.logprobs import Logprob
+from vllm.outputs import CompletionOutput, RequestOutput
 
-import openrlhf_search._cpu_compat  # noqa: E402,F401
-from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor  # noqa: E402
-from openrlhf_search.agent import SearchAgentExecutor  # noqa: E402
-from openrlhf_search.config import SearchConfig  # noqa: E402
-from openrlhf_search.local.engine import HFEngine  # noqa: E402
-from openrlhf_search.local.offline_assets import load_qwen_tokenizer  # noqa: E402
-from openrlhf_search.protocol import get_protocol  # noqa: E402
-from openrlhf_search.retrieval_client import RetrievalClient  # noqa: E402
-from openrlhf_search.types import Passage  # noqa: E402
+import openrlhf_search._cpu_compat  # noqa: F401
+from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
+from openrlhf_search.agent import SearchAgentExecutor
+from openrlhf_search.config import SearchConfig
+from openrlhf_search.local.engine import HFEngine
+from openrlhf_search.local.offline_assets import load_qwen_tokenizer
+from openrlhf_search.protocol import get_protocol
+from openrlhf_search.retrieval_client import RetrievalClient
+from openrlhf_search.types import Passage
 
 CORPUS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "wiki",
                       "hotpotqa_dev500_paragraphs.jsonl")
@@ -116,8 +116,8 @@ def bench_overhead(tok, n_exec=300, repeats=5):
         res = ours._reward(proto.render_documents(PASSAGES) * 3, ["Dominic Sena"])
     reward_per_turn = (time.perf_counter() - t0) / (n_exec * len(turns))
     print("== 1. executor overhead per turn (instant engine, instant retriever, 4 turns, Search-R1 tags)")
-    print(f"   SearchAgentExecutor       {ours_t * 1e6:8.1f} us/turn  (includes the reward, ~{reward_per_turn * 1e6:.1f}"
-          f" us/turn amortised)")
+    print(f"   SearchAgentExecutor       {ours_t * 1e6:8.1f} us/turn  "
+          f"(includes the reward, ~{reward_per_turn * 1e6:.1f} us/turn amortised)")
     print(f"   MultiTurnAgentExecutor    {theirs_t * 1e6:8.1f} us/turn  (trivial environment, no reward)")
     print(f"   ratio                     {ours_t / theirs_t:8.2f}   (target <= 1.2); without the reward: "
           f"{(ours_t - reward_per_turn) / theirs_t:.2f}")

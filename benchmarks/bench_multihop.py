@@ -1,11 +1,11 @@
-"""Two-hop search on the CPU main job (issue 17 item 5): does RL teach SmolLM2-135M-Instruct to search twice?
+"""Two-hop search on the CPU main job: does RL teach SmolLM2-135M-Instruct to search twice?
 
 Search-R1 (arXiv 2503.09516, sec. 5.4 and fig. 2 (d)) reports the number of valid searches per trajectory rising
 during training; R1-Searcher (arXiv 2503.05592) evaluates on multi-hop sets. Here the main job (``train_local
---preset default``; ``--preset f1_sentences``, the former default, for README's figures) trains on the embedded default's 1- and 2-hop questions (``--data.max_hops 2``: ``capital``,
-``currency``, ``currency_of_capital``, ``capital_of_neighbor``) with one more turn (``--search.max_turns 4``), and is
-evaluated before and after RL on held-out 2-hop questions only. Reported, with paired bootstrap 95% intervals over the
-same questions:
+--preset default``; ``--preset f1_sentences``, the former default, for README's figures) trains on the embedded
+default's 1- and 2-hop questions (``--data.max_hops 2``: ``capital``, ``currency``, ``currency_of_capital``,
+``capital_of_neighbor``) with one more turn (``--search.max_turns 4``), and is evaluated before and after RL on held-out
+2-hop questions only. Reported, with paired bootstrap 95% intervals over the same questions:
 
 - 2-hop EM and F1 before vs after RL;
 - valid searches per 2-hop question before vs after RL;
@@ -20,7 +20,7 @@ about the question's own anchor, the query without it (the other anchor), then t
 found ("currency Turkmenistan"), the answer read from the last passage; ``--hop_searches one`` scripts one search per
 question, as for 1-hop rows (README's first two-hop run: the policy then searched once and answered).
 
-Targets (the issue's): F1 gain with its interval above zero, searches per 2-hop question rising by at least 0.5, the
+Targets: F1 gain with its interval above zero, searches per 2-hop question rising by at least 0.5, the
 second query naming the bridge entity. Reported as measured whatever the outcome; the settings are the main job's,
 not tuned for 2-hop (none was chosen on these held-out questions). At most ~30 minutes on 2 idle cores.
 
@@ -89,7 +89,7 @@ def summarise(before: dict, after: dict, bridges: dict) -> dict:
     for k in ("em", "f1", "valid_searches"):
         b, a = before["per_question"][k], after["per_question"][k]
         out[k] = {"before": sum(b) / len(b), "after": sum(a) / len(a), "diff": paired_difference(b, a)}
-    answer_passage = lambda r, _bridge: bool(r.get("answer_passage_retrieved"))  # noqa: E731  (records.py)
+    answer_passage = lambda r, _bridge: bool(r.get("answer_passage_retrieved"))  # (records.py)
     for key, fn in (("bridge_in_second_query", names_bridge), ("bridge_in_follow_up", follow_up_names_bridge),
                     ("answer_passage_retrieved", answer_passage)):
         b = [float(fn(r, bridges[r["question"]])) for r in before["records"]]
@@ -209,7 +209,7 @@ def summarise_run(a, run_dir: str, bridges: dict, n_asked: int, wall: Optional[f
     for f in ("eval_before.json", "eval.json"):
         if not os.path.exists(os.path.join(run_dir, f)):
             raise SystemExit(f"{run_dir} has no {f}: run the benchmark without --summarise_only first")
-    load = lambda f: json.load(open(os.path.join(run_dir, f)))  # noqa: E731
+    load = lambda f: json.load(open(os.path.join(run_dir, f)))
     before, after = load("eval_before.json"), load("eval.json")
     s = summarise(before, after, bridges)
     curve = plot_valid_searches(os.path.join(run_dir, "metrics.jsonl"), os.path.join(a.out, "valid_searches.png"))

@@ -10,7 +10,7 @@ What it measures:
   each client count: micro-batching on (the default) and off (``--no_batching``: one search per request, the
   baseline); N concurrent clients (aiohttp), each sending one single-query ``POST /retrieve`` after another
   (what rollout workers do), for ``--seconds``: queries/s, p50/p99 request latency;
-- two ratios (issue 10 item 9): batching on / off at 1 client (target >= 1.0: batching must cost a lone client
+- two ratios: batching on / off at 1 client (target >= 1.0: batching must cost a lone client
   nothing) and service(largest client count, batching on) / floor(batch of that size) (floor measured before
   and after the services, averaged; target >= 0.8).
 Server and clients share this machine's cores, so on a small CPU the client's own HTTP work is part of the gap.

@@ -5,7 +5,7 @@ warm start, greedy evaluation of the held-out questions before RL, RL with searc
 against a real retriever service started here, then reads the job's outputs:
 
 - the learning figure: EM (and F1, Cover-EM, answer rate, searches) before vs after RL on the same questions, with
-  the paired bootstrap 95% interval of the difference (``eval_compare.json``), against issue 17's targets (EM after RL
+  the paired bootstrap 95% interval of the difference (``eval_compare.json``), against the job's targets (EM after RL
   >= 0.30, the EM gain's interval above zero, F1 after RL above every trivial baseline; ``seeds_report.targets``)
   and the whole job <= 600 s on 2 idle cores; beside it the job's analysis
   (``eval_analysis.json``): rows per question group (1-hop / 2-hop, each type), the trivial baselines on the same

@@ -95,7 +95,8 @@ def main(argv=None) -> int:
 
     lines = [f"Recall of the 2 supporting paragraphs of {len(questions)} HotpotQA dev questions over "
              f"{m['count']:,} paragraphs (`benchmarks/retrieval_quality.py`, 2 shared CPU cores).", "",
-             "| index | recall@1 | recall@3 | recall@5 | both@5 | index memory (MB) | build (s) | encode+search (ms/query, batch 500) |",
+             "| index | recall@1 | recall@3 | recall@5 | both@5 | index memory (MB) | build (s) "
+             "| encode+search (ms/query, batch 500) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['index']} | {r['r1']:.3f} | {r['r3']:.3f} | {r['r5']:.3f} | {r['both5']:.3f} | "

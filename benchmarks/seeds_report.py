@@ -1,11 +1,11 @@
-"""Every training seed of the CPU main job in one table (issue 17 item 4: "README reports every seed, not the best").
+"""Every training seed of the CPU main job in one table: README reports every seed, not the best.
 
 Reads the ``bench_train_local.json`` that ``benchmarks/bench_train_local.py --seed S --out DIR`` wrote for each seed
 and prints, one row per seed: EM, F1 and Cover-EM before -> after RL with the paired bootstrap 95% interval of the
 difference (the job's ``eval_compare.json``), the trivial baselines' F1 on the same questions (before-RL answers cut
 to their last word, to the best last-k suffix chosen on validation, the first entity of the asked type in the top
 passage) and RL's F1 minus the strongest of them with its paired interval, the job's wall time and threads. Then the
-issue's targets checked seed by seed (EM after RL >= 0.30; EM gain's interval above zero; F1 after RL above every
+job's three targets checked seed by seed (EM after RL >= 0.30; EM gain's interval above zero; F1 after RL above every
 baseline, i.e. the paired interval of after RL - baseline above zero) and how many seeds meet each. Nothing is
 averaged away: a seed that misses a target is a row that says so.
 
@@ -24,8 +24,9 @@ def load(path: str) -> dict:
     """One seed's figures from a ``bench_train_local.json``.
 
     Raises:
-        ValueError: the file is not JSON, not an object, has no before/after comparison or no baselines (a run stopped before its end, or one
-            with ``--eval.baselines false``): it cannot be a row of a report on every seed.
+        ValueError: the file is not JSON, not an object, has no before/after comparison or no baselines (a run
+            stopped before its end, or one with ``--eval.baselines false``): it cannot be a row of a report on every
+            seed.
     """
     try:
         d = json.load(open(path, encoding="utf-8"))
@@ -45,7 +46,7 @@ def load(path: str) -> dict:
     missing = [b for b in BASELINES if b not in base]
     if missing:
         raise ValueError(f"{path}: baselines {missing} missing (run without --eval.baselines false)")
-    num = lambda v: v if isinstance(v, (int, float)) else None  # noqa: E731  (a malformed time is left out)
+    num = lambda v: v if isinstance(v, (int, float)) else None  # a malformed time is left out
     # what ran: the preset (older files: "default" of their day) and the extra flags; rows of one table must agree
     setting = (d.get("preset") or "default", " ".join(str(d.get("job_args") or "").split()))
     return {"path": path, "seed": 42 if d.get("seed") is None else d["seed"], "split": d.get("split", "heldout"),
@@ -54,7 +55,7 @@ def load(path: str) -> dict:
 
 
 def targets(row: dict) -> dict:
-    """Issue 17 item 4's three targets for one seed: {name: bool}."""
+    """The CPU main job's three targets for one seed: {name: bool}."""
     em, base = row["compare"]["em"], row["baselines"]
     return {"em_after_ge_0.30": em["after"] >= EM_TARGET,
             "em_gain_interval_above_0": em["low"] > 0,

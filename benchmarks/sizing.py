@@ -25,7 +25,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
 
-KILT_PAGES = 5_903_530        # KILT knowledge source pages (2019-08-01 dump): facebookresearch/KILT README.md, "count entries - 5903530"
+# KILT knowledge source pages (2019-08-01 dump): facebookresearch/KILT README.md, "count entries - 5903530"
+KILT_PAGES = 5_903_530
 WIKI18_PASSAGES = 21_015_324  # DPR / Search-R1 wiki-18 100-word passages (Karpukhin et al. 2020, sec. 4.1)
 HNSW_M = 32                   # retriever.index default (--hnsw_m)
 
@@ -63,9 +64,10 @@ def index_bytes(n: int, dim: int, kind: str, pq_nbits: int = 8) -> float:
 
     flat32: n*dim*4. flat16: n*dim*2 (faiss GPU ``useFloat16``). hnsw: flat32 + level-0 links 2*M int32 per vector +
     upper levels M/(M-1) links per vector on average (faiss' level multiplier 1/ln M) + 12 bytes of offsets and
-    levels. ivfpq: codes of dim/8 sub-quantizers x ``pq_nbits`` bits + an int64 id per vector, nlist = min(4*sqrt(n), 65536) float32 centroids,
-    256-entry codebooks. Checked against the 4,858-passage 384-d MiniLM indexes measured in docs/retriever.md (Flat 7.12,
-    HNSW 8.37, IVF-PQ 0.82 MiB): these formulas give 7.12, 8.38 and 0.82 MiB.
+    levels. ivfpq: codes of dim/8 sub-quantizers x ``pq_nbits`` bits + an int64 id per vector, nlist =
+    min(4*sqrt(n), 65536) float32 centroids, 256-entry codebooks. Checked against the 4,858-passage 384-d MiniLM
+    indexes measured in docs/retriever.md (Flat 7.12, HNSW 8.37, IVF-PQ 0.82 MiB): these formulas give 7.12, 8.38 and
+    0.82 MiB.
     """
     if kind == "flat32":
         return n * dim * 4.0
@@ -106,7 +108,8 @@ def main(argv=None) -> int:
     p.add_argument("--kilt_sample", default=os.path.join(SHARED, "wiki", "kilt_pages_sample99.jsonl"))
     p.add_argument("--bench_json", default=os.path.join(REPO, "runs", "bench_serve.json"),
                    help="benchmarks/bench_serve.py --json_out file (its 1-replica queries/s)")
-    p.add_argument("--replica_qps", type=float, default=None, help="measured replica queries/s (instead of --bench_json)")
+    p.add_argument("--replica_qps", type=float, default=None,
+                   help="measured replica queries/s (instead of --bench_json)")
     p.add_argument("--measure_encode", type=int, default=64, help="MiniLM CPU passages to time (0: skip)")
     p.add_argument("--prompts", type=int, default=512)
     p.add_argument("--samples", type=int, default=5)
@@ -139,8 +142,8 @@ def main(argv=None) -> int:
                ("KILT, at wiki-18's density (assumed)", WIKI18_PASSAGES),
                ("wiki-18 (DPR 100-word passages)", WIKI18_PASSAGES)]
     lines = [f"Passages per KILT page, measured: **{s['per_page_mean']:.2f}** (99 sample pages -> {s['passages']:,} "
-             f"passages; median {s['per_page_median']:g}, max {s['per_page_max']}). The sample is the first 99 pages of "
-             "the dump, old and long articles (A, Autism, Anarchism, Academy Awards ...), so 5.9M pages x this rate "
+             f"passages; median {s['per_page_median']:g}, max {s['per_page_max']}). The sample is the first 99 pages "
+             "of the dump, old and long articles (A, Autism, Anarchism, Academy Awards ...), so 5.9M pages x this rate "
              "is an upper bound; wiki-18's 100-word split of a 2018 dump of comparable size holds 21.0M passages "
              f"(about {WIKI18_PASSAGES / KILT_PAGES:.1f} per page), the likelier size for KILT too.", ""]
     for enc, dim in DIMS.items():
@@ -161,12 +164,13 @@ def main(argv=None) -> int:
         lines.append("")
     lines += ["Index memory formulas reproduce the measured 4,858-passage MiniLM indexes (Flat 7.12, HNSW 8.38, IVF-PQ "
               "0.82 MiB); wiki-18 e5 Flat fp32 = 21.0M x 768 x 4 B = 64.6 GB (60 GiB), the ~62 GB Search-R1's users "
-              "report (its issues #54, #57). The passage store (`passages.jsonl`, measured bytes per row) is memory-mapped: page "
-              "cache, not process memory. HNSW has no GPU form in faiss; IVF-PQ (m = dim/8, 8-bit codes) fits one GPU "
-              "or a small CPU node but loses recall (Retrieval quality, above).", ""]
+              "report (its issues #54, #57). The passage store (`passages.jsonl`, measured bytes per row) is "
+              "memory-mapped: page cache, not process memory. HNSW has no GPU form in faiss; IVF-PQ (m = dim/8, "
+              "8-bit codes) fits one GPU or a small CPU node but loses recall (Retrieval quality, above).", ""]
     if cpu_pps:
-        lines += [f"CPU encoding, measured: MiniLM (384 d, 6 layers, much lighter than e5) ran at {cpu_pps:.1f} passages/s "
-                  f"on this machine's {os.cpu_count()} shared cores (load average {os.getloadavg()[0]:.1f}); 21.0M "
+        lines += [f"CPU encoding, measured: MiniLM (384 d, 6 layers, much lighter than e5) ran at {cpu_pps:.1f} "
+                  f"passages/s on this machine's {os.cpu_count()} shared cores (load average "
+                  f"{os.getloadavg()[0]:.1f}); 21.0M "
                   f"passages would take {WIKI18_PASSAGES / cpu_pps / 3600:,.0f} hours: dense encoding of full "
                   "Wikipedia is a GPU job, which `build_index --ray` spreads over every GPU of the cluster "
                   "(hours / number of GPUs).", ""]
@@ -180,7 +184,8 @@ def main(argv=None) -> int:
               "| --- | --- | " + " | ".join("---" for _ in budgets) + " |"]
     for name, qps in ((f"measured: {measured_from or 'given --replica_qps'}", a.replica_qps),
                       ("estimate: 1 GPU, wiki-18 e5 Flat fp16 (est.)", EST_GPU_REPLICA_QPS)):
-        lines.append(f"| {name} | {qps:,.0f} | " + " | ".join(str(math.ceil(per_step / (qps * b))) for b in budgets) + " |")
+        replicas = (str(math.ceil(per_step / (qps * b))) for b in budgets)
+        lines.append(f"| {name} | {qps:,.0f} | " + " | ".join(replicas) + " |")
     lines += ["", "The measured replica is a small CPU index: a 21M-passage index answers more slowly per query on CPU "
               "(BM25 and Flat cost grow with the corpus), which is why the GPU Flat row is the one to plan with; "
               "measure it with `benchmarks/bench_serve.py --index_dir YOUR_INDEX` on the cluster before sizing."]
@@ -189,7 +194,8 @@ def main(argv=None) -> int:
     if a.write_docs:
         from bench_retriever import replace_between_markers
 
-        cmd = f"`benchmarks/sizing.py --measure_encode {a.measure_encode}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})"
+        when = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
+        cmd = f"`benchmarks/sizing.py --measure_encode {a.measure_encode}` ({when})"
         replace_between_markers(a.write_docs, "<!-- sizing:start -->", "<!-- sizing:end -->", f"{cmd}:\n\n{text}")
     return 0
 

@@ -1,4 +1,4 @@
-"""Trials that choose the CPU main job's settings for exact answers (issue 17 item 4), on a VALIDATION split only.
+"""Trials that choose the CPU main job's settings for exact answers, on a VALIDATION split only.
 
 Written before ``train_local`` had its own validation split (``--eval.split validation``, which
 ``bench_train_local.py --split validation`` uses and later trials used); this script carves another one from the
@@ -14,7 +14,7 @@ never read.
 the split's files and the embedded corpus, and records per question (prediction, queries, documents) in
 ``eval_before.json`` / ``eval.json`` under the key ``records`` (a wrapper of ``LocalSearchTrainer.evaluate``; the job is
 otherwise unchanged). ``analyze`` prints, for each run: validation EM / F1 before and after RL with the paired
-bootstrap 95% interval of the difference, the trivial baselines of issue 17 item 2 computed from the before-RL
+bootstrap 95% interval of the difference, the trivial baselines (``evaluation.baselines``) computed from the before-RL
 records ((a) answers cut to their last word, (b) to the best fixed-length suffix, (c) the first entity of the asked
 type in the top passage of the first search), the paired interval of F1 after RL minus each baseline, a
 decomposition of the answers (retrieval miss: the gold span is not in any retrieved passage; reading failure:
@@ -219,7 +219,7 @@ def analyze(name: str) -> dict:
     rb = [r for r, s in zip(rb, ra) if not r["retrieval_failed"] and not s["retrieval_failed"]]
     ra = [r for r in ra if r["question"] in {x["question"] for x in rb}]
     golds = [r["gold"] for r in rb]
-    score = lambda preds, fn: [fn(p, g) for p, g in zip(preds, golds)]  # noqa: E731
+    score = lambda preds, fn: [fn(p, g) for p, g in zip(preds, golds)]
     em_b, em_a = score([r["prediction"] for r in rb], exact_match), score([r["prediction"] for r in ra], exact_match)
     f1_b, f1_a = score([r["prediction"] for r in rb], f1_score), score([r["prediction"] for r in ra], f1_score)
     ents = entity_lists()

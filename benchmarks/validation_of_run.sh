@@ -35,7 +35,7 @@ for f in train/checkpoints/latest train/checkpoints/ref data/train.jsonl \
 done
 step=$(cat "$SRC/train/checkpoints/latest")
 # the checkpoint's own step count as --train.max_steps: a run of fewer steps than today's preset (20 before trial T7
-# made the default 30) is evaluated as it is, not trained on to the preset's count
+# of docs/trials_em.md made the default 30) is evaluated as it is, not trained on to the preset's count
 ckpt_steps=${step##*[!0-9]}
 [[ "$ckpt_steps" =~ ^[0-9]+$ ]] || { echo "$SRC/train/checkpoints/latest names '$step', not global_stepN" >&2; exit 2; }
 [ -d "$SRC/train/checkpoints/$step" ] || { echo "$SRC/train/checkpoints/$step missing (latest names it)" >&2; exit 2; }

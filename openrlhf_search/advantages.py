@@ -1,8 +1,8 @@
 """Advantage estimators for search trajectories: masked GAE and group baselines (pure tensor functions).
 
 A search trajectory interleaves tokens the policy sampled (``action_mask`` 1) with tokens the environment wrote
-(retrieved-document blocks, invalid-action messages; ``action_mask`` 0). DESIGN.md section 4: the environment
-tokens are not decisions of the policy, so the MDP's time steps are the action tokens only.
+(retrieved-document blocks, invalid-action messages; ``action_mask`` 0). ``docs/design.md``, "Masking rule": the
+environment tokens are not decisions of the policy, so the MDP's time steps are the action tokens only.
 
 * :func:`masked_gae` runs GAE (Schulman et al. 2016, arXiv 1506.02438, eq. 16) over the action tokens of each
   sequence as if the environment tokens were not there: the bootstrap value of an action token is the value at the
@@ -15,7 +15,7 @@ tokens are not decisions of the policy, so the MDP's time steps are the action t
   (GRPO, arXiv 2402.03300), ``reinforce_baseline`` (REINFORCE++ baseline, arXiv 2501.03262; also ``dr_grpo``),
   ``rloo`` (arXiv 2402.14740) and ``reinforce`` (no baseline). It adds a ``valid`` mask so samples left out of
   training (a failed retrieval) do not move their group's statistics. Two guards against float residue
-  (issue 18 item 2; OpenRLHF 0.11.2 has neither): a group whose rewards are equal within :func:`equal_within_tol`
+  (OpenRLHF 0.11.2 has neither): a group whose rewards are equal within :func:`equal_within_tol`
   gets exactly 0 under every baselined estimator, and ``group_norm`` divides by the group std only when it is at
   least :data:`GROUP_NORM_STD_FLOOR`.
 * :func:`masked_whiten` normalises advantages over action tokens only (OpenRLHF's ``masked_normalize``); equal
@@ -38,7 +38,7 @@ GROUP_NORM_EPS = 1e-9
 # Rewards (or advantages) count as equal when their spread max - min is at most EQUAL_ATOL + EQUAL_RTOL * max|x|.
 # Why: equal float32 values that cannot be represented exactly (0.8, -1.2, 0.2: R1-Searcher's F1 and format
 # rewards) leave a mean residue of ~1 ulp (6e-8 for eight 0.8s). OpenRLHF's group_norm divides that residue by a
-# std of ~1e-8, which passes its 1e-9 guard: eight 0.8s got -0.921 each (issue 18 item 2). 1e-6 relative is ~8
+# std of ~1e-8, which passes its 1e-9 guard: eight 0.8s got -0.921 each. 1e-6 relative is ~8
 # float32 ulps (2^-23 = 1.2e-7), enough for the same value reached by two float paths, far below any reward
 # difference that means something; the absolute part covers rewards near 0.
 EQUAL_RTOL = 1e-6
@@ -182,7 +182,7 @@ def group_baseline_rewards(
     A group whose valid rewards are equal within :func:`equal_within_tol` (spread <= 1e-6 + 1e-6 * max|r|) gets
     exactly 0 under every baselined estimator: such a group says nothing about which sample was better, and the
     float32 mean of equal values that are not dyadic (0.8, -1.2, 0.2) leaves a residue that group_norm would
-    otherwise divide up to ~1 (issue 18 item 2). With ``valid`` given, the statistics use the valid samples of each
+    otherwise divide up to ~1. With ``valid`` given, the statistics use the valid samples of each
     group only (n = number valid) and invalid samples get 0. A group with a single valid sample gets 0 for the
     baselined estimators (no baseline can be formed, as OpenRLHF refuses n_samples_per_prompt = 1 for them).
 
@@ -233,7 +233,8 @@ def group_baseline_rewards(
 
 
 @torch.no_grad()
-def zero_padded_group_norm(rewards: torch.Tensor, group_size: int, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+def zero_padded_group_norm(rewards: torch.Tensor, group_size: int,
+                           valid: Optional[torch.Tensor] = None) -> torch.Tensor:
     """R1-Searcher's released Llama stage-1 ``group_norm``: each prompt's samples normalised in two rows of
     ``group_size`` values, ``group_size / 2`` of its samples and as many zeros.
 
@@ -276,8 +277,7 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, scale: bool = True, eps: 
     This is the advantage normalisation of OpenRLHF's ``compute_advantages_and_returns`` restricted to action
     tokens (via OpenRLHF's ``masked_normalize``); entries outside the mask become 0. When the masked entries are
     all equal within :func:`equal_within_tol` the result is exactly 0: their float mean leaves a residue of ~1 ulp,
-    which the variance floor ``eps`` would scale by 1/sqrt(eps) = 1e4 (eight 0.8s whitened to -6e-4 each; issue 18
-    item 2).
+    which the variance floor ``eps`` would scale by 1/sqrt(eps) = 1e4 (eight 0.8s whitened to -6e-4 each).
 
     Args:
         x: any shape, e.g. [B, T] advantages.

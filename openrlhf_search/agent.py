@@ -1,12 +1,12 @@
 """The multi-turn search rollout: an OpenRLHF agent executor (``--train.agent_func_path openrlhf_search/agent.py``).
 
-One ``execute`` call is one trajectory (DESIGN.md sec. 1): generate until a search call or an answer (the engine
-stops at the protocol's closing tags), retrieve, append the documents block, and go on, up to ``max_turns``
-generation calls and ``max_length`` tokens in all. Token-in/token-out: the prompt is tokenised once, the tokens the
-policy sampled are appended exactly as sampled (never re-tokenised from text), and every environment block is
-tokenised on its own, so ``action_ranges`` are the exact spans of sampled tokens (the masking rule, DESIGN.md sec. 4;
-R1-Searcher arXiv 2503.05592 sec. 3.2 "retrieve-mask", Search-R1 arXiv 2503.09516 sec. 3.1 "loss masking for
-retrieved tokens").
+One ``execute`` call is one trajectory (``docs/design.md``, "Data flow of one step"): generate until a search call or an
+answer (the engine stops at the protocol's closing tags), retrieve, append the documents block, and go on, up to
+``max_turns`` generation calls and ``max_length`` tokens in all. Token-in/token-out: the prompt is tokenised once, the
+tokens the policy sampled are appended exactly as sampled (never re-tokenised from text), and every environment block is
+tokenised on its own, so ``action_ranges`` are the exact spans of sampled tokens (the masking rule: ``docs/design.md``,
+"Masking rule"; R1-Searcher arXiv 2503.05592 sec. 3.2 "retrieve-mask", Search-R1 arXiv 2503.09516 sec. 3.1 "loss masking
+for retrieved tokens").
 
 OpenRLHF builds the executor inside each vLLM Ray actor with no arguments (``_load_agent_executor`` requires a class
 named ``AgentExecutor``), so the configuration comes from ``SearchConfig.from_env()`` (env var
@@ -16,8 +16,8 @@ A sample whose retrieval fails past the client's retry budget is marked ``extra_
 with reward 0.0 and ends there: it must be dropped by the experience maker, never trained on as if the search had
 returned nothing.
 
-A query the retriever refuses (``QueryRejected``: the server answered, it found this one query bad; issue 18 item
-3) is the policy's own doing, not an outage: the sample is kept and trained on, the turn gets an empty documents
+A query the retriever refuses (``QueryRejected``: the server answered, it found this one query bad) is the
+policy's own doing, not an outage: the sample is kept and trained on, the turn gets an empty documents
 block (the observation a blank query or a query without any matching passage gets, so the policy can search again
 or answer), and it is counted in ``extra_logs["rejected_queries"]`` (not in ``valid_searches``). The client already
 cuts a query to the server's advertised length and replaces characters UTF-8 cannot carry, so with our server a
@@ -249,7 +249,7 @@ class SearchAgentExecutor(AgentExecutorBase):
                 env_ids = self._encode_cached(hf_tokenizer, message)
             if len(tokens) + len(env_ids) > max_length:
                 # A partial block would teach the model a context it never sees in full. Not ``truncated``: the
-                # policy stopped properly, so OpenRLHF's stop-properly penalty must not see it (issue 10 item 2).
+                # policy stopped properly, so OpenRLHF's stop-properly penalty must not see it.
                 context_full = True
                 break
             tokens.extend(env_ids)

@@ -14,9 +14,9 @@ hook in every worker, :mod:`openrlhf_search.cpu_cluster`) wraps, without changin
 * ``ActorPPOTrainer.training_step`` (policy actor): per micro-batch the gradient of the loss with respect to the
   per-token log-probabilities, the log-probs, advantages, mask and policy loss -> ``policy_<n>.pt``; and the status
   ``ppo_train`` returns -> ``actor_status.jsonl``;
-* the ``SearchAgentExecutor`` inside each vLLM actor (:func:`wrap_executor`): prompt, response text, reward, the reward scheme the
-  executor scored with and the process id -> ``executor_<pid>.jsonl``; and the wall-clock span of every search
-  request -> ``retrieval_<pid>.jsonl``.
+* the ``SearchAgentExecutor`` inside each vLLM actor (:func:`wrap_executor`): prompt, response text, reward, the reward
+  scheme the executor scored with and the process id -> ``executor_<pid>.jsonl``; and the wall-clock span of every
+  search request -> ``retrieval_<pid>.jsonl``.
 
 Files are written by the process that records them (one Ray node: one shared folder).
 """

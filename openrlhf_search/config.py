@@ -2,7 +2,7 @@
 
 Every field documents its unit, default and where the default comes from (TRL style). The config travels to the
 executors inside vLLM Ray actors as JSON in the environment variable ``OPENRLHF_SEARCH_CONFIG`` (the actors build
-``AgentExecutor()`` with no arguments, see DESIGN.md section 2).
+``AgentExecutor()`` with no arguments, so the environment is the one channel into them).
 """
 
 import dataclasses
@@ -26,7 +26,7 @@ def _is_http_url(url) -> bool:
         return False
     try:
         parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018  (raises ValueError on a port that is not a number in [0, 65535])
+        parts.port  # raises ValueError on a port that is not a number in [0, 65535]
     except ValueError:
         return False
     return bool(parts.hostname)

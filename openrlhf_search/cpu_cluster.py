@@ -128,7 +128,8 @@ LINE_REFS: Tuple[Tuple[str, int, str], ...] = (
     ("openrlhf/models/utils.py", 180, "from flash_attn.ops.triton.cross_entropy import cross_entropy_loss"),
     ("openrlhf/trainer/ray/vllm_worker_wrap.py", 40, 'torch.empty(shape, dtype=dtype, device="cuda")'),
     ("openrlhf/trainer/ray/vllm_engine.py", 34, "class RolloutRayActor"),
-    ("openrlhf/trainer/ray/vllm_engine.py", 267, '"worker_extension_cls": "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"'),
+    ("openrlhf/trainer/ray/vllm_engine.py", 267,
+     '"worker_extension_cls": "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"'),
     ("openrlhf/trainer/ray/vllm_engine.py", 301, "RolloutRayActor.options("),
     ("openrlhf/trainer/ppo_utils/replay_buffer.py", 40, 'torch.device(f"cuda:{torch.cuda.current_device()}")'),
     ("deepspeed/runtime/engine.py", 2172, "torch_adam = optimizer_parameters.pop(TORCH_ADAM_PARAM, False)"),
@@ -814,7 +815,7 @@ def missing_patch_points() -> List[str]:
     for module_name, attr in PATCH_POINTS:
         try:
             obj = importlib.import_module(module_name)
-        except Exception as e:  # noqa: BLE001 - report it, do not stop at the first
+        except Exception as e:  # report it, do not stop at the first
             missing.append(f"{module_name} (import failed: {e})")
             continue
         for part in attr.split("."):

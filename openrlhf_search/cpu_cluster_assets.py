@@ -12,10 +12,10 @@ and 1-/2-hop questions, :mod:`openrlhf_search.data.default_dataset`), prompts re
   started with :func:`openrlhf_search.local.warmstart.sft_warmstart` on scripted trajectories of the protocol's
   shape (a search call, the supporting passage as the documents block, the gold answer), so that its rollouts search
   and answer: the retriever, the documents mask and the reward all get exercised. Every scripted question is taught
-  twice, its answer turn once after a closed reasoning block and once without one (:func:`answer_turn`); every reward scheme's format
-  check tells the two apart (Search-R1 ``searchr1_format`` 0.2 / 0.1 for a wrong answer, R1-Searcher stage 1
-  1.0 / 0.5, stage 2 0 / -2), so rollout groups have reward spread from the first step although the tiny policy
-  rarely answers correctly.
+  twice, its answer turn once after a closed reasoning block and once without one (:func:`answer_turn`); every reward
+  scheme's format check tells the two apart (Search-R1 ``searchr1_format`` 0.2 / 0.1 for a wrong answer, R1-Searcher
+  stage 1 1.0 / 0.5, stage 2 0 / -2), so rollout groups have reward spread from the first step although the tiny
+  policy rarely answers correctly.
 
     python -m openrlhf_search.cpu_cluster_assets --out .cache/cpu_cluster --protocol searchr1 --chat true
 
@@ -178,7 +178,7 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
     # the documents block exactly as the executor builds it in a rollout (tags and passages tokenised apart)
     executor = SearchAgentExecutor(SearchConfig(protocol=protocol, max_obs_tokens=WARMSTART["obs_tokens"]),
                                    retrieval_client=object())
-    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
     trajs = []
     for row, qa in list(zip(rendered, train_rows))[: WARMSTART["examples"]]:
         support = [passages[i] for i in qa["supporting_ids"] if i in passages]

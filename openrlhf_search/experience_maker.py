@@ -3,9 +3,9 @@
 What changes against OpenRLHF 0.11.2 (everything else, model forwards included, is inherited):
 
 * **Masked GAE** (``--algo.advantage.estimator gae``): advantages and value targets come from
-  :func:`openrlhf_search.advantages.masked_gae`, which recurses over action tokens only (DESIGN.md section 4;
-  Search-R1 arXiv 2503.09516 sec. 3.1). The REINFORCE-family returns use the same recursion with V = 0, so a
-  discount < 1 is applied per action token, never per retrieved token.
+  :func:`openrlhf_search.advantages.masked_gae`, which recurses over action tokens only (``docs/design.md``,
+  "Masking rule"; Search-R1 arXiv 2503.09516 sec. 3.1). The REINFORCE-family returns use the same recursion with
+  V = 0, so a discount < 1 is applied per action token, never per retrieved token.
 * **Masked KL and whitening**: the per-token KL is multiplied by the action mask before it enters the reward, and
   advantages are whitened with statistics of action tokens only (0 elsewhere).
 * **Retrieval failures left out**: a sample whose executor reports ``extra_logs["retrieval_failed"] = 1`` (the
@@ -15,12 +15,12 @@ What changes against OpenRLHF 0.11.2 (everything else, model forwards included, 
   excluded from its group's baseline statistics (``group_baseline_rewards(valid=...)``) and from the search
   statistics. If more than ``--search.max_failed_fraction`` of a batch failed, training stops with an error instead
   of learning from a broken environment.
-* **Trajectory length = tokens the policy sampled** (issue 10 item 2): OpenRLHF measures ``response_length`` from
+* **Trajectory length = tokens the policy sampled**: OpenRLHF measures ``response_length`` from
   the first to the last action token, so retrieved passages between them count; here it is the action-mask sum,
   set on every sample before the length penalties (``--reward.overlong_buffer_len``) and the
   ``rollout/response_length_mean`` log read it (:func:`sampled_lengths`). The overlong penalty measures it against
   the trajectory's budget ``--search.max_turns x --search.max_new_tokens_per_turn``, not the per-turn
-  ``--rollout.max_new_tokens`` (issue 18 item 5; :mod:`openrlhf_search.length_penalty`).
+  ``--rollout.max_new_tokens`` (:mod:`openrlhf_search.length_penalty`).
 * **Dynamic filtering on the training reward's spread** (:class:`SearchSamplesGenerator`): a prompt group is kept
   when at least two of its samples have a successful retrieval and their training rewards differ; failed samples
   never enter the decision.
@@ -161,7 +161,7 @@ class SearchSamplesGenerator(SamplesGenerator):
         """Drop the samples generated but not yet trained on (``_sample_buffer``, filled when
         ``--rollout.vllm_generate_batch_size`` exceeds ``--rollout.batch_size``); returns how many.
 
-        Called when the reward stage switches (issue 10 item 5): those samples were scored, and dynamically
+        Called when the reward stage switches: those samples were scored, and dynamically
         filtered, under the previous stage's reward. They are dropped rather than re-scored: re-scoring would need
         the executor's decoding and reward configuration in the trainer process and would also have to redo the
         group filter; the switch happens once per run and costs at most one generation batch. When the prompt
@@ -268,7 +268,7 @@ class SearchExperienceMaker(RemoteExperienceMaker):
         Raises:
             RetrievalFailureLimit: more than ``max_failed_fraction`` of the samples had a failed retrieval.
         """
-        for sample in rollout_samples:  # before the length penalties read it (issue 10 item 2)
+        for sample in rollout_samples:  # before the length penalties read it
             if sample.action_mask is not None:
                 sample.response_length = sampled_lengths(sample)
         if rollout_samples:
@@ -292,7 +292,7 @@ class SearchExperienceMaker(RemoteExperienceMaker):
                 exp.action_mask = exp.action_mask.clone()
                 exp.action_mask[failed.to(exp.action_mask.device)] = 0
             # per-sample KL logs of samples without action tokens (failed, or cut away by max_len) are 0/0 = NaN
-            # in the parent's masked_mean: 0 instead (issue 10 item 3)
+            # in the parent's masked_mean: 0 instead
             empty = (exp.action_mask.reshape(len(exp.action_mask), -1).sum(-1) == 0).cpu() | failed
             if empty.any():
                 for key in ("kl", "logprobs_diff"):

@@ -10,10 +10,10 @@ DAPO's soft overlong punishment (arXiv 2503.14476 sec. 3.4), as OpenRLHF 0.11.2 
 
 OpenRLHF takes ``L_max = --rollout.max_new_tokens``, the generation limit of a single-turn response. A search
 trajectory is up to ``max_turns`` generation calls, each limited to ``max_new_tokens_per_turn``, and ``L`` here is
-every token the policy sampled over all of its turns (never the retrieved passages; issue 10 item 2). Measured
+every token the policy sampled over all of its turns (never the retrieved passages, which it did not write). Measured
 against the per-turn limit, which is what ``examples/scripts/searchr1.sh`` passes as ``--rollout.max_new_tokens
 500``, three turns of 200 tokens, each well within its limit, measured 600 and with ``--reward.overlong_buffer_len
-100`` a correct answer's reward 1.0 became 0.0 (issue 18 item 5). The budget is therefore the most a trajectory
+100`` a correct answer's reward 1.0 became 0.0. The budget is therefore the most a trajectory
 can sample::
 
     L_max = --search.max_turns x --search.max_new_tokens_per_turn

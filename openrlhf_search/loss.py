@@ -1,4 +1,4 @@
-"""Policy and value losses that give retrieved tokens exactly zero gradient (DESIGN.md section 4).
+"""Policy and value losses that give retrieved tokens exactly zero gradient (``docs/design.md``, "Masking rule").
 
 OpenRLHF's ``PolicyLoss`` / ``ValueLoss`` already multiply the per-token loss by ``action_mask`` inside
 ``aggregate_loss``. That alone is not a guarantee: ``0 * inf`` and ``0 * nan`` are ``nan``, so one non-finite
@@ -8,7 +8,7 @@ below only change their inputs: outside the mask every differentiable input is r
 every other input by a finite neutral value (advantage 0, log-ratio 0), then OpenRLHF's own ``forward`` runs. The
 loss value on action tokens is unchanged to the bit; on the other tokens no gradient path exists at all.
 
-Empty action masks (issue 10 item 3). A sample whose retrieval failed has an all-zero mask; with
+Empty action masks. A sample whose retrieval failed has an all-zero mask; with
 ``--train.micro_batch_size 1`` one such sample is a whole micro-batch, and a whole accumulation window of them has
 ``batch_num_tokens == 0``. OpenRLHF's ``masked_mean`` and ``aggregate_loss`` then divide 0 by 0: NaN ``ppo_kl`` /
 ``ppo_clip_ratio``, NaN policy, KL and entropy losses (which DeepSpeed skips as an overflow), and a

@@ -5,7 +5,7 @@
   that a yes/no/noanswer side scores 0 unless both sides are equal (Yang et al. 2018, ``hotpot_evaluate_v1.py``).
 - ``cover_em``: R1-Searcher's ACC_R (arXiv 2503.05592, sec. 4.1 "Evaluation Metrics"): every gold token appears
   among the prediction's tokens, with R1-Searcher's own normalisation (``r1searcher_normalize``), which their
-  reported numbers use (DESIGN.md sec. 5).
+  reported numbers use (RUCAIBox/R1-Searcher ``evaluation/metric_calc_rule.py``).
 
 Every metric takes several gold answers and returns the maximum over them, as a float in [0, 1].
 """

@@ -598,7 +598,8 @@ class SearchR1Protocol(Protocol):
     whenever its tokenizer has one, base models included (``verl/utils/dataset/rl_dataset.py:128-131``,
     ``infer.py:88-89``): Qwen2.5's template then adds its default system turn ("You are a helpful assistant." for
     the base models, "You are Qwen, created by Alibaba Cloud. ..." for instruct; ``shared/data/traces/
-    searchr1_case.txt``). ``chat=None`` does exactly that and needs the policy's tokenizer. Documents: ``\\n\\n<information>Doc 1(Title: T) text\\nDoc 2(Title: T) text</information>\\n\\n``
+    searchr1_case.txt``). ``chat=None`` does exactly that and needs the policy's tokenizer. Documents:
+    ``\\n\\n<information>Doc 1(Title: T) text\\nDoc 2(Title: T) text</information>\\n\\n``
     (their ``_passages2string`` then ``.strip()``); wiki-18 titles are written in double quotes, as in their corpus.
     An invalid action gets their environment message and the loop continues.
     """
@@ -671,8 +672,8 @@ _SEARCHR1_SHORT_TEMPLATE = (
 class SearchR1ShortProtocol(SearchR1Protocol):
     """Search-R1's tags, documents block, "?" completion and invalid-action message with a shorter instruction (57
     tokens instead of 110 with SmolLM2's tokenizer): every trajectory of the CPU main job re-reads the prompt at each
-    turn and in every log-prob pass, and on 2 CPU cores the prompt is a large share of the step time. Not a paper setting: the
-    launchers and the evaluation of the papers' tables use ``searchr1`` (table 1's template, verbatim)."""
+    turn and in every log-prob pass, and on 2 CPU cores the prompt is a large share of the step time. Not a paper
+    setting: the launchers and the evaluation of the papers' tables use ``searchr1`` (table 1's template, verbatim)."""
 
     name = "searchr1_short"
     template_text = _SEARCHR1_SHORT_TEMPLATE

@@ -1,4 +1,6 @@
-"""Async, batched HTTP client of the retriever service (``POST /retrieve``, Search-R1's schema, DESIGN.md sec. 6).
+"""Async, batched HTTP client of the retriever service (``POST /retrieve``, Search-R1's schema).
+
+Request and response schemas: ``docs/design.md``, "Retriever schemas".
 
 Rollouts run one asyncio task per sample; each asks for passages one query at a time. Sending every query as its
 own HTTP request would put hundreds of small requests on the retriever per step (R1-Searcher and Search-R1 both
@@ -19,13 +21,13 @@ Several endpoints (``--search.retriever_urls``) are used as one service that sur
 - failover: a failed request is sent again at once to a healthy endpoint it has not tried yet (this does not use
   the retry budget); only when none is left does it wait (exponential backoff) and retry, at most ``max_retries``
   times. Then every waiting ``search`` raises ``RetrievalError`` (the executor marks those samples failed).
-- deadlines (issue 18 item 4): every attempt (its ``/health`` limits look-up, the POST and reading the whole
+- deadlines: every attempt (its ``/health`` limits look-up, the POST and reading the whole
   answer) and every health probe ends after ``timeout_s`` / ``health_timeout_s`` of wall time, however the server
   paces its bytes (httpx's own timeouts only bound the silence between two reads: a server dribbling one byte per
   1.5 s held a search for 40 s). A timed-out attempt is a failure like a refused connection: breaker, failover.
   One ``search`` therefore ends within about ``(len(urls) + max_retries) * timeout_s`` plus the backoffs.
 
-A query the server rejects fails alone (issue 18 item 3), never the queries coalesced with it:
+A query the server rejects fails alone, never the queries coalesced with it:
 
 - the limits an endpoint advertises on ``GET /health`` (``limits.max_query_chars``, ``limits.max_queries``; read
   once per endpoint before its first request, and again by every health probe) are applied before sending:

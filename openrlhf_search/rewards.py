@@ -107,7 +107,8 @@ def _tag_sequence_ok(text: str, open_tag: str, close_tag: str, start_open: bool 
 
 
 def check_format(response_text: str, protocol, answer_max_words: int = 10) -> Tuple[bool, str]:
-    """R1-Searcher's format rule (arXiv 2503.05592 sec. 3.2 "Format Reward"; DESIGN.md sec. 5), any protocol.
+    """R1-Searcher's format rule (arXiv 2503.05592 sec. 3.2 "Format Reward"), any protocol; ``docs/design.md``,
+    "Rewards".
 
     The format is correct when all of these hold (checked in this order; the first failure is the reason):
 
@@ -119,8 +120,8 @@ def check_format(response_text: str, protocol, answer_max_words: int = 10) -> Tu
     4. query tags strictly alternate open/close and every query is non-empty;
     5. every documents block directly follows a query (the model did not write documents itself), and the
        number of documents blocks equals the number of queries;
-    6. one reasoning block per reasoning phase, and the answer after the last one (issue 18 item 6: a repeated
-       ``</think> <think> again </think>`` passed before; huggingface/open-r1 #359 is the same hole):
+    6. one reasoning block per reasoning phase, and the answer after the last one (without it a repeated
+       ``</think> <think> again </think>`` would pass; huggingface/open-r1 #359 is the same hole):
 
        - when the prompt opens the reasoning block (``protocol.prompt_opens_think``: R1-Searcher, whose retrievals
          happen inside it), the model writes no ``<think>`` and exactly one ``</think>``: one reasoning block, as

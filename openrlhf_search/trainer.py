@@ -1,7 +1,7 @@
 """Cluster trainer: OpenRLHF's ``PPOTrainer`` with search experience, a reward-stage schedule and search eval.
 
 ``PPOTrainer`` is a Ray actor class; Ray 2.x keeps the plain class as ``PPOTrainer.__ray_actor_class__``, which is
-subclassed here and wrapped again with ``ray.remote`` (DESIGN.md section 2). ``openrlhf_search.cli.train`` puts
+subclassed here and wrapped again with ``ray.remote``. ``openrlhf_search.cli.train`` puts
 :data:`SearchPPOTrainer` where OpenRLHF's ``train()`` looks it up, and likewise the policy/critic actor classes
 below, which build :mod:`openrlhf_search.loss`'s masked losses.
 
@@ -144,7 +144,7 @@ class _SearchPPOTrainer(PPOTrainer.__ray_actor_class__):
         return scheme
 
     def _drop_samples_of_previous_stage(self, scheme: str) -> int:
-        """Issue 10 item 5: never train on samples scored under the previous stage's reward. Returns the count."""
+        """Never train on samples scored under the previous stage's reward. Returns the count."""
         discard = getattr(self.samples_generator, "discard_buffer", None)
         n = discard() if callable(discard) else 0
         if n:
@@ -166,7 +166,7 @@ class _SearchPPOTrainer(PPOTrainer.__ray_actor_class__):
 
     def _compute_rollout_stats(self, experiences) -> Dict:
         stats = super()._compute_rollout_stats(experiences)
-        stats.update(valid_rollout_stats(experiences))  # failed samples out of rollout/* (issue 10 item 4)
+        stats.update(valid_rollout_stats(experiences))  # failed samples out of rollout/*: they are not trained on
         stats.update(search_rollout_stats(experiences))
         return stats
 
@@ -207,7 +207,7 @@ def trained_samples(experience) -> torch.Tensor:
 
 
 def trained_sample_status(status: Dict, trained: torch.Tensor) -> Dict:
-    """Issue 18 item 7: OpenRLHF's per-micro-batch training status with samples not trained on left out.
+    """OpenRLHF's per-micro-batch training status with samples not trained on left out.
 
     ``ActorPPOTrainer.training_step`` returns ``{"metrics", "weights", "num_samples", "num_action_tokens"}``;
     ``ppo_train`` averages every ``"sample"``-weighted metric (the per-sample ``info`` tensors: reward, return,

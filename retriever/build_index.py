@@ -1,10 +1,15 @@
 """CLI: build a self-contained retriever index directory from a passage corpus.
 
-    python -m retriever.build_index --corpus C.jsonl --index_dir D --encoder bm25|e5-base-v2|bge-large-en-v1.5|minilm|PATH \
-        --index_type flat|hnsw|ivfpq|bm25 [--limit N] [--embeddings_dir E] [--overwrite]
+    python -m retriever.build_index --corpus C.jsonl --index_dir D \\
+        --encoder bm25|e5-base-v2|bge-large-en-v1.5|minilm|PATH --index_type flat|hnsw|ivfpq|bm25 \\
+        [--limit N] [--embeddings_dir E] [--overwrite]
 
 Dense encoding is resumable: rerun the same command after an interruption and finished embedding chunks are
 skipped. See ``retriever.index.build_index`` for the meaning of every option.
+
+``--faiss_index FILE.index`` adopts an index someone else built over this corpus (Search-R1's ``e5_Flat.index`` /
+``e5_HNSW64.index``, FlashRAG's indexes) instead of encoding: nothing is re-encoded, the index file stays where it
+is, and it is verified against the corpus and the encoder first (``retriever.adopt``).
 
 ``--ray`` encodes with Ray Data over every GPU (or CPU) of a Ray cluster (``retriever.ray_encode``): same chunks,
 same resumability, same index types; ``--ray_address auto`` joins a running cluster, else a local Ray is started.
@@ -44,6 +49,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--passage_prefix", default=None, help="override the preset's passage prefix")
     p.add_argument("--max_seq_length", type=int, default=None)
     p.add_argument("--overwrite", action="store_true", help="replace an existing complete index")
+    ad = p.add_argument_group("adopting an existing faiss index (retriever/adopt.py)")
+    ad.add_argument("--faiss_index", default=None,
+                    help="a faiss index file built over --corpus in its row order (e.g. Search-R1's e5_Flat.index); "
+                         "adopted without re-encoding")
+    ad.add_argument("--verify_sample", type=int, default=64, help="passages re-encoded to check the stored vectors")
+    ad.add_argument("--verify_seed", type=int, default=0)
+    ad.add_argument("--verify_min_cosine", type=float, default=0.99,
+                    help="Flat / HNSW: least cosine between a re-encoded passage and its stored vector")
+    ad.add_argument("--verify_min_rank1", type=float, default=1.0,
+                    help="IVF / PQ: least share of sampled passages that retrieve themselves at rank 1")
+    ad.add_argument("--no_mmap", action="store_true", help="load the adopted index into RAM instead of mapping it")
     r = p.add_argument_group("Ray (distributed encoding, retriever/ray_encode.py)")
     r.add_argument("--ray", action="store_true", help="encode with Ray Data actors over the Ray cluster")
     r.add_argument("--ray_address", default=None, help="cluster to join (auto, HOST:6379); default: a local Ray")
@@ -55,6 +71,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--ray_workers must be >= 1, got {a.ray_workers}")
     if (a.ray_gpus_per_worker or 0) < 0 or a.ray_cpus_per_worker < 0:
         p.error("--ray_gpus_per_worker / --ray_cpus_per_worker must be >= 0")
+    if a.faiss_index is not None:
+        if a.encoder == "bm25":
+            p.error("--faiss_index needs the dense --encoder that built it (e.g. e5-base-v2 for Search-R1's indexes)")
+        clash = [f"--{n}" for n in ("index_type", "limit", "embeddings_dir") if getattr(a, n) is not None] + \
+            (["--ray"] if a.ray else [])
+        if clash:
+            p.error(f"--faiss_index adopts a finished index: {', '.join(clash)} do not apply")
+        if a.verify_sample < 1:
+            p.error(f"--verify_sample must be >= 1, got {a.verify_sample}")
     return a
 
 
@@ -73,6 +98,20 @@ def main(argv=None) -> int:
             encode_fn = functools.partial(encode_corpus_ray, address=a.ray_address, workers=a.ray_workers,
                                           gpus_per_worker=a.ray_gpus_per_worker, cpus_per_worker=a.ray_cpus_per_worker,
                                           device=a.device)
+    if a.faiss_index is not None:
+        from .adopt import adopt_index
+
+        try:
+            manifest = adopt_index(a.corpus, a.index_dir, a.faiss_index, a.encoder, query_prefix=a.query_prefix,
+                                   passage_prefix=a.passage_prefix, max_seq_length=a.max_seq_length, device=a.device,
+                                   batch_size=a.batch_size, verify_sample=a.verify_sample, verify_seed=a.verify_seed,
+                                   min_cosine=a.verify_min_cosine, min_rank1=a.verify_min_rank1,
+                                   mmap=not a.no_mmap, overwrite=a.overwrite)
+        except (RetrieverIndexError, ValueError, OSError) as e:
+            print(f"build_index: error: {e}", file=sys.stderr)
+            return 2
+        print(json.dumps(manifest, indent=2))
+        return 0
     try:
         manifest = build_index(a.corpus, a.index_dir, encoder=a.encoder, index_type=a.index_type, limit=a.limit,
                                embeddings_dir=a.embeddings_dir, chunk_size=a.chunk_size, batch_size=a.batch_size,
@@ -80,7 +119,8 @@ def main(argv=None) -> int:
                                ef_search=a.ef_search, nlist=a.nlist, pq_m=a.pq_m, nprobe=a.nprobe,
                                query_prefix=a.query_prefix, passage_prefix=a.passage_prefix,
                                max_seq_length=a.max_seq_length, overwrite=a.overwrite, encode_fn=encode_fn)
-    except (RetrieverIndexError, ValueError, OSError) as e:  # OSError: a corpus that is a folder, an index_dir that is a file
+    # OSError: a corpus that is a folder, an index_dir that is a file
+    except (RetrieverIndexError, ValueError, OSError) as e:
         print(f"build_index: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(manifest, indent=2))

@@ -76,14 +76,30 @@ def normalize_row(row: dict, default_id: str) -> dict:
     return {"id": pid, "title": title, "text": text, "contents": make_contents(title, text)}
 
 
+def is_gzip(path: str) -> bool:
+    """True when ``path`` starts with the gzip magic bytes (whatever its name: ``wiki-18.jsonl.gz``, or renamed)."""
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def open_text(path: str):
+    """Open a jsonl corpus for reading as UTF-8 text (bad bytes kept as surrogates), gunzipping on the fly when the
+    file is gzip-compressed (Search-R1's published ``wiki-18.jsonl.gz`` is read as it is downloaded)."""
+    if is_gzip(path):
+        import gzip
+
+        return gzip.open(path, "rt", encoding="utf-8", errors="surrogateescape")
+    return open(path, "r", encoding="utf-8", errors="surrogateescape")
+
+
 def iter_jsonl(path: str) -> Iterator[tuple[int, dict]]:
-    """Yield (1-based line number, decoded object) for each non-blank line; streaming.
+    """Yield (1-based line number, decoded object) for each non-blank line of a jsonl or jsonl.gz file; streaming.
 
     Raises:
         CorpusError: a line is not valid JSON or not UTF-8 (names file and line).
     """
     # surrogateescape: a bad byte stays on its own line (a strict decoder fails on a whole buffer, no line number)
-    with open(path, "r", encoding="utf-8", errors="surrogateescape") as f:
+    with open_text(path) as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -98,9 +114,13 @@ def iter_jsonl(path: str) -> Iterator[tuple[int, dict]]:
                 raise CorpusError(f"{path}:{line_no}: invalid JSON ({e})") from e
 
 
-def iter_passages(path: str, limit: int | None = None) -> Iterator[dict]:
-    """Stream canonical passages from a corpus jsonl (any accepted row form), at most ``limit`` of them.
+def iter_passages(path: str, limit: int | None = None, raw_contents: bool = False) -> Iterator[dict]:
+    """Stream canonical passages from a corpus jsonl / jsonl.gz (any accepted row form), at most ``limit`` of them.
 
+    Args:
+        raw_contents: keep a row's own ``contents`` string byte for byte (title line, quotes and whitespace as
+            published) instead of the rebuilt ``"Title"\ntext``: what an adopted index's vectors were encoded from,
+            and what Search-R1's server returns (the corpus row itself, ``retrieval_server.py:34-36``).
     Raises:
         CorpusError: bad JSON or a row that is not a passage (names file and line).
     """
@@ -109,10 +129,98 @@ def iter_passages(path: str, limit: int | None = None) -> Iterator[dict]:
         if limit is not None and n >= limit:
             return
         try:
-            yield normalize_row(row, default_id=str(line_no - 1))
+            p = normalize_row(row, default_id=str(line_no - 1))
         except CorpusError as e:
             raise CorpusError(f"{path}:{line_no}: {e}") from e
+        if raw_contents and isinstance(row.get("contents"), str):
+            p["contents"] = row["contents"]
+        yield p
         n += 1
+
+
+def normalized_text(passage: dict) -> str:
+    """The key passages are compared by for duplicates: the passage text (``contents`` when it has none),
+    lower-cased, whitespace runs collapsed to one space. Two chunks of one page share a title, so the title is
+    left out; the same paragraph filed under two titles counts as one."""
+    text = passage.get("text") or passage.get("contents") or ""
+    return " ".join(text.lower().split())
+
+
+def _hash64(s: str) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(s.encode("utf-8", "surrogateescape"), digest_size=8).digest(), "little",
+                          signed=True)
+
+
+class DuplicateCounter:
+    """Counts repeated ids and repeated passage texts (:func:`normalized_text`) over a stream of passages.
+
+    Memory: two int64 hashes per passage (336 MB for wiki-18's 21M rows), not the strings. ``report(store)`` confirms
+    each hash match against the stored passages, so a hash collision is never reported as a duplicate.
+    """
+
+    def __init__(self):
+        from array import array
+
+        self.id_hashes = array("q")
+        self.text_hashes = array("q")
+
+    def add(self, passage: dict) -> dict:
+        self.id_hashes.append(_hash64(passage["id"]))
+        self.text_hashes.append(_hash64(normalized_text(passage)))
+        return passage
+
+    def wrap(self, passages):
+        """Pass ``passages`` through unchanged, counting each."""
+        for p in passages:
+            yield self.add(p)
+
+    @staticmethod
+    def _groups(hashes) -> list:
+        import numpy as np
+
+        h = np.frombuffer(hashes, dtype=np.int64) if len(hashes) else np.zeros(0, np.int64)
+        order = np.argsort(h, kind="stable")
+        hs = h[order]
+        if len(hs) < 2:
+            return []
+        edges = np.diff(np.concatenate([[0], (hs[1:] == hs[:-1]).astype(np.int8), [0]]))
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        # sorted positions starts[j] .. ends[j] (inclusive) share one hash
+        return [sorted(int(r) for r in order[a:b + 1]) for a, b in zip(starts, ends)]
+
+    def report(self, get) -> dict:
+        """Duplicates among the passages added, confirmed with ``get(row) -> passage``.
+
+        Returns:
+            ``{"passages", "duplicate_id_rows", "duplicate_ids" (up to 5 examples: id and rows),
+            "duplicate_text_rows" (rows whose text repeats an earlier row's), "duplicate_text_groups",
+            "largest_duplicate_text_group"}``.
+        """
+        dup_id_rows, examples = 0, []
+        for rows in self._groups(self.id_hashes):
+            by_id: dict = {}
+            for r in rows:
+                by_id.setdefault(get(r)["id"], []).append(r)
+            for pid, rs in by_id.items():
+                if len(rs) > 1:
+                    dup_id_rows += len(rs) - 1
+                    if len(examples) < 5:
+                        examples.append({"id": pid, "rows": rs[:5]})
+        dup_text_rows, text_groups, largest = 0, 0, 1
+        for rows in self._groups(self.text_hashes):
+            by_text: dict = {}
+            for r in rows:
+                by_text.setdefault(normalized_text(get(r)), []).append(r)
+            for rs in by_text.values():
+                if len(rs) > 1:
+                    dup_text_rows += len(rs) - 1
+                    text_groups += 1
+                    largest = max(largest, len(rs))
+        return {"passages": len(self.id_hashes), "duplicate_id_rows": dup_id_rows, "duplicate_ids": examples,
+                "duplicate_text_rows": dup_text_rows, "duplicate_text_groups": text_groups,
+                "largest_duplicate_text_group": largest}
 
 
 class PassageStore:

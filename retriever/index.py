@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from .corpus import PassageStore, iter_passages, write_passage_store
+from .corpus import DuplicateCounter, PassageStore, iter_passages, normalized_text, write_passage_store
 from .encoders import DenseEncoder, EncoderSpec, get_encoder, resolve_encoder
 
 logger = logging.getLogger(__name__)
@@ -62,27 +62,59 @@ def _store_marker(index_dir: str) -> str:
     return os.path.join(index_dir, "passages.done.json")
 
 
-def prepare_store(corpus_path: str, index_dir: str, limit: int | None = None) -> int:
-    """Copy the first ``limit`` passages of ``corpus_path`` into the index's passage store (skipped if done).
+def read_store_report(index_dir: str) -> dict:
+    """What :func:`prepare_store` recorded about the passage store (count, duplicates); {} when absent."""
+    try:
+        with open(_store_marker(index_dir)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
 
-    Returns the number of passages. Raises ``corpus.CorpusError`` on an unreadable row.
+
+def prepare_store(corpus_path: str, index_dir: str, limit: int | None = None, raw_contents: bool = False) -> int:
+    """Copy the first ``limit`` passages of ``corpus_path`` (jsonl or jsonl.gz) into the index's passage store
+    (skipped if done), counting duplicates on the way.
+
+    A repeated id is refused: results, traces and supporting-passage checks name passages by id, and two passages
+    under one id would be silently confused. Repeated passage texts (``corpus.normalized_text``) are allowed, logged
+    with their count and recorded in ``passages.done.json`` (``duplicates``; the manifest copies it); the server's
+    ``--dedup`` keeps them out of one result list. ``raw_contents``: see ``corpus.iter_passages`` (adoption).
+
+    Returns the number of passages. Raises ``corpus.CorpusError`` on an unreadable row, RetrieverIndexError on
+    an empty corpus or a repeated id (one line: how many rows, the first ids and their rows).
     """
     marker = _store_marker(index_dir)
     want = {"corpus_path": os.path.abspath(corpus_path), "limit": limit,
-            "corpus_size": os.path.getsize(corpus_path), "corpus_mtime": os.path.getmtime(corpus_path)}
+            "corpus_size": os.path.getsize(corpus_path), "corpus_mtime": os.path.getmtime(corpus_path),
+            "raw_contents": raw_contents}
     if os.path.exists(marker):
-        with open(marker) as f:
-            done = json.load(f)
-        if all(done.get(k) == v for k, v in want.items()):
+        done = read_store_report(index_dir)
+        if all(done.get(k) == v for k, v in want.items()) and "duplicates" in done:
             return int(done["count"])
+        os.remove(marker)
     from tqdm import tqdm
 
-    n = write_passage_store(tqdm(iter_passages(corpus_path, limit), desc="passages", unit="p",
-                                 mininterval=5), index_dir)
+    dups = DuplicateCounter()
+    n = write_passage_store(dups.wrap(tqdm(iter_passages(corpus_path, limit, raw_contents=raw_contents),
+                                           desc="passages", unit="p", mininterval=5)), index_dir)
     if n == 0:
         raise RetrieverIndexError(f"{corpus_path}: no passages")
+    store = PassageStore(os.path.join(index_dir, "passages.jsonl"), os.path.join(index_dir, "offsets.npy"))
+    try:
+        report = dups.report(store.get)
+    finally:
+        store.close()
+    if report["duplicate_id_rows"]:
+        ex = "; ".join(f"id {e['id']!r} at rows {', '.join(map(str, e['rows']))}" for e in report["duplicate_ids"][:3])
+        raise RetrieverIndexError(f"{corpus_path}: {report['duplicate_id_rows']} of {n} passages repeat an id already "
+                                  f"used ({ex}); ids must be unique: give each passage its own id")
+    if report["duplicate_text_rows"]:
+        logger.warning("%s: %d of %d passages repeat the text of an earlier one (%d texts repeated, the most "
+                       "often %d times); serve with --dedup to keep copies out of one result list",
+                       corpus_path, report["duplicate_text_rows"], n, report["duplicate_text_groups"],
+                       report["largest_duplicate_text_group"])
     with open(marker, "w") as f:
-        json.dump({**want, "count": n}, f)
+        json.dump({**want, "count": n, "duplicates": report}, f)
     return n
 
 
@@ -266,7 +298,8 @@ def build_index(corpus_path: str, index_dir: str, encoder: str = "bm25", index_t
         _ivfpq_params(n, enc.dim, nlist, pq_m)  # a bad nlist / pq_m fails before hours of encoding
     store = PassageStore(os.path.join(index_dir, "passages.jsonl"), os.path.join(index_dir, "offsets.npy"))
     manifest = {"format_version": FORMAT_VERSION, "index_type": index_type,
-                "corpus_path": os.path.abspath(corpus_path), "limit": limit, "count": n}
+                "corpus_path": os.path.abspath(corpus_path), "limit": limit, "count": n,
+                "duplicates": read_store_report(index_dir).get("duplicates")}
     try:
         if index_type == "bm25":
             manifest.update(_build_bm25(store, index_dir))
@@ -421,17 +454,48 @@ class DenseIndex(_BaseIndex):
         self.spec = EncoderSpec(**manifest["encoder"])
         self.encoder = get_encoder(self.spec, device=device)
         if self.encoder.dim != manifest["dim"]:
-            raise RetrieverIndexError(f"encoder {self.spec.model} gives dim {self.encoder.dim}, index has {manifest['dim']}")
-        index = faiss.read_index(os.path.join(index_dir, "index.faiss"))
+            raise RetrieverIndexError(f"encoder {self.spec.model} gives dim {self.encoder.dim}, "
+                                      f"index has {manifest['dim']}")
+        adopted = manifest.get("adopted")
+        self.mmapped = False
+        if adopted:  # an index someone else built (retriever.adopt): its own file, memory-mapped where faiss can
+            from .adopt import read_faiss_index
+
+            path = adopted["faiss_index"]
+            size = os.path.getsize(path) if os.path.isfile(path) else None
+            if size != adopted["bytes"]:
+                raise RetrieverIndexError(f"{index_dir}: adopted faiss index {path} "
+                                          f"{'is missing' if size is None else f'has {size} bytes'}, it had "
+                                          f"{adopted['bytes']} when verified: adopt it again")
+            index, self.mmapped = read_faiss_index(path, mmap=adopted.get("mmap", True))
+        else:
+            path = os.path.join(index_dir, "index.faiss")
+            index = faiss.read_index(path)
+        self.faiss_path = path
         params = manifest.get("params", {})
         if manifest["index_type"] == "hnsw":
-            index.hnsw.efSearch = ef_search or params.get("ef_search", 128)
-        if manifest["index_type"] == "ivfpq":
+            faiss.downcast_index(index).hnsw.efSearch = ef_search or params.get("ef_search", 128)
+        if manifest["index_type"] in ("ivfpq", "ivf"):
             faiss.extract_index_ivf(index).nprobe = nprobe or params.get("nprobe", 32)
         self.on_gpu = False
-        if faiss_gpu and manifest["index_type"] in ("flat", "ivfpq"):
+        if faiss_gpu and manifest["index_type"] in ("flat", "ivfpq", "ivf"):
             index, self.on_gpu = _to_all_gpus(index)
         self.index = index
+        logger.info("loaded faiss index %s (%d vectors) %s", path, index.ntotal,
+                    "on GPU" if self.on_gpu else "memory-mapped" if self.mmapped else "in RAM")
+
+    def info(self) -> dict:
+        """Manifest summary for ``GET /health``, plus where the vectors are (``placement``: gpu, mmap, ram) and,
+        for an adopted index, ``adopted: true`` and ``adopted_from`` (the faiss file served)."""
+        out = super().info()
+        out["placement"] = "gpu" if self.on_gpu else "mmap" if self.mmapped else "ram"
+        out["faiss_index"] = self.faiss_path
+        adopted = self.manifest.get("adopted")
+        out["adopted"] = bool(adopted)
+        if adopted:
+            out["adopted_from"] = adopted["faiss_index"]
+            out["verification"] = adopted.get("verification")
+        return out
 
     def search_embeddings(self, emb: np.ndarray, topk: int) -> list[list[dict]]:
         """Search with precomputed query embeddings [n, dim] float32."""

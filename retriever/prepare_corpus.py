@@ -1,6 +1,7 @@
 """CLI + functions: turn a Wikipedia dump into the canonical passage corpus ``{"id","title","text","contents"}``.
 
-    python -m retriever.prepare_corpus --input X.jsonl --output Y.jsonl [--format kilt|hotpotqa_abstracts|wiki18|plain|auto]
+    python -m retriever.prepare_corpus --input X.jsonl --output Y.jsonl \\
+        [--format kilt|hotpotqa_abstracts|wiki18|plain|auto]
 
 Formats:
 - ``kilt``: KILT knowledge-source pages ``{"wikipedia_title", "text": [paragraph, ...]}`` -> 100-word
@@ -163,7 +164,8 @@ def detect_format(row: dict) -> str:
             return "plain"
         if isinstance(row.get("contents"), str):
             return "plain" if isinstance(row.get("title"), str) else "wiki18"
-    raise CorpusError(f"cannot tell the corpus format from a row with keys {sorted(row) if isinstance(row, dict) else type(row)}")
+    keys = sorted(row) if isinstance(row, dict) else type(row)
+    raise CorpusError(f"cannot tell the corpus format from a row with keys {keys}")
 
 
 def iter_prepared(path: str, fmt: str = "auto", words_per_passage: int = 100,
@@ -193,7 +195,8 @@ def iter_prepared(path: str, fmt: str = "auto", words_per_passage: int = 100,
             if fmt == "kilt":
                 title = row.get("wikipedia_title") if isinstance(row, dict) else None
                 text = row.get("text") if isinstance(row, dict) else None
-                if not isinstance(title, str) or not isinstance(text, list) or not all(isinstance(t, str) for t in text):
+                if (not isinstance(title, str) or not isinstance(text, list)
+                        or not all(isinstance(t, str) for t in text)):
                     raise CorpusError("KILT row needs 'wikipedia_title' (str) and 'text' (list of paragraphs)")
                 for chunk in chunk_kilt_page(title, text, words_per_passage, drop_title_paragraph):
                     yield {"id": str(next_id), "title": title, "text": chunk, "contents": make_contents(title, chunk)}
@@ -229,7 +232,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m retriever.prepare_corpus", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", required=True,
-                   help="KILT knowledge source / HotpotQA abstracts (.tar.bz2, folder or jsonl) / wiki-18 / plain jsonl")
+                   help="KILT knowledge source / HotpotQA abstracts (.tar.bz2, folder or jsonl) / wiki-18 / "
+                        "plain jsonl")
     p.add_argument("--output", required=True, help="canonical passage jsonl to write")
     p.add_argument("--format", choices=FORMATS, default="auto")
     p.add_argument("--words", type=int, default=100, help="words per KILT passage")
@@ -241,8 +245,8 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     try:
-        n = write_jsonl(tqdm(iter_prepared(a.input, a.format, a.words, a.drop_title_paragraph), desc="passages", unit="p", mininterval=5),
-                        a.output)
+        passages = iter_prepared(a.input, a.format, a.words, a.drop_title_paragraph)
+        n = write_jsonl(tqdm(passages, desc="passages", unit="p", mininterval=5), a.output)
     except (CorpusError, ValueError, OSError) as e:
         print(f"prepare_corpus: error: {e}", file=sys.stderr)
         return 2

@@ -109,8 +109,8 @@ def build_application(index_dir: str, replicas: int = 1, limits: Limits | None =
     read_manifest(index_dir)  # RetrieverIndexError now rather than N replicas failing to start
     limits = limits or Limits()
     builder = _replica_app_builder(os.path.abspath(index_dir), dict(limits.__dict__),
-                                   {"window_ms": window_ms, "max_batch_queries": max_batch_queries, "batching": batching,
-                                    "max_wait_ms": max_wait_ms}, dict(load_kwargs or {}))
+                                   {"window_ms": window_ms, "max_batch_queries": max_batch_queries,
+                                    "batching": batching, "max_wait_ms": max_wait_ms}, dict(load_kwargs or {}))
     actor_options = {"num_cpus": replica_cpus, "num_gpus": replica_gpus}
     if replica_resources:
         actor_options["resources"] = dict(replica_resources)

@@ -107,7 +107,7 @@ def validate_request(queries, topk, limits: Limits) -> tuple[list[str], int]:
 def validate_request_per_query(queries, topk, limits: Limits) -> tuple[list, int, list]:
     """``"per_query_errors": true`` requests: only request-level faults (not a list, empty list, more than
     ``max_queries``, bad topk) reject the request; a bad query gets its own error and the others are served
-    (issue 18 item 3: one query the server refused used to fail every search coalesced with it).
+    (so one query the server refuses does not fail every search coalesced with it).
 
     Returns:
         (queries, topk, errors): ``errors[i]`` is None for a query that will be searched, else the message

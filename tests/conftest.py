@@ -1,7 +1,6 @@
 """Shared test fixtures: paths to ../shared (read-only) and offline models."""
 
 import os
-import sys
 
 import pytest
 

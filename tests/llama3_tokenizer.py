@@ -7,8 +7,9 @@ in front of every text tokenised with ``add_special_tokens=True``, also one that
 pre-tokenisation and decoding, ``bos_token`` / ``eos_token``, and a chat template that writes ``{{ bos_token }}``
 first and the 3.1 header / ``<|eot_id|>`` layout (the real one's tool and date branches left out: the parts that
 matter for token ids at the start of a prompt are these). What it does not keep: the 128,000-entry BPE vocabulary;
-here every byte is one token (no merges; the other ids up to 128,000 are unused placeholders), so the ids of a text do not depend on where it was cut, which lets a test
-compare the released re-tokenised prompt with our token-in/token-out concatenation id by id.
+here every byte is one token (no merges; the other ids up to 128,000 are unused placeholders), so the ids of a text
+do not depend on where it was cut, which lets a test compare the released re-tokenised prompt with our
+token-in/token-out concatenation id by id.
 """
 
 import json
@@ -28,7 +29,8 @@ LLAMA31_LIKE_CHAT_TEMPLATE = (
     "{{- 'Cutting Knowledge Date: December 2023\\n' }}{{- 'Today Date: 26 Jul 2024\\n\\n' }}"
     "{{- system_message }}{{- '<|eot_id|>' }}"
     "{%- for message in messages %}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
+    " + '<|eot_id|>' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
 )

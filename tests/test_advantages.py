@@ -44,7 +44,7 @@ def test_masked_gae_hand_computed_with_document_block():
 
 
 def test_openrlhf_gae_bootstraps_zero_before_document_block():
-    """The difference DESIGN.md section 4 describes, shown on OpenRLHF's real method."""
+    """The difference ``docs/design.md``, "Masking rule" describes, shown on OpenRLHF's real method."""
     adv_orl, _ = RemoteExperienceMaker.get_advantages_and_returns(None, VALUES, REWARDS, MASK.float(), GAMMA, LAMBD)
     assert adv_orl[0, 1].item() == pytest.approx(OPENRLHF_ADV_AT_A1, abs=1e-6)
     adv, _ = masked_gae(REWARDS, VALUES, MASK, GAMMA, LAMBD)
@@ -198,8 +198,8 @@ def test_compute_reward_places_outcome_on_last_action_token():
     torch.testing.assert_close(adv, torch.tensor([[1.0, 1.0, 0, 0, 0, 1.0, 1.0]]))
 
 
-# ------------------------------------------------------------------ issue 18 item 2: equal rewards, float residue
-# Values of the issue, reproduced on main: OpenRLHF 0.11.2's formula (and ours before the fix) gave every sample of
+# ------------------------------------------------------------------ equal rewards, float residue
+# OpenRLHF 0.11.2's formula (and ours before the fix) gave every sample of
 # an all-equal group the same large advantage, e.g. 8 x 0.8 -> -0.921 each under group_norm (the float32 mean of
 # eight 0.8s is 0.8 - 6e-8, the std 1e-8 passes the 1e-9 guard). Mutation caught: dropping the equality guard (the
 # group_norm cases then give ~-0.92, the others ~-6e-8 instead of exactly 0).

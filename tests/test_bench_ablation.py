@@ -1,4 +1,4 @@
-"""bench_ablation's arms and table (issue 17 item 6): every arm's command parses with train_local's real parser and
+"""bench_ablation's arms and table: every arm's command parses with train_local's real parser and
 does what its label says; the table's differences are paired and signed, rows keep their arm's label, and the
 warm-start line says "no" when before-RL predictions differ. No model runs here."""
 
@@ -142,9 +142,9 @@ def test_critic_lr_default_follows_the_presets_actor_lr():
 
 
 def test_a_reused_run_of_another_step_count_is_refused_before_anything_is_built(tmp_path):
-    """The default's steps changed (20 -> 30, trial T7): an arm reused from a 20-step run beside arms of 30 steps
-    would put unlike runs in one table. Mutations caught: no check, a check on the count of lines instead of the last
-    step, a check that ignores --steps."""
+    """The default's steps changed (20 -> 30, trial T7 of docs/trials_em.md): an arm reused from a 20-step run beside
+    arms of 30 steps would put unlike runs in one table. Mutations caught: no check, a check on the count of lines
+    instead of the last step, a check that ignores --steps."""
     from benchmarks import bench_ablation
     run = tmp_path / "run20"
     run.mkdir()
@@ -153,8 +153,8 @@ def test_a_reused_run_of_another_step_count_is_refused_before_anything_is_built(
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in (1, 2, 3, 20)))
     assert bench_ablation.run_steps(str(run)) == 20 and bench_ablation.run_steps(str(tmp_path)) is None
     assert bench_ablation.arm_steps("default", None, []) == 30  # the preset's
-    assert bench_ablation.arm_steps("default", 20, []) == 20 and bench_ablation.arm_steps("default", None,
-                                                                                           ["--train.max_steps", "7"]) == 7
+    assert bench_ablation.arm_steps("default", 20, []) == 20
+    assert bench_ablation.arm_steps("default", None, ["--train.max_steps", "7"]) == 7
     out = tmp_path / "out"
     with pytest.raises(SystemExit, match="trained 20 RL steps, this table's arms 30: pass --steps 20"):
         bench_ablation.main(["--arms", "a", "--reuse_main", str(run), "--out", str(out)])

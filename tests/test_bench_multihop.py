@@ -1,4 +1,4 @@
-"""bench_multihop's measures on the embedded default (issue 17 item 5): the bridge entity of each 2-hop question,
+"""bench_multihop's measures on the embedded default: the bridge entity of each 2-hop question,
 whether a second query names it, and the pairing of before/after records. No model runs here."""
 
 import json

@@ -1,8 +1,8 @@
 """The CPU cluster mode's patches (openrlhf_search/cpu_cluster.py) without Ray: every patch point and cited line still
 exists in the installed OpenRLHF / DeepSpeed / vLLM (an upgrade fails here at once), the patches take effect in a
 fresh process (no DeepSpeed JIT build, gloo all-reduce, torch AdamW, CPU devices), the gloo weight-sync group
-broadcasts bf16 weights between two processes, the CPU settings, the weight comparison of the sync probe, and
-issue 18 item 7 (the actor's training statistics leave failed samples out) through OpenRLHF's real ``ppo_train``."""
+broadcasts bf16 weights between two processes, the CPU settings, the weight comparison of the sync probe, and the
+actor's training statistics leaving failed samples out, through OpenRLHF's real ``ppo_train``."""
 
 import json
 import multiprocessing
@@ -218,7 +218,7 @@ def test_the_sync_probe_compares_fused_vllm_weights():
     assert compare_weights(hf, engine)["missing_in_engine"] == ["model.norm.weight"]
 
 
-# ------------------------------------------------------------------ issue 18 item 7 through OpenRLHF's ppo_train
+# ------------------------------------------------------------------ failed samples out of training statistics
 class _StubActor(torch.nn.Module):
     """Per-token log-probs from one parameter (what ppo_train and training_step need of the policy)."""
 
@@ -293,7 +293,7 @@ def _experiences():
 
 
 def test_actor_training_statistics_leave_failed_samples_out(cpu_replay_buffer):
-    """Issue 18 item 7, through OpenRLHF's real ``ActorPPOTrainer.ppo_train`` + ``training_step``: the logged
+    """Through OpenRLHF's real ``ActorPPOTrainer.ppo_train`` + ``training_step``: the logged
     per-sample statistics (reward, return, turns, total length) are means over the two trained samples. OpenRLHF's
     own trainer class (the code before the fix) averages the failed ones in: that is asserted too, so the test
     fails on a revert."""

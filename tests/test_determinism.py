@@ -1,4 +1,4 @@
-"""Issue 17 item 7: a run's tokens, rewards and weights do not depend on retrieval timing, thread count or a resume.
+"""A run's tokens, rewards and weights do not depend on retrieval timing, thread count or a resume.
 
 Every sampled generation call of a rollout carries its own seed from (run seed, step, prompt index, sample index,
 turn) (``openrlhf_search/local/seeding.py``) and the engine samples each seeded request from its own generator with

@@ -45,10 +45,9 @@ SCENARIO = ["--actor.model_name_or_path", "tiny", "--search.max_new_tokens_per_t
             "--train.max_steps", "1", "--eval.disable", "--ckpt.no_load", "--data.validation_size", "0"]
 # metrics.jsonl step 1 and warmstart.jsonl of SCENARIO before --train.device existed (commit 7763df6, CPU)
 # The values that follow the sampled tokens (critic_grad_norm, entropy, grad_norm, policy_loss, ppo_kl, value_loss)
-# re-recorded on the learninfra branch (after 84500c2, CPU) when rollouts moved to per-sample seeds and vLLM's
-# exponential-race sampler (issue 17 item 7: other sampled tokens; main at 27cdf80 still gave the old values). The
-# scenario keeps every training question (--data.validation_size 0), so its warm start and prompts are those of the
-# recording (the warm-start losses are unchanged to the last digit).
+# re-recorded (CPU) when rollouts moved to per-sample seeds and vLLM's exponential-race sampler, which sample other
+# tokens. The scenario keeps every training question (--data.validation_size 0), so its warm start and prompts are those
+# of the recording (the warm-start losses are unchanged to the last digit).
 GOLDEN_STEP1 = {
     "advantage_abs": 0.8538381457328796, "answer_present": 0.0, "answer_rate": 0.0, "clip_ratio": 0.0,
     "cover_em": 0.0, "critic_grad_norm": 1.8101425170898438, "data_epoch": 0, "data_pos": 0, "em": 0.0,

@@ -1,7 +1,6 @@
-"""The CPU main job's levers for exact answers (issue 17 item 4): the bare-answer instruction, the self-answer
+"""The CPU main job's levers for exact answers: the bare-answer instruction, the self-answer
 prompt and form of the warm start, and the reward curriculum (--search.stage2_reward_scheme / stage2_start_step)."""
 
-import asyncio
 import json
 import os
 from types import SimpleNamespace
@@ -117,7 +116,8 @@ def test_think_span_trajectory_is_well_formed_and_trains_on_both_blocks(qwen_tok
     q = "What is the capital of France?"
     prompt = proto.build_prompt(q, qwen_tokenizer, chat=True)
     ps = [Passage(id="FRA-geo", title="France", text="The capital of France is Paris.")]
-    traj = scripted_trajectory(prompt, q, "Paris", ps, proto, qwen_tokenizer, reasoning="The capital of France is Paris.")
+    traj = scripted_trajectory(prompt, q, "Paris", ps, proto, qwen_tokenizer,
+                               reasoning="The capital of France is Paris.")
     response = qwen_tokenizer.decode(traj.tokens[traj.action_ranges[0][0]:])
     assert proto.extract_answer(response) == "Paris"
     assert check_format(response, proto) == (True, "")

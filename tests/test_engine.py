@@ -466,10 +466,10 @@ def test_continuous_batching_rows_join_and_leave_a_running_batch(qwen_tokenizer)
     eng = HFEngine(model, qwen_tokenizer, max_batch_size=8)
     eng.capture_hidden_after(boundary)
     alone = HFEngine(model, qwen_tokenizer, max_batch_size=1, prefix_cache_mb=0)
-    enc = lambda t: qwen_tokenizer(t, add_special_tokens=False).input_ids  # noqa: E731
+    enc = lambda t: qwen_tokenizer(t, add_special_tokens=False).input_ids
     long_p, short_p = enc("A long story about rivers " * 3), enc("Name a city.")
     late_ps = [enc("Question: which river flows through Paris?"), enc("Hi")]
-    greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, logprobs=0, ignore_eos=True)  # noqa: E731
+    greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, logprobs=0, ignore_eos=True)
 
     async def scenario():
         long = asyncio.ensure_future(eng.generate(long_p, greedy(300)))

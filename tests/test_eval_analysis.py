@@ -1,4 +1,4 @@
-"""Issue 17 items 1-3: per-question records, the decomposition of before/after differences, the trivial baselines and
+"""Per-question records, the decomposition of before/after differences, the trivial baselines and
 the validation split (pure functions on hand-made records; the trainer's use of them is in test_train_local.py)."""
 
 import json
@@ -161,7 +161,7 @@ def test_validation_split_is_deterministic_disjoint_and_never_trained_on(default
 
     train, val, held, _ = data()
     assert len(val) == 64 and len(held) == 64
-    q = lambda rows: {r["question"] for r in rows}  # noqa: E731
+    q = lambda rows: {r["question"] for r in rows}
     assert not q(val) & q(train) and not q(val) & q(held) and not q(train) & q(held)
     train2, val2, _, _ = data()
     assert [r["question"] for r in val2] == [r["question"] for r in val] and train2 == train

@@ -164,7 +164,8 @@ def test_rescore_mixed_sources_gets_one_row_per_source(tmp_path):
     assert "0.382" in s["table"] and "0.196" in s["table"]
 
 
-@pytest.mark.parametrize("judge", [["--judge_url", "notaurl"], ["--judge_url", "http://127.0.0.1:9", "--judge_concurrency", "0"]])
+@pytest.mark.parametrize("judge", [["--judge_url", "notaurl"],
+                                   ["--judge_url", "http://127.0.0.1:9", "--judge_concurrency", "0"]])
 def test_bad_judge_flags_fail_before_any_work(tmp_path, capsys, judge):
     """The judge runs after every rollout: its flags were checked only then (a traceback after hours of eval)."""
     from openrlhf_search.cli.eval import main

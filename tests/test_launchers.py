@@ -51,7 +51,7 @@ def _inputs(tmp_path, script=None, **extra):
     env.update(extra)
     if script is not None:
         argv = _argv(script, **env)
-        flag = lambda name: argv[argv.index(name) + 1]  # noqa: E731
+        flag = lambda name: argv[argv.index(name) + 1]
         record = {"protocol": flag("--search.protocol"), "template": "train",
                   "chat_template": flag("--search.chat_template").lower() == "true",
                   "tokenizer": flag("--actor.model_name_or_path")}
@@ -258,7 +258,7 @@ class _FakeHealth:
                            "count": 1, "corpus_path": "/elsewhere/other.jsonl"}).encode()
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 self.send_response(200 if self.path == "/health" else 404)
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()

@@ -1,5 +1,5 @@
 """End-to-end learning signal of the CPU main job (slow): RL with search must make SmolLM2-135M-Instruct's held-out
-answers exact more often on a fixed seed (issue 17 item 8).
+answers exact more often on a fixed seed.
 
 This is the only check that catches a silent sign, mask or advantage error through the whole pipeline (executor,
 reward, masked advantages, masked loss, update) on a real pretrained model. It runs the main job (``--preset
@@ -10,11 +10,12 @@ above zero (this job's figures, 2026-12-02: EM 0.406 -> 0.594, +0.188 [+0.078, +
 and 1 in README's per-seed table; this test passed at 30 steps on 2026-12-02 in 1,600 s, 2 threads on the idle
 machine, all 64 after-RL predictions those of that job; with the former 20 steps it had passed in 2,910 s, +0.109
 [+0.047, +0.203]).
-The run's tokens depend only on its seeds, so the result repeats on this machine; the interval's margin is about
-five questions (0.078), so float rounding on another CPU that flips an answer or two does not fail it. Also: valid searches do not fall by more than 0.05 and the same questions are
-evaluated before and after. A sign flip in the advantages, a loss on the wrong tokens or a dropped update makes the
-EM fall or stay put, and the test fail. Issue 17's third target (F1 above every trivial baseline) is not asserted:
-no setting meets it on this corpus (README). ``benchmarks/bench_train_local.py`` reports the same figures.
+The run's tokens depend only on its seeds, so the result repeats on this machine; the interval's margin is about five
+questions (0.078), so float rounding on another CPU that flips an answer or two does not fail it. Also: valid searches
+do not fall by more than 0.05 and the same questions are evaluated before and after. A sign flip in the advantages, a
+loss on the wrong tokens or a dropped update makes the EM fall or stay put, and the test fail. The job's third target
+(F1 above every trivial baseline) is not asserted: no setting meets it on this corpus (README).
+``benchmarks/bench_train_local.py`` reports the same figures.
 """
 
 import json

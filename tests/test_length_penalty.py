@@ -1,5 +1,5 @@
 """The overlong penalty of a multi-turn trajectory is measured against the trajectory's budget, max_turns x the
-per-turn budget, on both the cluster path and the CPU job (issue 18 item 5; openrlhf_search/length_penalty.py)."""
+per-turn budget, on both the cluster path and the CPU job (openrlhf_search/length_penalty.py)."""
 
 import pytest
 import torch
@@ -18,7 +18,7 @@ FLAGS = ["--reward.overlong_buffer_len", "100", "--rollout.max_new_tokens", "500
 CLUSTER = FLAGS + ["--algo.advantage.estimator", "reinforce", "--rollout.n_samples_per_prompt", "1",
                    "--algo.kl.init_coef", "0"]
 # (turn lengths, reward after the penalty): L_max = 5 x 500 = 2500, the penalty starts above 2500 - 100 = 2400
-CASES = [((200, 200, 200), 1.0),          # the issue's case: 600 sampled tokens, was 0.0 against the 500 budget
+CASES = [((200, 200, 200), 1.0),          # 600 sampled tokens: 0.0 if measured against the 500 per-turn budget
          ((490,) * 5, 0.5),               # 2450: -(2450 - 2400) / 100
          ((500,) * 5, 0.0),               # 2500: the whole buffer, -1
          ((480,) * 5, 1.0)]               # 2400: exactly at the start of the buffer, no penalty

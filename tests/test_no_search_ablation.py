@@ -1,9 +1,8 @@
-"""``--train.no_search`` is search off at TRAINING time only (issue 17 item 6): the warm start and every evaluation
+"""``--train.no_search`` is search off at TRAINING time only: the warm start and every evaluation
 see the real retriever's passages, only the RL rollouts get empty documents, also after a resume. A scripted engine
 (always one search, then an answer) stands in for the tiny policy, which never searches by itself; the retriever is
 the real BM25 service over the embedded default."""
 
-import json
 from types import SimpleNamespace
 
 import pytest

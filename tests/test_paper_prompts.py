@@ -202,7 +202,7 @@ def test_r1searcher_released_eval_prompt_is_base_prompt_v0(qwen_tokenizer):
     p = eval_setting("r1searcher", "paper")
     paper_prompt = EvalSettings(protocol="r1searcher", template=p.template, chat=p.chat).render_prompt(question, None)
     assert paper_prompt != expected and paper_prompt.endswith(f"User:{question}\nAssistant: <think>")
-    # plain text for instruct models too (issue 19 item 6): a tokenizer with a chat template does not change it
+    # plain text for instruct models too (the paper prints only that form): a chat template does not change it
     assert p.chat is False and EvalSettings(protocol="r1searcher", template=p.template, chat=p.chat).render_prompt(
         question, qwen_tokenizer) == paper_prompt
     with pytest.raises(ValueError, match="plain text"):

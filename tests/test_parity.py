@@ -1,13 +1,28 @@
-"""Paper parity (issue 9): every launcher, resolved by OpenRLHF's real parser, carries the released value of every
+"""Paper parity: every launcher, resolved by OpenRLHF's real parser, carries the released value of every
 setting in openrlhf_search/parity/reference.py or a documented reason; docs/parity.md is generated from it."""
 
+import asyncio
+import json
 import os
 import re
+import subprocess
+import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
 
+from openrlhf_search.agent import SearchAgentExecutor
+from openrlhf_search.cli import eval as eval_cli
+from openrlhf_search.cli import prepare_data
+from openrlhf_search.config import ConfigError, SearchConfig
+from openrlhf_search.evaluation.settings import eval_setting
+from openrlhf_search.evaluation.summary import format_table
 from openrlhf_search.parity import check, reference, report
-from openrlhf_search.parity.reference import LAUNCHERS, Ref
+from openrlhf_search.parity.reference import LAUNCHERS
+from openrlhf_search.protocol import engine_prompt, get_protocol
+from openrlhf_search.types import Passage
+from tests.conftest import shared_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,7 +38,7 @@ def test_every_launcher_matches_its_reference_or_documents_why(rows):
                               f"[{r.source}], ours {r.ours!r}" for r in bad)
     # every launcher under every setting it accepts was resolved and compared on many settings
     seen = {(r.launcher, r.setting_name) for r in rows}
-    assert seen == {(n, s) for n, l in LAUNCHERS.items() for s in l.settings}
+    assert seen == {(n, s) for n, launcher in LAUNCHERS.items() for s in launcher.settings}
     for key in seen:
         assert sum(1 for r in rows if (r.launcher, r.setting_name) == key) >= 35, key
 
@@ -34,8 +49,8 @@ def _value(rows, launcher, name, setting_name="released"):
     return found[0]
 
 
-def test_the_issue_items_are_fixed_not_just_documented(rows):
-    """The settings issue 9 found wrong now match the released code (they must not drift into 'documented')."""
+def test_settings_once_wrong_are_fixed_not_just_documented(rows):
+    """Settings the launchers once had wrong now match the released code (they must not drift into 'documented')."""
     grpo, ppo = "searchr1_grpo_qwen2.5-7b_base.sh", "searchr1_ppo_qwen2.5-7b_base.sh"
     expect = [
         (grpo, "train.batch_size", 256), (grpo, "rollout.top_p", 0.95), (ppo, "algo.kl.use_loss", False),
@@ -50,7 +65,7 @@ def test_the_issue_items_are_fixed_not_just_documented(rows):
         ("r1searcher_llama8b_instruct_stage1.sh", "algo.advantage.estimator", "group_norm"),
         ("r1searcher_llama8b_instruct_stage1.sh", "train.batch_size", 60),
         ("r1searcher_llama8b_instruct_stage2.sh", "rollout.batch_size", 65),
-        # issue 19
+        # released details: observation cut, passage format, query cleaning, Llama stage-1 normalisation, whitening
         (grpo, "search.obs_cut", "block"),
         ("r1searcher_qwen7b_base_single.sh", "search.max_obs_tokens", None),
         ("r1searcher_llama8b_instruct_stage1.sh", "search.passage_format", "hotpotqa_abstracts"),
@@ -133,25 +148,7 @@ def test_docs_parity_md_is_generated_and_current(rows):
     assert "docs/parity.md" in readme
 
 
-# ============================================================================================ issue 19 (second pass)
-import asyncio  # noqa: E402
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-
-import torch  # noqa: E402
-
-from openrlhf_search.agent import SearchAgentExecutor  # noqa: E402
-from openrlhf_search.cli import eval as eval_cli  # noqa: E402
-from openrlhf_search.cli import prepare_data  # noqa: E402
-from openrlhf_search.config import ConfigError, SearchConfig  # noqa: E402
-from openrlhf_search.evaluation.settings import eval_setting  # noqa: E402
-from openrlhf_search.evaluation.summary import format_table  # noqa: E402
-from openrlhf_search.protocol import engine_prompt, get_protocol  # noqa: E402
-from openrlhf_search.types import Passage  # noqa: E402
-from tests.conftest import shared_path  # noqa: E402
-
+# =========================================== evaluation settings, prompts, data and rewards against the released code
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
 R1 = get_protocol("r1searcher")
 
@@ -167,8 +164,8 @@ def _run_settings(protocol, setting, datasets, *flags):
                                  max_new_tokens=paper.max_new_tokens, template=paper.template, chat=paper.chat)
 
 
-# ---------------------------------------------------------------- item 1: R1-Searcher's released eval cuts nothing
-def test_item1_r1searcher_released_eval_cuts_neither_documents_nor_trajectory():
+# ---------------------------------------------------------------- R1-Searcher's released eval cuts nothing
+def test_r1searcher_released_eval_cuts_neither_documents_nor_trajectory():
     for name in ("released", "paper"):
         s = eval_setting("r1searcher", name)
         assert s.max_obs_tokens is None and s.max_length is None, name
@@ -187,7 +184,7 @@ def test_item1_r1searcher_released_eval_cuts_neither_documents_nor_trajectory():
     assert (st.max_obs_tokens, st.max_length, st.obs_cut) == (500, 4096, "block")
 
 
-def test_item1_the_eval_table_setting_line_names_the_caps():
+def test_the_eval_table_setting_line_names_the_caps():
     setup = {"protocol": "r1searcher", "setting": "released", "template": "eval", "max_obs_tokens": None,
              "max_length": None, "context_tokens": 131072}
     table = format_table({"bamboogle": {"n": 1, "em": 0.5}}, setup, "r1searcher")
@@ -196,7 +193,7 @@ def test_item1_the_eval_table_setting_line_names_the_caps():
     assert "documents cut at 500 tokens, context 4096 tokens" in table
 
 
-def test_item1_uncapped_executor_appends_a_long_block_whole(qwen_tokenizer):
+def test_uncapped_executor_appends_a_long_block_whole(qwen_tokenizer):
     passages = [Passage(str(i), f"Title {i}", "word " * 400) for i in range(5)]  # ~2,000 tokens
     whole = SearchAgentExecutor._encode(qwen_tokenizer, R1.render_documents(passages))
     ex = SearchAgentExecutor(SearchConfig(protocol="r1searcher", max_obs_tokens=None), retrieval_client=object())
@@ -207,7 +204,7 @@ def test_item1_uncapped_executor_appends_a_long_block_whole(qwen_tokenizer):
     assert SearchConfig(max_obs_tokens=0).max_obs_tokens is None  # the CLI's 0
 
 
-# ---------------------------------------------------------------- item 2: the HotpotQA abstracts rendering
+# ---------------------------------------------------------------- the HotpotQA abstracts rendering
 # Verbatim passage lines of R1-Searcher's published HotpotQA trace (RUCAIBox/R1-Searcher@631167c
 # data/eval_results/hotpotqa_llama.jsonl: row 0 passage (1), row 5 passage (2)), with the title and abstract they
 # came from (the second holds double quotes: the released TSV quotes the field and doubles them).
@@ -232,7 +229,7 @@ ABSTRACT_LINES = [
 ]
 
 
-def test_item2_abstract_passages_render_as_the_released_tsv_line(qwen_tokenizer):
+def test_abstract_passages_render_as_the_released_tsv_line(qwen_tokenizer):
     abstracts = R1.with_options("hotpotqa_abstracts")
     for title, text, line in ABSTRACT_LINES:
         assert abstracts.format_passage(1, Passage("", title, text)) == f"(1){line}\n"
@@ -254,7 +251,7 @@ def test_item2_abstract_passages_render_as_the_released_tsv_line(qwen_tokenizer)
                         "--search.passage_format", "hotpotqa"])
 
 
-def test_item2_prepare_corpus_turns_hotpotqa_abstracts_into_the_released_passages(tmp_path):
+def test_prepare_corpus_turns_hotpotqa_abstracts_into_the_released_passages(tmp_path):
     """The HotpotQA 2017 abstracts dump (its real layout: a .tar.bz2 of AA/wiki_XX.bz2 JSON lines; rows made here from
     the real HotpotQA sentences of the shared HippoRAG sample) -> passages whose released rendering is the text
     R1-Searcher's retriever returned for the same article (shared r1searcher_retrieved_passages.jsonl)."""
@@ -292,8 +289,8 @@ def test_item2_prepare_corpus_turns_hotpotqa_abstracts_into_the_released_passage
         assert line == f"(1)Title: {p['title']} Text:  {released[p['title']]}\n"
 
 
-# ---------------------------------------------------------------- item 3: Search-R1's training data
-def test_item3_prepare_data_builds_the_nq_hotpotqa_train_merge(monkeypatch, tmp_path):
+# ---------------------------------------------------------------- Search-R1's training data
+def test_prepare_data_builds_the_nq_hotpotqa_train_merge(monkeypatch, tmp_path):
     """The merge's real loading code (datasets.load_dataset of FlashRAG's train splits, in the released order) run on
     a hub stand-in holding the rows of the shared 512-row sample of that merge: every prompt is the sample's."""
     import datasets
@@ -332,7 +329,7 @@ def _data_steps(path, env=None):
                           env=dict(os.environ, PYTHON=sys.executable, DRY_RUN="1", **(env or {})))
 
 
-def test_item3_a_launcher_refuses_data_shorter_than_its_warm_up(tmp_path):
+def test_a_launcher_refuses_data_shorter_than_its_warm_up(tmp_path):
     # ceil(0.285 x 1004) = 287 warm-up steps; 15 episodes x ceil(rows / 512): 9,216 rows give 270, 9,217 give 285,
     # 9,729 give 300
     for rows, ok in ((9216, False), (9217, False), (9729, True)):
@@ -357,8 +354,8 @@ def test_item3_a_launcher_refuses_data_shorter_than_its_warm_up(tmp_path):
     assert "512 prompts: 15 episodes x ceil(512 / 512 per step) = 15 steps" in lines[0]
 
 
-# ---------------------------------------------------------------- item 4: Llama BOS as vLLM adds it
-def test_item4_released_eval_prompt_has_the_token_ids_vllm_gives_a_text_prompt(llama3_tokenizer):
+# ---------------------------------------------------------------- Llama BOS as vLLM adds it
+def test_released_eval_prompt_has_the_token_ids_vllm_gives_a_text_prompt(llama3_tokenizer):
     from openrlhf_search.evaluation.runner import EvalSettings
     from tests.llama3_tokenizer import BOS_ID
 
@@ -378,7 +375,7 @@ def test_item4_released_eval_prompt_has_the_token_ids_vllm_gives_a_text_prompt(l
     assert engine_prompt(released_text, None) == released_text
 
 
-def test_item4_released_llama_training_prompt_carries_two_bos_as_vllm_gave_it(llama3_tokenizer_dir, llama3_tokenizer,
+def test_released_llama_training_prompt_carries_two_bos_as_vllm_gave_it(llama3_tokenizer_dir, llama3_tokenizer,
                                                                               tmp_path):
     from openrlhf_search.protocol import _R1_CHAT_SYSTEM
     from tests.llama3_tokenizer import BOS_ID
@@ -404,8 +401,8 @@ def test_item4_released_llama_training_prompt_carries_two_bos_as_vllm_gave_it(ll
     assert prepare_data.resolve_engine_special_tokens("searchr1", None, tok) is False
 
 
-# ---------------------------------------------------------------- item 5: the released Llama stage-1 reward shape
-def test_item5_zero_padded_group_norm_is_the_released_llama_stage1_normalisation():
+# ---------------------------------------------------------------- the released Llama stage-1 reward shape
+def test_zero_padded_group_norm_is_the_released_llama_stage1_normalisation():
     from openrlhf_search.advantages import zero_padded_group_norm
 
     gen = torch.Generator().manual_seed(0)
@@ -421,7 +418,7 @@ def test_item5_zero_padded_group_norm_is_the_released_llama_stage1_normalisation
         zero_padded_group_norm(torch.zeros(15), 15)
 
 
-def test_item5_the_released_llama_stage1_launcher_trains_with_it_the_paper_setting_does_not():
+def test_the_released_llama_stage1_launcher_trains_with_it_the_paper_setting_does_not():
     from openrlhf_search.cli import train as cli
     from tests.test_cluster_wiring import _contiguous_masks, _experiences, _maker
     from openrlhf_search.experience_maker import SearchExperienceMaker
@@ -455,8 +452,8 @@ def test_item5_the_released_llama_stage1_launcher_trains_with_it_the_paper_setti
                                    "--search.group_norm_zero_pad", "true"])
 
 
-# ---------------------------------------------------------------- item 6: the records
-def test_item6_records_whitening_corpus_citation_and_the_paper_eval_setting(rows):
+# ---------------------------------------------------------------- the records
+def test_records_whitening_corpus_citation_and_the_paper_eval_setting(rows):
     # R1-Searcher's released trainer whitens every estimator but group_norm (ppo_trainer.py:255-256)
     for launcher, setting_name, value in (("r1searcher_qwen7b_base_single.sh", "released", True),
                                           ("r1searcher_llama8b_instruct_stage2.sh", "released", True),
@@ -486,8 +483,8 @@ def test_item6_records_whitening_corpus_citation_and_the_paper_eval_setting(rows
     assert prompt == R1.build_prompt(q, chat=False, template="train")
 
 
-# ---------------------------------------------------------------- item 7: one retriever per eval set
-def test_item7_retriever_url_routes_parse_and_resolve():
+# ---------------------------------------------------------------- one retriever per eval set
+def test_retriever_url_routes_parse_and_resolve():
     assert eval_cli.parse_keyed("http://a:1") == {"default": ["http://a:1"]}
     assert eval_cli.parse_keyed("http://a:1,http://b:2") == {"default": ["http://a:1", "http://b:2"]}
     table = eval_cli.parse_keyed("hotpotqa=http://a:1,default=http://b:2,hotpotqa=http://c:3")
@@ -505,7 +502,7 @@ def test_item7_retriever_url_routes_parse_and_resolve():
         _run_settings("r1searcher", "released", ["bamboogle"], "--retriever_url", "default=ftp://x")
 
 
-def test_item7_each_eval_set_reaches_its_own_real_retriever(tmp_path, qwen_tokenizer):
+def test_each_eval_set_reaches_its_own_real_retriever(tmp_path, qwen_tokenizer):
     """Two real retriever services over two small corpora (BM25): the HotpotQA set's rollouts read only the first,
     the others' only the second, each written in its corpus's released rendering."""
     from openrlhf_search.evaluation.loaders import QAExample
@@ -540,8 +537,8 @@ def test_item7_each_eval_set_reaches_its_own_real_retriever(tmp_path, qwen_token
             assert line in traj
 
 
-# ---------------------------------------------------------------- item 8: the small ones
-def test_item8_r1searcher_query_cleaning_as_released():
+# ---------------------------------------------------------------- the small ones
+def test_r1searcher_query_cleaning_as_released():
     raw = ' "Hanover"\tking\'s ... death '
     # eval_search_loacl.py:228
     assert R1.with_options(query_cleaning="r1searcher_eval").clean_query(raw) == \
@@ -554,7 +551,7 @@ def test_item8_r1searcher_query_cleaning_as_released():
         get_protocol("searchr1").with_options(query_cleaning="r1searcher_eval")
 
 
-def test_item8_executor_sends_the_cleaned_query_and_ends_on_an_empty_one(qwen_tokenizer):
+def test_executor_sends_the_cleaned_query_and_ends_on_an_empty_one(qwen_tokenizer):
     tok = qwen_tokenizer
     sent = []
 
@@ -584,7 +581,7 @@ def test_item8_executor_sends_the_cleaned_query_and_ends_on_an_empty_one(qwen_to
     assert sent == ["a b"] and res["extra_logs"]["invalid_actions"] == 1 and res["extra_logs"]["turns"] == 1
 
 
-def test_item8_searchr1_observation_cut_takes_the_closing_tag_as_released(qwen_tokenizer):
+def test_searchr1_observation_cut_takes_the_closing_tag_as_released(qwen_tokenizer):
     tok = qwen_tokenizer
     sr = get_protocol("searchr1")
     passages = [Passage(str(i), f"T{i}", "word " * 300) for i in range(3)]
@@ -599,7 +596,7 @@ def test_item8_searchr1_observation_cut_takes_the_closing_tag_as_released(qwen_t
     assert tok.decode(body.observation_tokens(passages, tok)).endswith("</information>\n\n")  # ours by default
 
 
-def test_item8_group_key_kl_clamp_and_step_count_are_recorded(rows):
+def test_group_key_kl_clamp_and_step_count_are_recorded(rows):
     grpo, ppo = "searchr1_grpo_qwen2.5-7b_base.sh", "searchr1_ppo_qwen2.5-7b_base.sh"
     key = _value(rows, grpo, "behaviour.grpo_group_key")
     assert key.status == "documented" and key.reference == "extra_info.index" and "ray_trainer.py:744" in key.source
@@ -612,7 +609,7 @@ def test_item8_group_key_kl_clamp_and_step_count_are_recorded(rows):
     assert steps.ours == 1004 and "843-845" in steps.source
 
 
-def test_item8_readme_exports_the_file_step_1_writes():
+def test_readme_exports_the_file_step_1_writes():
     readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
     quick = readme[readme.index("## Cluster quick start"):readme.index("## Paper settings")]
     written = set(re.findall(r"--out (data/searchr1_\S+\.jsonl)", quick))
@@ -624,7 +621,7 @@ def test_item8_readme_exports_the_file_step_1_writes():
     assert "searchr1_train_qwen2.5_${VARIANT}.jsonl" in launcher and "data/searchr1_train_qwen2.5_base.jsonl" in written
 
 
-def test_item7_eval_sh_uses_or_starts_one_retriever_per_corpus(tmp_path):
+def test_eval_sh_uses_or_starts_one_retriever_per_corpus(tmp_path):
     script = os.path.join(REPO, "examples", "scripts", "eval.sh")
     corpus = shared_path("wiki", "hotpotqa_dev500_paragraphs.jsonl")
     base = dict(os.environ, PYTHON=sys.executable, DRY_RUN="1")
@@ -644,7 +641,7 @@ def test_item7_eval_sh_uses_or_starts_one_retriever_per_corpus(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_item7_eval_sh_starts_both_retrievers_and_routes_each_set(tmp_path):
+def test_eval_sh_starts_both_retrievers_and_routes_each_set(tmp_path):
     """eval.sh for real: it starts a BM25 retriever over each of two small corpora, runs cli.eval (tiny policy) on a
     HotpotQA and a Bamboogle question, routes each set to its corpus, and stops both retrievers."""
     hp = tmp_path / "abstracts.jsonl"
@@ -666,7 +663,8 @@ def test_item7_eval_sh_starts_both_retrievers_and_routes_each_set(tmp_path):
     assert per["hotpotqa_500"]["retriever_url"] == "http://127.0.0.1:18731"
     assert per["bamboogle"]["retriever_url"] == "http://127.0.0.1:18732"
     assert per["hotpotqa_500"]["corpus"] == "abstracts.jsonl" and per["bamboogle"]["corpus"] == "kilt.jsonl"
-    assert per["hotpotqa_500"]["passage_format"] == "hotpotqa_abstracts" and per["bamboogle"]["passage_format"] == "kilt"
+    assert per["hotpotqa_500"]["passage_format"] == "hotpotqa_abstracts"
+    assert per["bamboogle"]["passage_format"] == "kilt"
     assert "| hotpotqa_500 | ours | tiny | abstracts.jsonl |" in summary["table"]
     for port in (18731, 18732):  # both retrievers stopped with the script
         import urllib.request

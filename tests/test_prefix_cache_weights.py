@@ -1,4 +1,4 @@
-"""Issue 18 item 1: after every weight change the CPU engine must not reuse key/value states of the old weights.
+"""After every weight change the CPU engine must not reuse key/value states of the old weights.
 
 For every optimiser the project builds (the RL actor's AdamW with and without the fused kernel, the critic's beside
 it under ``gae``, the warm start's), through the trainer's own code path: generate (the prefix cache now holds the

@@ -64,7 +64,8 @@ def test_the_last_preset_wins_in_either_spelling():
     ``--preset=NAME``, which argparse accepts."""
     import pytest
 
-    for argv in (["--preset", "default", "--preset", "tiny"], ["--preset=tiny"], ["--preset", "default", "--preset=tiny"]):
+    for argv in (["--preset", "default", "--preset", "tiny"], ["--preset=tiny"],
+                 ["--preset", "default", "--preset=tiny"]):
         args = parse_args(argv)
         assert args.preset == "tiny" and args.actor.model_name_or_path == "tiny", argv
     assert parse_args(["--preset=tiny", "--preset", "default"]).actor.model_name_or_path == "smollm2"
@@ -85,4 +86,4 @@ def test_benchmarks_offer_every_preset_and_nothing_else():
         src = open(os.path.join(REPO_ROOT, "benchmarks", name)).read()
         m = re.search(r'add_argument\("--preset", default="default", choices=(\[[^\]]*\])', src)
         assert m, name
-        assert sorted(eval(m.group(1))) == sorted(PRESETS), name  # noqa: S307 (a literal list of our own source)
+        assert sorted(eval(m.group(1))) == sorted(PRESETS), name  # a literal list of our own source

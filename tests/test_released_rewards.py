@@ -35,7 +35,8 @@ def test_llama_stage1_and_stage2_values(text, stage1, stage2):
 
 
 def test_unbalanced_retrieval_tags():
-    text = " <|begin_of_query|> capital of France<|end_of_query|>\n\n So it is done. </think>\n\n<answer> Paris </answer>"
+    text = (" <|begin_of_query|> capital of France<|end_of_query|>\n\n So it is done. </think>\n\n"
+            "<answer> Paris </answer>")
     assert _r("r1searcher_released_llama_stage1", text) == pytest.approx(1.5)  # no retrieval bonus
     assert _r("r1searcher_released_llama_stage2", text) == pytest.approx(0.0)  # F1 1 - 1
 

@@ -12,7 +12,8 @@ def _write_metrics(path, n=30, with_garbage=True):
     with open(path, "w") as f:
         for step in range(n):
             row = {"step": step, "reward": 0.2 + 0.02 * step, "response_length": 300 - 3 * step,
-                   "valid_searches": 0.5 + 0.05 * step, "turns": 1 + step / 10, "answer_rate": min(1.0, 0.5 + step / 40)}
+                   "valid_searches": 0.5 + 0.05 * step, "turns": 1 + step / 10,
+                   "answer_rate": min(1.0, 0.5 + step / 40)}
             if step == 7:
                 row["reward"] = float("nan")  # a NaN step must not break the plot
             f.write(json.dumps(row) + "\n")

@@ -1,11 +1,10 @@
 """RetrievalClient against the REAL retriever service (BM25 over HotpotQA dev paragraphs): coalescing, load
 spreading over two servers, retry then success, RetrievalError, timeouts, query hygiene, and a rejected query
-failing alone (issue 18 item 3)."""
+failing alone."""
 
 import asyncio
 import json
 import socket
-import time
 
 import httpx
 import pytest
@@ -215,8 +214,8 @@ def test_passage_parsing_of_both_document_forms():
         passage_from_document({"id": "x"})
 
 
-# ------------------------------------------------------------------ issue 18 item 3: a rejected query fails alone
-LONG = "Ed Wood " + "x" * 492  # 500 characters, over the server's 200 (the issue's case)
+# ------------------------------------------------------------------ a rejected query fails alone
+LONG = "Ed Wood " + "x" * 492  # 500 characters, over the server's 200
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +233,7 @@ def _search_all(client, queries, **kw):
 
 
 def test_one_overlong_query_does_not_fail_the_seven_coalesced_with_it(limited_server):
-    """The issue's case: server --max_query_chars 200, client default 1,000, 7 ordinary questions and one of 500
+    """Server --max_query_chars 200, client default 1,000, 7 ordinary questions and one of 500
     characters searched together. Before the fix all 8 raised RetrievalError from one 413; now the client reads the
     server's limits from /health, cuts the long query to 200 characters and splits at its 4 queries per request.
     Mutations caught: ignoring the advertised limits (413/422 for the whole batch), failing every waiter of a batch."""

@@ -1,8 +1,8 @@
-"""Retriever failover (issue 10 item 8): several endpoints are one service. A dead or unhealthy endpoint is routed
+"""Retriever failover: several endpoints are one service. A dead or unhealthy endpoint is routed
 around (circuit breaker), re-admitted after a passing ``GET /health`` probe, and a request that fails on one endpoint
 is re-sent at once to another, so a rollout loses no sample when one of four real retrievers is killed mid-rollout.
-Issue 18: an endpoint that dribbles its answer is cut off by the request's deadline and failed over like a dead one
-(item 4); a query the retriever refuses costs the sample nothing but an empty documents block (item 3)."""
+An endpoint that dribbles its answer is cut off by the request's deadline and failed over like a dead one; a query
+the retriever refuses costs the sample nothing but an empty documents block."""
 
 import asyncio
 import logging
@@ -193,7 +193,7 @@ def test_slow_endpoint_gets_no_new_request_while_another_is_free(hotpotqa_bm25_i
                 await writer.drain()
                 writer.close()
                 return
-            length = int(next(l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")))
+            length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
             seen.append(await reader.readexactly(length))
             await release.wait()  # answers only when the test says so
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
@@ -242,7 +242,7 @@ def test_trace_counts_only_its_own_task():
     assert a is not b and a.searches == 0 and b.searches == 0 and a.failovers == 0
 
 
-# ------------------------------------------------------------------ issue 18 item 4: a deadline, not an idle limit
+# ------------------------------------------------------------------ a deadline, not an idle limit
 class _Dribbler:
     """An HTTP server that answers POSTs (and GET /health too with ``dribble_get``, else a quick 404) with a valid
     200 JSON body, one byte every ``interval`` seconds: never silent for longer than ``interval``, so httpx's
@@ -275,8 +275,8 @@ class _Dribbler:
 
 
 def test_a_dribbling_endpoint_is_cut_off_by_the_deadline():
-    """The issue's case, shortened: timeout_s=1, max_retries=1 against a server sending a byte every 0.3 s. Before
-    the fix one search took len(BODY) x 0.3 s = 25 s per attempt (the issue measured 40.6 s, then []). Now each
+    """A slow server, shortened: timeout_s=1, max_retries=1 against a server sending a byte every 0.3 s. Before
+    the fix one search took len(BODY) x 0.3 s = 25 s per attempt (40.6 s measured, then []). Now each
     attempt ends at its 1 s deadline: the search raises RetrievalError within 2 attempts + 0.5 s backoff; the bound
     asserted (6 s) is a generous correctness margin on a loaded machine, not a speed figure. The health check is
     bounded the same way (a dribbled /health, both for the limits look-up and for ``health()``). Mutation caught:
@@ -342,7 +342,7 @@ def test_a_dribbling_endpoint_fails_over_like_a_dead_one(hotpotqa_bm25_index):
     assert wall_s < 8.0, wall_s  # one 1 s deadline, then a live server (generous margin for a loaded machine)
 
 
-# ------------------------------------------------------------------ issue 18 item 3: the executor's side
+# ------------------------------------------------------------------ a rejected query: the executor's side
 def test_a_rejected_query_gets_an_empty_documents_block_and_the_sample_is_kept(qwen_tokenizer):
     """The retriever refuses the policy's first query (a server without per-query errors, 422 for it alone): the
     turn gets the empty documents block, the sample is not marked retrieval_failed (it is the policy's doing), the

@@ -1,5 +1,5 @@
-"""Structural holes of R1-Searcher's format check (issue 18 item 6), one table: response -> reward under the paper
-schemes (``r1searcher_stage1/2``, :func:`openrlhf_search.rewards.check_format`, DESIGN.md sec. 5) and under the
+"""Structural holes of R1-Searcher's format check, one table: response -> reward under the paper schemes
+(``r1searcher_stage1/2``, :func:`openrlhf_search.rewards.check_format`, ``docs/design.md``, "Rewards") and under the
 released schemes, whose expected values come from the logic of R1-Searcher's released reward servers
 (RUCAIBox/R1-Searcher ``train/reward_server_qwen_zero.py`` = ``r1searcher_released_stage2``,
 ``train/reward_server_llama_stage1.py`` = ``r1searcher_released_stage1`` = ``r1searcher_released_llama_stage1``,
@@ -34,7 +34,8 @@ R1 = get_protocol("r1searcher")
 SR = get_protocol("searchr1")
 GOLD = ["Paris"]
 Q = "<|begin_of_query|> capital of France<|end_of_query|>"
-D = R1.render_documents([Passage("1", "Paris", "Paris is the capital of France.")])  # "\n\n<|begin_of_documents|>\n(1)..."
+# "\n\n<|begin_of_documents|>\n(1)..."
+D = R1.render_documents([Passage("1", "Paris", "Paris is the capital of France.")])
 SEARCH = " I should search." + Q + D + "The documents say Paris."  # the prompt ended with "<think>"
 OK = SEARCH + " </think>\n\n<answer> Paris </answer>"
 QWEN_TURN = "\nAssistant: <think>"
@@ -53,7 +54,8 @@ TABLE = {
     "repeated_think_no_search": (" I know it. </think> <think> again </think>\n\n<answer> Paris </answer>",
                                  0.0, -1.0, -1.0, 1.0, 0.0),
     # a new reasoning block after the documents (Search-R1 style): released counts <think> = 1 -> same as above
-    "new_think_after_documents": (" I should search." + Q + D + "<think> So Paris. </think>\n\n<answer> Paris </answer>",
+    "new_think_after_documents": (" I should search." + Q + D
+                                  + "<think> So Paris. </think>\n\n<answer> Paris </answer>",
                                   0.5, -1.0, -1.0, 1.5, 0.0),
     "reopened_think": ("<think> I know it. </think>\n\n<answer> Paris </answer>", 0.0, -1.0, -1.0, 1.0, 0.0),
     "nested_think": (SEARCH + " <think> inner </think> more </think>\n\n<answer> Paris </answer>",

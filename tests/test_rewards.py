@@ -89,7 +89,7 @@ def test_check_format_answer_word_cap_is_configurable_and_docs_are_not_checked_f
 
 
 def test_check_format_searchr1_specifics():
-    # a second reasoning block with no retrieval before it is one phase written twice (issue 18 item 6; Search-R1's
+    # a second reasoning block with no retrieval before it is one phase written twice (Search-R1's
     # is_valid_sequence rejects it too)
     twice = sr_response().replace("<answer>", "<think>x</think><answer>", 1)
     assert check_format(twice, SR) == (False, "repeated reasoning block without a retrieval in between")

@@ -1,4 +1,4 @@
-"""RL-core faults of issue 10 (items 2-5, 7): trajectory length, empty action masks, failed samples in group
+"""RL-core behaviour: trajectory length, empty action masks, failed samples in group
 statistics and dynamic filtering, the reward-stage switch, and mutation-catching tests for the KL penalty,
 reward-to-go with gamma < 1 and the pairing of shaped rewards with trajectories in the CPU trainer."""
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import openrlhf_search._cpu_compat  # noqa: F401
+from openrlhf.models.loss import PolicyLoss, aggregate_loss
 from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
@@ -18,8 +19,10 @@ from openrlhf_search.experience_maker import (
     group_has_signal,
     valid_rollout_stats,
 )
+from openrlhf_search.loss import MaskedPolicyLoss, MaskedValueLoss, safe_aggregate_loss, safe_masked_mean
 from openrlhf_search.reward_schedule import RewardSchedule
 from tests.test_cluster_wiring import _maker, _parse
+from tests.test_loss import CONFIGS
 
 
 def _generator(args):
@@ -40,11 +43,11 @@ def _response(prompt_len=10, turns=(35, 35), doc_len=500, reward=1.0, score=1.0,
             "extra_logs": dict(logs or {})}
 
 
-# ------------------------------------------------------------------------------ item 2: trajectory length
+# ------------------------------------------------------------------------------ trajectory length
 def test_length_is_the_sampled_tokens_and_the_overlong_penalty_spares_documents():
     args, _ = _parse("--algo.advantage.estimator", "reinforce", "--rollout.n_samples_per_prompt", "1",
                      "--reward.overlong_buffer_len", "100", "--search.max_turns", "2",
-                     "--search.max_new_tokens_per_turn", "85",  # trajectory budget 2 x 85 = 170 (issue 18 item 5)
+                     "--search.max_new_tokens_per_turn", "85",  # trajectory budget 2 x 85 = 170
                      "--algo.kl.init_coef", "0")
     resp = _response()  # 70 sampled tokens around one 500-token documents block
     ours = _generator(args)._process_response_into_experience(resp, max_len=4096)
@@ -82,7 +85,7 @@ def test_stop_properly_penalty_only_sees_length_cuts():
     assert maker.compute_advantages_and_returns([cut])[0].info["reward"].tolist() == [0.0]
 
 
-# ------------------------------------------------------------------------------ item 4: failed samples
+# ------------------------------------------------------------------------------ failed samples
 def _sample(reward, failed=False, score=0.0, length=10):
     return Experience(action_mask=torch.ones(1, length, dtype=torch.bool), rewards=torch.tensor([reward]),
                       scores=torch.tensor([score]), response_length=torch.tensor([length]),
@@ -135,7 +138,7 @@ def test_dynamic_filtering_replaces_groups_without_spread(monkeypatch):
     assert [float(e.rewards[0]) for e in accepted] == [0.5, 0.5, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0]
 
 
-# ------------------------------------------------------------------------------ item 5: stage switch
+# ------------------------------------------------------------------------------ stage switch
 def test_samples_buffered_under_stage_1_are_dropped_when_stage_2_starts():
     from openrlhf_search.trainer import _SearchPPOTrainer
 
@@ -153,17 +156,7 @@ def test_samples_buffered_under_stage_1_are_dropped_when_stage_2_starts():
     assert gen.generate_samples() == ([], None, 0, True)
 
 
-# ------------------------------------------------------------------------------ item 3: empty action masks
-from openrlhf.models.loss import PolicyLoss, aggregate_loss  # noqa: E402
-
-from openrlhf_search.loss import (  # noqa: E402
-    MaskedPolicyLoss,
-    MaskedValueLoss,
-    safe_aggregate_loss,
-    safe_masked_mean,
-)
-from tests.test_loss import CONFIGS  # noqa: E402
-
+# ------------------------------------------------------------------------------ empty action masks
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "ppo")
 @pytest.mark.parametrize("window_tokens", [None, 0.0])
@@ -330,7 +323,7 @@ def test_cpu_updater_micro_batch_without_action_tokens_logs_no_nan():
     assert stats["policy_loss"] != 0.0 and stats["entropy"] > 0.0
 
 
-# ------------------------------------------------------------------------------ item 7: tests that catch mutations
+# ------------------------------------------------------------------------------ tests that catch mutations
 # One trajectory: 2 sampled tokens, a 3-token documents block, 2 sampled tokens; outcome reward 1 on the last one.
 DOC_MASK = torch.tensor([[1, 1, 0, 0, 0, 1, 1]], dtype=torch.bool)
 KL = torch.tensor([[0.1, 0.2, 7.0, 7.0, 7.0, 0.3, 0.4]])  # garbage on the documents block on purpose

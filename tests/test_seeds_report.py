@@ -1,4 +1,4 @@
-"""benchmarks/seeds_report.py: one row per training seed and the issue's targets checked seed by seed.
+"""benchmarks/seeds_report.py: one row per training seed and the CPU main job's targets checked seed by seed.
 
 Mutations caught: a target read from the point estimate instead of the interval (a gain of +0.05 with its interval
 touching zero counted as met); the strongest baseline taken as the first or the weakest; a seed silently dropped or

@@ -1,4 +1,4 @@
-"""Issue 18 item 8: a scheduler's SIGTERM ends ``train_local`` with exit code 143, the retriever child gone and the
+"""A scheduler's SIGTERM ends ``train_local`` with exit code 143, the retriever child gone and the
 last checkpoint intact, wherever the signal lands (start-up, rollout, update, checkpoint, evaluation).
 
 Before the fix one SIGTERM during a rollout ended with "terminate called without an active exception" (exit -6):

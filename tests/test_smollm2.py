@@ -27,7 +27,7 @@ def test_gguf_is_found_without_importing_the_package():
 
 
 def test_cached_checkpoint_reloads_to_the_same_logits(smollm2_cache):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     root, name = os.path.split(oa.smollm2_gguf_path())
     direct = AutoModelForCausalLM.from_pretrained(root, gguf_file=name, dtype=torch.float32).eval()

@@ -146,7 +146,7 @@ def test_r1searcher_trace_format_and_rewards(bamboogle_rows):
 
 
 def test_r1searcher_released_later_turn_prompts_equal_the_published_trace(bamboogle_rows, llama3_tokenizer):
-    """Issue 19's done-when: under the released eval setting, the prompt our executor gives the engine at every later
+    """Under the released eval setting, the prompt our executor gives the engine at every later
     turn (the released eval prompt, the model's earlier turns, every documents block, uncut) is the text
     R1-Searcher's released loop built for that turn (``base_prompt_v0`` + ``gen_text_store`` up to that block,
     ``evaluation/eval_search_loacl.py:62,235,284``) with the token ids vLLM gave it (Llama-3's BOS in front,
@@ -177,7 +177,7 @@ def test_r1searcher_released_later_turn_prompts_equal_the_published_trace(bamboo
                             passage_format=for_dataset(paper.passage_format, "bamboogle"),
                             retriever_url="http://127.0.0.1:9")
     assert settings.max_obs_tokens is None and settings.passage_format == "kilt"
-    released_clean = lambda q: q.replace('"', "").replace("'", "").replace("\t", " ").replace("...", "")  # noqa: E731
+    released_clean = lambda q: q.replace('"', "").replace("'", "").replace("\t", " ").replace("...", "")
 
     checked_turns = 0
     for row in bamboogle_rows:

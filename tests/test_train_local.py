@@ -16,7 +16,8 @@ from openrlhf_search.data.qa import load_qa_jsonl
 from openrlhf_search.local.args import parse_args
 from tests.conftest import REPO_ROOT, shared_path
 
-FAST = ["--actor.model_name_or_path", "tiny", "--search.max_new_tokens_per_turn", "12", "--search.max_turns", "2", "--search.topk", "2",
+FAST = ["--actor.model_name_or_path", "tiny", "--search.max_new_tokens_per_turn", "12", "--search.max_turns", "2",
+        "--search.topk", "2",
         "--search.max_obs_tokens", "120", "--data.max_len", "400", "--rollout.batch_size", "1",
         "--rollout.n_samples_per_prompt", "2", "--eval.max_samples", "2", "--actor.tiny.hidden_size", "32",
         "--actor.tiny.num_layers", "1", "--actor.tiny.num_heads", "2"]
@@ -92,7 +93,7 @@ def test_steps_checkpoint_and_resume_in_process(tmp_path, retriever_url, default
         assert torch.equal(p, q), n
     ev = json.loads((run / "eval.json").read_text())
     assert ev["n"] == 2 and len(ev["records"]) == 2 and ev["split"] == "heldout"
-    for rec in ev["records"]:  # issue 17 item 1: a record per question
+    for rec in ev["records"]:  # a record per question
         for k in ("question", "type", "hops", "gold", "prediction", "answer_words", "queries", "retrieved_ids",
                   "support_retrieved", "gold_in_retrieved", "form", "stop_reason"):
             assert k in rec, k

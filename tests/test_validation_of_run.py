@@ -21,7 +21,8 @@ def _fake_python(tmp_path):
     """A stand-in interpreter: the script's JSON reads run for real, the train_local call is recorded."""
     record, fake = tmp_path / "argv.json", tmp_path / "python"
     fake.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                    f"if sys.argv[1] in ('-', '-c'):\n    os.execv({sys.executable!r}, [{sys.executable!r}] + sys.argv[1:])\n"
+                    f"if sys.argv[1] in ('-', '-c'):\n"
+                    f"    os.execv({sys.executable!r}, [{sys.executable!r}] + sys.argv[1:])\n"
                     f"json.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n")
     fake.chmod(0o755)
     return fake, record
@@ -137,9 +138,10 @@ def test_heldout_direction_needs_a_heldout_before_pass_of_the_same_warm_start(tm
 
 
 def test_a_run_of_fewer_steps_than_the_preset_is_evaluated_not_trained_on(tmp_path):
-    """The default went from 20 to 30 RL steps (trial T7): resuming a 20-step run under today's preset would train 10
-    more steps before evaluating. The script passes the checkpoint's own step count. Mutations caught: no
-    --train.max_steps (the preset's 30 wins), the count taken from elsewhere than the checkpoint named by latest."""
+    """The default went from 20 to 30 RL steps (trial T7 of docs/trials_em.md): resuming a 20-step run under today's
+    preset would train 10 more steps before evaluating. The script passes the checkpoint's own step count. Mutations
+    caught: no --train.max_steps (the preset's 30 wins), the count taken from elsewhere than the checkpoint named by
+    latest."""
     src, out = tmp_path / "run", tmp_path / "val"
     _finished_run(src)
     fake, record = _fake_python(tmp_path)

@@ -8,7 +8,7 @@
 # ... or its flags; the corpus is required), e.g. RETRIEVER_ENCODER=e5-base-v2 RETRIEVER_CORPUS=/shared/wiki-18.jsonl
 # RETRIEVER_INDEX_DIR=/shared/wiki18_e5_flat; a prebuilt index on shared storage is reused, not rebuilt.
 #
-# One retriever per node (DESIGN.md sec. 8: users need the retriever on every node): rollout actors reach it at
+# One retriever per node: rollout actors reach it at
 # http://127.0.0.1:$RETRIEVER_PORT, so retrieval traffic never crosses nodes and a slow node does not slow others.
 # Before training, the job's driver checks on every GPU node that its retriever answers and that all nodes serve
 # the same index (openrlhf_search.retriever_check, --search.check_retrievers).

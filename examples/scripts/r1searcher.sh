@@ -38,6 +38,14 @@
 # default $DATA_DIR/r1searcher_eval_<model>.jsonl. Retriever: bge-large-en-v1.5 Flat; training corpus = the
 # HotpotQA 2017 abstracts (train/wiki_corpus_load.py); RETRIEVER_CORPUS is required (no default) or RETRIEVER_URLS.
 # Not from the released scripts (ours): eval every 20 steps on EVAL_DATA, layout (common.sh).
+# Layout: the released runs train on 5 actor GPUs (actor and reference colocated) with one vLLM engine of tensor
+# parallel 2 on 2 more GPUs, ZeRO-2 (scripts/llama_reinforce_plus_train_stage1.sh:45-51,68 and
+# llama_reinforce_plus_train_stage2.sh:46-52,69; the Qwen run 4 + 2: qwen_reinforce_plus_train.sh:45-51,68), micro
+# batches of 1 for training and rollout (lines 56-59 / 57-60 / 56-59). Our default uses every GPU of the node
+# (common.sh layout_args): the released Llama batches (60 and 260 samples per update) do not divide over 8 DeepSpeed
+# ranks, so on 1 x 8 GPUs the Llama stage 1 trains on 6 GPUs with 2 vLLM engines on the other 2, stage 2 on 5 with
+# 3 engines (2 x 8: 6 + 2 and 5 + 3 per node; 1 x 4: all colocated). The released layout itself:
+#   GPUS_PER_NODE=7 ACTOR_GPUS_PER_NODE=5 VLLM_TP=2 bash examples/scripts/r1searcher_llama8b_instruct_stage1.sh
 
 USAGE="usage: r1searcher.sh qwen7b-base|llama8b-instruct 1|2|single [flags]"
 MODEL_KEY="${1:?$USAGE}"
@@ -99,7 +107,8 @@ export RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-bge-large-en-v1.5}" RETRIEVER_IND
 RUN_DESC="r1searcher.sh $MODEL_KEY $STAGE (setting $SETTING)"
 cpu_cluster_setup r1searcher "$CHAT" 4
 check_inputs
-layout_args
+TRAIN_MICRO=1 ROLLOUT_MICRO=1 N_SAMPLES=16  # released: scripts/*_train*.sh:21,56-59 (micro-batches of 1)
+layout_args "$TRAIN_BS" "$TRAIN_MICRO" "$(( ROLLOUT_BS * N_SAMPLES ))" "$ROLLOUT_MICRO" "$([[ "$ESTIMATOR" == gae ]] && echo true || echo false)"
 start_retrievers
 log "setting: $SETTING | model: $MODEL | data: $TRAIN_DATA_FILE ($([[ $CHAT == true ]] && echo "chat-rendered with $BASE_MODEL's template" || echo "base prompt")) | eval: $EVAL_DATA_FILE"
 launch \
@@ -110,9 +119,9 @@ launch \
     --eval.dataset "$EVAL_DATA_FILE" --eval.steps 20 \
     --eval.n_samples_per_prompt 1 --eval.temperature 0.0 --search.eval_reward_scheme r1searcher_stage2 \
     --algo.advantage.estimator "$ESTIMATOR" \
-    --rollout.n_samples_per_prompt 16 \
+    --rollout.n_samples_per_prompt "$N_SAMPLES" \
     --rollout.batch_size "$ROLLOUT_BS" --train.batch_size "$TRAIN_BS" \
-    --rollout.micro_batch_size 4 --train.micro_batch_size 1 \
+    --rollout.micro_batch_size "$ROLLOUT_MICRO" --train.micro_batch_size "$TRAIN_MICRO" \
     --rollout.temperature 1.0 --rollout.top_p 0.95 \
     --actor.adam.lr 2e-6 --actor.lr_scheduler cosine_with_min_lr --actor.lr_warmup_ratio 0.0 --actor.min_lr_ratio 0.1 \
     --actor.adam.betas 0.9 0.95 --actor.adam.weight_decay 0.0 --actor.eps_clip 0.2 \

@@ -89,7 +89,8 @@ def econ_passage(f: CountryFacts) -> Optional[Dict[str, str]]:
 
 
 def _row(pid: str, title: str, text: str) -> Dict[str, str]:
-    # "contents" in the wiki-18 / FlashRAG form: quoted title, newline, text (DESIGN.md sec. 6).
+    # "contents" in the wiki-18 / FlashRAG form: quoted title, newline, text (``docs/design.md``,
+    # "Retriever schemas").
     return {"id": pid, "title": title, "text": text, "contents": f'"{title}"\n{text}'}
 
 

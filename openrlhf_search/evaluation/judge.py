@@ -1,7 +1,7 @@
 """LLM-as-judge accuracy (R1-Searcher's ACC_L, arXiv 2503.05592 sec. 4.1) over any OpenAI-compatible endpoint.
 
 The judge is asked, given the question, whether the prediction fully matches the meaning and key information of the
-gold answer, and answers True or False (DESIGN.md section 5). Works with OpenAI, a local vLLM server
+gold answer, and answers True or False (R1-Searcher's ACC_L). Works with OpenAI, a local vLLM server
 (``vllm serve MODEL`` exposes ``/v1/chat/completions``) or any compatible server.
 
 Two prompts (``JUDGE_PROMPTS``):
@@ -96,7 +96,7 @@ JUDGE_PROMPTS = {
     "r1searcher": JudgePrompt("r1searcher", None, 1024,
                               "R1-Searcher evaluation/metric_calc_gpt_as_judge.py:31-38 (max_tokens 1024, no "
                               "temperature), :64-69 (prompt), :90 (one user message)"),
-    "strict": JudgePrompt("strict", 0.0, 8, "this project (DESIGN.md sec. 5)"),
+    "strict": JudgePrompt("strict", 0.0, 8, "this project"),
 }
 
 

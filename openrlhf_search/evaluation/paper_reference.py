@@ -1,4 +1,4 @@
-"""The numbers the two papers report, with the setup that produced each one (DESIGN.md section 7).
+"""The numbers the two papers report, with the setup that produced each one.
 
 A reproduced number is only comparable with a reference number when corpus, retriever, top-k, model and eval set
 match, so every reference row carries them and the summary table prints them beside ours.

@@ -33,8 +33,8 @@ sampled tokens (token-in/token-out), so a turn the model begins or ends with whi
 published trace, whose turns are already stripped, the prompts are the same (``tests/test_traces.py``).
 
 R1-Searcher ``paper``: the same, except the prompt is the training template in the only form the paper prints, the
-base-model prompt (``datasets/prompts_dataset.py:24-31``; the paper shows one template and no separate eval prompt
-or chat rendering, DESIGN.md sec. 3), as plain text for every model, instruct ones included (``chat`` False;
+base-model prompt (``datasets/prompts_dataset.py:24-31``; the paper shows one template and no separate eval prompt or
+chat rendering; ``docs/design.md``, "Protocols"), as plain text for every model, instruct ones included (``chat`` False;
 ``--chat_template`` renders the chat form of ``prompts_dataset.py:10-20`` instead), and 500 tokens per call (this
 project's turn budget; the paper states none).
 
@@ -174,8 +174,8 @@ SETTINGS: Dict[Tuple[str, str], PaperEvalSetting] = {
         sources=dict(_R1_RELEASED_SOURCES,
                      template=_R1 + "OpenRLHF-RAG/openrlhf/datasets/prompts_dataset.py:24-31 (the base-model "
                                     "prompt, the one template the paper prints)",
-                     chat="plain text for every model: the paper prints the base-model prompt only (DESIGN.md "
-                          "sec. 3); --chat_template gives prompts_dataset.py:10-20",
+                     chat="plain text for every model: the paper prints the base-model prompt only; "
+                          "--chat_template gives prompts_dataset.py:10-20",
                      max_new_tokens="this project's turn budget (the paper states none)"),
         **_R1_COMMON),
     ("searchr1", "released"): PaperEvalSetting(

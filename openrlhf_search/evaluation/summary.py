@@ -1,6 +1,6 @@
 """Per-question scores, dataset summaries, and the table that puts our numbers beside the papers'.
 
-Metrics (DESIGN.md section 5): EM and F1 with SQuAD normalisation, Cover-EM (R1-Searcher's ACC_R, its own
+Metrics (:mod:`openrlhf_search.metrics`): EM and F1 with SQuAD normalisation, Cover-EM (R1-Searcher's ACC_R, its own
 normalisation), judge accuracy (ACC_L). All are fractions in [0, 1].
 """
 

@@ -85,13 +85,14 @@ PRESETS = {
 # the former default: the "default" list with the seven settings it changed put back (later flags win)
 PRESETS["f1_sentences"] = PRESETS["default"] + [
     "--search.protocol", "searchr1_short", "--search.reward_scheme", "r1searcher_stage2",
-    "--search.max_new_tokens_per_turn", "32", "--warmstart.self_prompt", "few_words", "--warmstart.self_form", "sentence",
+    "--search.max_new_tokens_per_turn", "32", "--warmstart.self_prompt", "few_words",
+    "--warmstart.self_form", "sentence",
     "--actor.adam.lr", "2e-4", "--train.max_steps", "20",
 ]
 
 
 def _search_field_type(f: dataclasses.Field):
-    t = f.type if not isinstance(f.type, str) else eval(f.type, vars(typing))  # noqa: S307 (our own annotations)
+    t = f.type if not isinstance(f.type, str) else eval(f.type, vars(typing))  # our own annotations
     origin = typing.get_origin(t)
     args = [a for a in typing.get_args(t) if a is not type(None)]
     if origin in (list, typing.List):

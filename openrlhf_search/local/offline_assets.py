@@ -193,7 +193,8 @@ def smollm2_checkpoint(cache_dir: str = None) -> str:
     """Folder of the cached plain-HF SmolLM2-135M-Instruct, converting the packaged GGUF on first use.
 
     Args:
-        cache_dir: cache root (default :func:`default_cache_dir`); the model lands in ``<cache_dir>/SmolLM2-135M-Instruct``.
+        cache_dir: cache root (default :func:`default_cache_dir`); the model lands in
+            ``<cache_dir>/SmolLM2-135M-Instruct``.
     Raises:
         OfflineAssetError: the package is missing.
     """

@@ -125,8 +125,8 @@ class RLUpdater:
         self.critic = critic if critic is not None or s.estimator != "gae" else ValueCritic.from_policy(actor)
         if self.critic is not None:
             self.critic.to(self.device)  # before its optimiser is built over its parameters
-        self.actor_opt = make_adamw([p for p in actor.parameters() if p.requires_grad], lr=s.actor_lr, betas=tuple(s.betas),
-                                    weight_decay=s.weight_decay)
+        self.actor_opt = make_adamw([p for p in actor.parameters() if p.requires_grad], lr=s.actor_lr,
+                                    betas=tuple(s.betas), weight_decay=s.weight_decay)
         self.critic_opt = make_adamw(self.critic.parameters(), lr=s.critic_lr) if self.critic else None
         self.policy_loss = MaskedPolicyLoss(clip_eps_low=s.eps_clip, clip_eps_high=s.eps_clip)
         self.value_loss = MaskedValueLoss(clip_eps=s.value_clip)

@@ -1,6 +1,6 @@
 """The CPU main job: single-process RL of a search agent over the same executor, rewards, advantages and loss.
 
-One RL step (DESIGN.md sec. 1), all in this process:
+One RL step (``docs/design.md``, "Data flow of one step"), all in this process:
 
 1. rollout: ``rollout.batch_size`` prompts x ``rollout.n_samples_per_prompt`` trajectories, one asyncio task each,
    through :class:`~openrlhf_search.agent.SearchAgentExecutor` with :class:`~openrlhf_search.local.engine.HFEngine`

@@ -150,11 +150,13 @@ SELF_ANSWER_TEMPLATE = "{passage}\n\nQuestion: {question}\nAnswer in a few words
 # sentence holds the answer more often after "bare" (docs/trials_em.md).
 SELF_ANSWER_PROMPTS = {
     "few_words": SELF_ANSWER_TEMPLATE,
-    "bare": "{passage}\n\nQuestion: {question}\nReply with just the answer (a name or code from the text), nothing else.",
+    "bare": "{passage}\n\nQuestion: {question}\n"
+            "Reply with just the answer (a name or code from the text), nothing else.",
 }
 # What of a self answer the scripted answer turn holds (``--warmstart.self_form``, :func:`answer_blocks`): "sentence"
 # (its first sentence in the answer block, the default), "span" (that sentence without the words it repeats from the
-# question, :func:`answer_span`), or "think_span" (the sentence in a reasoning block, then the span in the answer block).
+# question, :func:`answer_span`), or "think_span" (the sentence in a reasoning block, then the span in the answer
+# block).
 SELF_ANSWER_FORMS = ("sentence", "span", "think_span")
 
 # Words a reply uses to restate a question around its answer ("The capital of X is Z."): dropped by answer_span.
@@ -287,7 +289,7 @@ def scripted_trajectory(prompt: str, question: str, answer: Optional[str], passa
     """
     first, last = scripted_turns(prompt, question, answer, protocol, reasoning=reasoning)
     opened = prompt.rstrip().endswith(protocol.think_open)
-    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]
 
     def docs_ids(ps):
         ids = enc(protocol.render_documents(list(ps)))

@@ -18,10 +18,10 @@ computed by :data:`BEHAVIOUR`). ``only`` restricts a row to launchers carrying a
 (:data:`LAUNCHERS`). Where ours differs on purpose or cannot follow, :data:`DOCUMENTED` holds the reason;
 ``openrlhf_search.parity.check`` fails on any other difference.
 
-``paper`` settings: the papers' texts (as quoted in ``../shared/docs/DESIGN.md`` sec. 5 and 7; we had no copy of
-the PDFs) agree with the released scripts on every Search-R1 value they state, so for Search-R1 ``paper`` =
-``released``. For R1-Searcher they disagree on the rewards, the Qwen recipe (paper: two stages; released: one run
-on the stage-2 reward) and the Llama stage-1 estimator; :data:`PAPER_OVERRIDES` holds those rows.
+``paper`` settings: the papers' texts (Search-R1 arXiv 2503.09516, R1-Searcher arXiv 2503.05592 sec. 3, read from
+quotations: we had no copy of the PDFs) agree with the released scripts on every Search-R1 value they state, so for
+Search-R1 ``paper`` = ``released``. For R1-Searcher they disagree on the rewards, the Qwen recipe (paper: two stages;
+released: one run on the stage-2 reward) and the Llama stage-1 estimator; :data:`PAPER_OVERRIDES` holds those rows.
 """
 
 from dataclasses import dataclass
@@ -293,9 +293,9 @@ R1SEARCHER: List[Ref] = [
         "training: enwiki-20171001 abstracts (HotpotQA's); eval of 2Wiki/MuSiQue/Bamboogle: KILT 100-word passages"),
 ]
 
-# The paper's text where it differs from the released code (R1-Searcher arXiv 2503.05592 sec. 3, as quoted in
-# DESIGN.md sec. 5 / 7): rewards, the two-stage Qwen recipe, REINFORCE++ for both stages.
-_PAPER = "arXiv 2503.05592 sec. 3 (DESIGN.md sec. 5, 7)"
+# The paper's text where it differs from the released code (R1-Searcher arXiv 2503.05592 sec. 3): rewards, the
+# two-stage Qwen recipe, REINFORCE++ for both stages.
+_PAPER = "arXiv 2503.05592 sec. 3"
 PAPER_OVERRIDES: Dict[str, List[Ref]] = {
     "searchr1": [],
     "r1searcher": [

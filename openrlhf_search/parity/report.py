@@ -38,14 +38,14 @@ def _short(script: str) -> str:
 def _launcher_set(keys: List[Tuple[str, str]], paper: str) -> str:
     """Compact name for a set of (launcher, setting) pairs: "all", a tag combination ("ppo", "llama+stage1") or
     the launcher names."""
-    all_pairs = {(name, s) for name, l in LAUNCHERS.items() if l.paper == paper for s in l.settings}
+    all_pairs = {(name, s) for name, lau in LAUNCHERS.items() if lau.paper == paper for s in lau.settings}
     pairs = set(keys)
     if pairs == all_pairs:
         return "all"
-    tags = sorted({t for l in LAUNCHERS.values() if l.paper == paper for t in l.tags})
+    tags = sorted({t for lau in LAUNCHERS.values() if lau.paper == paper for t in lau.tags})
     for combo in [(t,) for t in tags] + [(a, b) for i, a in enumerate(tags) for b in tags[i + 1:]]:
-        selected = {(name, s) for name, l in LAUNCHERS.items() if l.paper == paper and set(combo) <= l.tags
-                    for s in l.settings}
+        selected = {(name, s) for name, lau in LAUNCHERS.items() if lau.paper == paper and set(combo) <= lau.tags
+                    for s in lau.settings}
         if selected == pairs:
             return "+".join(combo)
     names = sorted({k[0] for k in pairs})

@@ -96,7 +96,7 @@ def test_clients_in_a_loop_get_full_batches():
 
 
 def test_a_lone_client_never_waits_for_company():
-    """Issue 10 item 9: at 1 client the batcher must add no wait (the old code waited the whole window before every
+    """At 1 client the batcher must add no wait (the old code waited the whole window before every
     request, so 1-client latency was worse than with micro-batching off). ``stats.waits`` counts batches that
     waited for more requests; a burst afterwards still waits to fill its batches."""
     index = RecordingIndex(cost_s=0.01)

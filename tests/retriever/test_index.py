@@ -85,7 +85,8 @@ def test_dense_round_trips_match_brute_force(dense_indexes, passages):
         top1_agree = np.mean([a[0]["id"] == b[0]["id"] for a, b in zip(r1, res_flat)])
         assert top1_agree >= (0.95 if kind == "hnsw" else 0.6), (kind, top1_agree)
     m = read_manifest(dirs["ivfpq"])
-    assert m["params"]["nlist"] == 4 and m["params"]["pq_m"] == 16 and m["params"]["pq_nbits"] == 3  # 128 vectors: 8-entry codebooks
+    # 128 vectors: 8-entry codebooks
+    assert m["params"]["nlist"] == 4 and m["params"]["pq_m"] == 16 and m["params"]["pq_nbits"] == 3
     # topk larger than the corpus is clamped, not an error
     assert len(flat.search(["anything"], 1000)[0]) == N
 
@@ -137,7 +138,8 @@ def test_unloadable_encoder_is_a_clear_error_before_any_work(corpus, tmp_path, c
     assert load_index(str(d)).search(["Shirley Temple"], 1)
 
 
-@pytest.mark.parametrize("kw, says", [({"chunk_size": 0}, "chunk_size"), ({"index_type": "hnsw", "hnsw_m": 0}, "hnsw_m"),
+@pytest.mark.parametrize("kw, says", [({"chunk_size": 0}, "chunk_size"),
+                                      ({"index_type": "hnsw", "hnsw_m": 0}, "hnsw_m"),
                                       ({"index_type": "ivfpq", "nlist": 1000}, "nlist=1000"),
                                       ({"index_type": "ivfpq", "pq_m": 7}, "pq_m=7")])
 def test_bad_build_parameters_are_clear_errors_before_encoding(corpus, tmp_path, kw, says):
@@ -184,7 +186,7 @@ def test_cli_paths_of_the_wrong_kind_are_one_line_errors(corpus, tmp_path, capsy
     assert "Is a directory" in capsys.readouterr().err
 
 
-# issue 10 item 6: bm25s gives token-less texts (empty, whitespace, stopwords only) the empty-string token, and a
+# bm25s gives token-less texts (empty, whitespace, stopwords only) the empty-string token, and a
 # query without known tokens got the same token, so it "matched" passages 2 and 0 with score 0.37.
 TOKENLESS_CORPUS = [{"id": "0", "title": "", "text": ""},
                     {"id": "1", "title": "Paris", "text": "Paris is the capital of France."},

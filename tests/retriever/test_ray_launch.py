@@ -39,8 +39,8 @@ def test_serve_mode_hands_the_serve_url_to_the_trainer(tmp_path):
     assert _urls(RETRIEVER_PORT="8123") == "http://127.0.0.1:8123"  # the per-node default is untouched
     inputs = _inputs(tmp_path, "searchr1_grpo_qwen2.5-3b_base.sh")
     res = subprocess.run(["bash", os.path.join(SCRIPTS, "searchr1_grpo_qwen2.5-3b_base.sh")], capture_output=True,
-                         text=True, timeout=300, env=_env(DRY_RUN="1", RETRIEVER_MODE="serve", RETRIEVER_SERVE_IP="10.1.2.3",
-                                                          **inputs))
+                         text=True, timeout=300,
+                         env=_env(DRY_RUN="1", RETRIEVER_MODE="serve", RETRIEVER_SERVE_IP="10.1.2.3", **inputs))
     assert res.returncode == 0, res.stderr[-2000:]
     assert "start_retriever_serve.sh" in res.stdout + res.stderr
 
@@ -71,8 +71,9 @@ def test_launcher_starts_the_serve_application_and_stops_it(tmp_path):
     script = (f'source "{SCRIPTS}/common.sh"; start_retrievers; echo "PID=$RETRIEVER_PID URLS=$RETRIEVER_URLS"; '
               f'"$PYTHON" -c "{probe}" "$RETRIEVER_URLS"')
     res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=600,
-                         env=_env(DRY_RUN="0", RETRIEVER_MODE="serve", RAY_CLUSTER="local", RETRIEVER_SERVE_IP="127.0.0.1",
-                                  RETRIEVER_HOST="127.0.0.1", RETRIEVER_PORT=str(port), RETRIEVER_CORPUS=corpus,
+                         env=_env(DRY_RUN="0", RETRIEVER_MODE="serve", RAY_CLUSTER="local",
+                                  RETRIEVER_SERVE_IP="127.0.0.1", RETRIEVER_HOST="127.0.0.1", RETRIEVER_PORT=str(port),
+                                  RETRIEVER_CORPUS=corpus,
                                   RETRIEVER_ENCODER="bm25", RETRIEVER_LIMIT="300", RETRIEVER_REPLICAS="1",
                                   RETRIEVER_REPLICA_CPUS="0.5", RETRIEVER_INDEX_DIR=str(tmp_path / "index"),
                                   OUTPUT_ROOT=str(tmp_path)))

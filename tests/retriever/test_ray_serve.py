@@ -36,7 +36,8 @@ def _env():
 
 def test_cli_rejects_bad_input_before_starting_ray(tmp_path):
     """A wrong --index_dir or --replicas 0 is one line on stderr and status 2, within seconds (no Ray started)."""
-    for args, needle in ((["--index_dir", str(tmp_path)], "manifest.json"), (["--index_dir", str(tmp_path), "--replicas", "0"], "--replicas")):
+    for args, needle in ((["--index_dir", str(tmp_path)], "manifest.json"),
+                         (["--index_dir", str(tmp_path), "--replicas", "0"], "--replicas")):
         proc = subprocess.run([sys.executable, "-m", "retriever.serve", "--ray", *args], cwd=REPO_ROOT, env=_env(),
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr
@@ -138,7 +139,8 @@ def test_same_answers_and_errors_as_the_plain_server(serve_app, hotpotqa_bm25_in
                    ({"queries": []}, {"queries": ["x"], "topk": 0}, {"queries": [3]}, {"queries": ["x" * 5000]})]
             health = await c.get("/health")
             # 32 concurrent requests: Serve spreads them over both replicas
-            many = await asyncio.gather(*(c.post("/retrieve", json={"queries": [q], "topk": 1}) for q in questions[:32]))
+            many = await asyncio.gather(*(c.post("/retrieve", json={"queries": [q], "topk": 1})
+                                          for q in questions[:32]))
             return scored, plain, r1s, bad, health, many
 
     scored, plain, r1s, bad, health, many = asyncio.run(run())

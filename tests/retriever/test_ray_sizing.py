@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import REPO_ROOT, shared_path
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
-import sizing  # noqa: E402
+import sizing
 
 
 @pytest.mark.parametrize("kind", ["flat32", "hnsw", "ivfpq"])

@@ -106,7 +106,8 @@ BAD_BODIES = [
     ({"queries": ["   "]}, 422), ({"queries": [3]}, 422), ({"queries": [None]}, 422), ({"queries": [["nested"]]}, 422),
     ({"queries": ["q" * 100_000]}, 413), ({"queries": ["ok", "x" * 4097]}, 413),
     ({"queries": ["x"], "topk": 0}, 422), ({"queries": ["x"], "topk": -3}, 422), ({"queries": ["x"], "topk": 101}, 422),
-    ({"queries": ["x"], "topk": 10**12}, 422), ({"queries": ["x"], "topk": "3"}, 422), ({"queries": ["x"], "topk": 2.5}, 422),
+    ({"queries": ["x"], "topk": 10**12}, 422), ({"queries": ["x"], "topk": "3"}, 422),
+    ({"queries": ["x"], "topk": 2.5}, 422),
     ({"queries": ["x"], "topk": True}, 422), ({"queries": ["x"], "return_scores": "yes"}, 422),
     ({"queries": ["x"] * 1025}, 422),
 ]
@@ -121,8 +122,9 @@ def test_bad_inputs_get_4xx_and_server_keeps_serving(server, questions):
             assert r.json()["detail"]  # says what is wrong
         for body in ({"queries": ["x"], "k": 0}, {"queries": []}, {"k": 3}):
             assert c.post("/queries", json=body).status_code == 422
-        assert c.post("/retrieve", content=b'{"queries": ["x"', headers={"content-type": "application/json"}).status_code == 422
-        assert c.post("/retrieve", content=b"\xff\xfe", headers={"content-type": "application/json"}).status_code == 422
+        json_type = {"content-type": "application/json"}
+        assert c.post("/retrieve", content=b'{"queries": ["x"', headers=json_type).status_code == 422
+        assert c.post("/retrieve", content=b"\xff\xfe", headers=json_type).status_code == 422
         assert c.post("/retrieve", json=["not", "an", "object"]).status_code == 422
         deep = b'{"queries": ' + b"[" * 5000 + b"]" * 5000 + b"}"  # RecursionError in json.loads
         for path in ("/retrieve", "/queries"):

@@ -1,5 +1,5 @@
 """``retriever/`` is a standalone service: it must not import the trainer package ``openrlhf_search``
-(issue 10 item 10; the ``minilm`` encoder preset used to import ``openrlhf_search.local.offline_assets``)."""
+(the ``minilm`` encoder preset once imported ``openrlhf_search.local.offline_assets``)."""
 
 import ast
 import json
