@@ -3,8 +3,8 @@ from setuptools import find_packages, setup
 setup(
     name="openrlhf-search",
     version="0.1.0",
-    description="Reinforcement learning that teaches LLMs to reason with a search engine, on OpenRLHF "
-    "(R1-Searcher and Search-R1 reproduced and extended)",
+    description="Reinforcement learning with a search engine in the loop, on OpenRLHF 0.11.2: R1-Searcher and "
+    "Search-R1 settings, a retriever service and the papers' evaluation",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
