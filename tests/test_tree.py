@@ -1,0 +1,191 @@
+"""The tree explains itself: every reference in code, tests and docs leads to something a reader has, and the cluster
+core does not depend on the modules that only a CPU machine needs.
+
+Mutations caught: a comment citing a design file that is not in the repository or an issue tracker's numbers (the
+scan of the real tree), a scanner that misses a hit or reports this file (the planted files), an import of a CPU-only
+module from a cluster-core module at module level, inside a function, relative, as ``from package import module``,
+through ``importlib.import_module``, or through another module of the package (the planted package and the tree).
+"""
+
+import ast
+import os
+import re
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# ------------------------------------------------------------------------------ references a reader can follow
+# A design-notes file that is not in the repository, and a tracker's numbering ("issue 18 item 3"), which a user of the
+# package does not have. Design notes live in docs/design.md; a comment says why in its own words.
+UNFOLLOWABLE = re.compile(r"DESIGN\.md|(?i:issue) [0-9]")
+SCANNED = ("openrlhf_search", "retriever", "examples", "benchmarks", "tests", "docs", "README.md")
+SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache"}
+
+
+def unfollowable_references(repo: str, roots: Sequence[str], skip: Sequence[str] = ()) -> List[str]:
+    """``path:line: text`` of every match of :data:`UNFOLLOWABLE` in the text files under ``roots`` (relative to
+    ``repo``; a root may be a file). Files in ``skip`` (absolute paths) and files that are not UTF-8 text are passed
+    over."""
+    skip = {os.path.abspath(p) for p in skip}
+    hits = []
+    for root in roots:
+        top = os.path.join(repo, root)
+        files = [top] if os.path.isfile(top) else [
+            os.path.join(d, f) for d, subdirs, names in os.walk(top)
+            if not subdirs.__setitem__(slice(None), sorted(s for s in subdirs if s not in SKIP_DIRS))
+            for f in sorted(names)]
+        for path in files:
+            if os.path.abspath(path) in skip:
+                continue
+            try:
+                with open(path, encoding="utf-8") as f:
+                    lines = f.read().splitlines()
+            except (UnicodeDecodeError, OSError):
+                continue
+            hits += [f"{os.path.relpath(path, repo)}:{n}: {line.strip()}"
+                     for n, line in enumerate(lines, 1) if UNFOLLOWABLE.search(line)]
+    return hits
+
+
+def test_no_reference_leads_outside_the_repository():
+    hits = unfollowable_references(REPO, SCANNED, skip=[__file__])
+    assert not hits, ("references a reader cannot follow (point to docs/design.md and its section, to the released "
+                      "file and line, or say why in words):\n" + "\n".join(hits))
+
+
+def test_the_scanner_finds_planted_references_and_skips_what_it_is_told(tmp_path):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "a.py").write_text("x = 1  # see DESIGN.md sec. 4\n")
+    (tmp_path / "pkg" / "sub" / "b.py").write_text("ok\n\n# Issue 18 item 3: fixed\n")
+    (tmp_path / "pkg" / "c.png").write_bytes(b"\x89PNG\xff\xfe issue 7")
+    (tmp_path / "pkg" / "d.md").write_text("its issues #54 and #57; docs/design.md, \"Masking rule\"\n")
+    (tmp_path / "README.md").write_text("issue 9\n")
+    hits = unfollowable_references(str(tmp_path), ["pkg", "README.md"], skip=[str(tmp_path / "README.md")])
+    assert hits == ["pkg/a.py:1: x = 1  # see DESIGN.md sec. 4", "pkg/sub/b.py:3: # Issue 18 item 3: fixed"]
+
+
+# ------------------------------------------------------------------------------ the cluster core and the CPU room
+# The modules a GPU cluster run is made of, and those that serve only a machine without GPUs (the CPU main job
+# ``cli/train_local.py`` + ``local/``, the CPU cluster mode ``cpu_cluster*.py`` and its probe, the embedded data).
+# A module moved out of these lists' places makes the test fail until the lists say where it went.
+CLUSTER_CORE = ["openrlhf_search/" + f for f in (
+    "trainer.py", "experience_maker.py", "agent.py", "protocol.py", "rewards.py", "retrieval_client.py", "loss.py",
+    "advantages.py", "config.py")] + ["retriever"]
+CPU_ONLY = ("openrlhf_search.local", "openrlhf_search.cpu", "openrlhf_search.cpu_cluster",
+            "openrlhf_search.cpu_cluster_assets", "openrlhf_search.cluster_probe", "openrlhf_search.data",
+            "openrlhf_search.cli.train_local")
+OWN_PACKAGES = ("openrlhf_search", "retriever")
+
+
+def _module_name(repo: str, path: str) -> str:
+    name = os.path.relpath(path, repo)[:-len(".py")].replace(os.sep, ".")
+    return name[:-len(".__init__")] if name.endswith(".__init__") else name
+
+
+def imported_names(repo: str, path: str) -> Iterator[Tuple[str, int]]:
+    """(module or ``module.name``, line) for every import in ``path``, at module level or inside functions:
+    ``import a.b``, ``from a import b`` (both ``a`` and ``a.b``: ``b`` may be a module), relative imports resolved
+    against the file's package, and ``importlib.import_module("a.b")`` with a literal name."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    module = _module_name(repo, path)
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = parts[:len(parts) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            yield target, node.lineno
+            for alias in node.names:
+                yield f"{target}.{alias.name}", node.lineno
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"):
+            yield node.args[0].value, node.lineno
+
+
+def _is_under(name: str, prefixes: Sequence[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _source_of(repo: str, name: str) -> Optional[str]:
+    base = os.path.join(repo, *name.split("."))
+    for path in (base + ".py", os.path.join(base, "__init__.py")):
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _python_files(repo: str, entries: Sequence[str]) -> List[str]:
+    out = []
+    for entry in entries:
+        path = os.path.join(repo, entry)
+        if os.path.isdir(path):
+            out += sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".py"))
+        elif os.path.isfile(path):
+            out.append(path)
+        else:
+            raise FileNotFoundError(f"{entry} is not in the tree: update CLUSTER_CORE to where it went")
+    return out
+
+
+def cpu_only_imports(repo: str, core: Sequence[str], cpu_only: Sequence[str],
+                     own: Sequence[str] = OWN_PACKAGES) -> List[str]:
+    """Import chains from a ``core`` file to a ``cpu_only`` module, direct or through other modules of the ``own``
+    packages, each as ``a.py -> b.py:line -> module``."""
+    found: Dict[str, None] = {}
+    for start in _python_files(repo, core):
+        stack, seen = [(start, [os.path.relpath(start, repo)])], {start}
+        while stack:
+            path, chain = stack.pop()
+            for name, line in imported_names(repo, path):
+                if not _is_under(name, own):
+                    continue
+                if _is_under(name, cpu_only):
+                    found[" -> ".join(chain[:-1] + [f"{chain[-1]}:{line}", name])] = None
+                    continue
+                source = _source_of(repo, name)
+                if source and source not in seen:
+                    seen.add(source)
+                    stack.append((source, chain + [os.path.relpath(source, repo)]))
+    return list(found)
+
+
+def test_the_cluster_core_imports_nothing_that_only_a_cpu_machine_needs():
+    chains = cpu_only_imports(REPO, CLUSTER_CORE, CPU_ONLY)
+    assert not chains, "cluster-core modules reach CPU-only modules:\n" + "\n".join(chains)
+
+
+def test_the_import_check_sees_every_form_of_import(tmp_path):
+    pkg = tmp_path / "openrlhf_search"
+    (pkg / "local").mkdir(parents=True)
+    for f in ("__init__.py", "local/__init__.py", "local/engine.py", "helper.py", "clean.py"):
+        (pkg / f).write_text("")
+    (pkg / "helper.py").write_text("def f():\n    from .local.engine import HFEngine\n")
+    cases = {
+        "top.py": "import openrlhf_search.local.engine\n",
+        "inner.py": "def f():\n    import os\n    from openrlhf_search.local import engine\n",
+        "relative.py": "from .local import engine\n",
+        "parent.py": "from openrlhf_search import local\n",
+        "dynamic.py": "import importlib\nm = importlib.import_module('openrlhf_search.local.engine')\n",
+        "through.py": "from openrlhf_search.helper import f\n",
+    }
+    for name, text in cases.items():
+        (pkg / name).write_text(text)
+        chains = cpu_only_imports(str(tmp_path), [f"openrlhf_search/{name}"], ["openrlhf_search.local"])
+        assert chains, name
+    assert cpu_only_imports(str(tmp_path), ["openrlhf_search/through.py"], ["openrlhf_search.local"]) == [
+        "openrlhf_search/through.py -> openrlhf_search/helper.py:2 -> openrlhf_search.local.engine",
+        "openrlhf_search/through.py -> openrlhf_search/helper.py:2 -> openrlhf_search.local.engine.HFEngine"]
+    assert cpu_only_imports(str(tmp_path), ["openrlhf_search/clean.py", "openrlhf_search/local"],
+                            ["openrlhf_search.cpu_cluster"]) == []
+    with pytest.raises(FileNotFoundError, match="moved.py is not in the tree"):
+        cpu_only_imports(str(tmp_path), ["openrlhf_search/moved.py"], ["openrlhf_search.local"])
