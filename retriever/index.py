@@ -569,6 +569,60 @@ class BM25Index(_BaseIndex):
         return out
 
 
+class DedupIndex:
+    """An index whose result lists never hold two passages with the same text (``corpus.normalized_text``): a
+    corpus with copies of a passage (30 copies of one paragraph took 2 of 3 result slots, BM25 and dense alike)
+    otherwise spends the model's few result slots on repeats. Each query's search is widened (2x topk, then 4x
+    more each round, up to the whole index) until ``topk`` distinct passages are found or none are left; the best
+    scoring copy is kept. Server flag ``--dedup``; ``/health`` reports ``dedup`` and ``duplicates_removed``.
+    """
+
+    def __init__(self, index):
+        self.index = index
+        self.removed = 0  # copies left out of result lists so far
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def search(self, queries: list[str], topk: int) -> list[list[dict]]:
+        """As the wrapped index's ``search``, with copies removed (see class docstring)."""
+        topk = _check_topk(topk)
+        n = len(self.index)
+        out: list = [None] * len(queries)
+        pending = list(range(len(queries)))
+        k = min(n, 2 * topk)
+        while pending:
+            results = self.index.search([queries[i] for i in pending], k)
+            again = []
+            for i, hits in zip(pending, results):
+                seen, kept, skipped = set(), [], 0
+                for h in hits:
+                    key = normalized_text(h)
+                    if key in seen:
+                        skipped += 1
+                        continue
+                    seen.add(key)
+                    kept.append(h)
+                    if len(kept) == topk:
+                        break
+                if len(kept) < topk and len(hits) == k and k < n:  # more distinct passages may lie deeper
+                    again.append(i)
+                else:
+                    self.removed += skipped
+                    out[i] = kept
+            pending, k = again, min(n, 4 * k)
+        return out
+
+    def info(self) -> dict:
+        return {**self.index.info(), "dedup": True, "duplicates_removed": self.removed}
+
+    def close(self) -> None:
+        self.index.close()
+
+    def __getattr__(self, name):  # store, manifest, encoder ... of the wrapped index
+        return getattr(self.index, name)
+
+
 def read_manifest(index_dir: str) -> dict:
     """The manifest of a complete index. Raises RetrieverIndexError when missing (e.g. an interrupted build)."""
     path = os.path.join(index_dir, MANIFEST)
@@ -589,10 +643,13 @@ def load_index(index_dir: str, **kwargs):
     """Load a built index directory -> ``DenseIndex`` or ``BM25Index`` with ``search(queries, topk)``.
 
     ``kwargs`` go to the class (``device``, ``faiss_gpu``, ``nprobe``, ``ef_search`` for dense; ``mmap`` for
-    BM25); unknown ones for the other kind are ignored. Raises RetrieverIndexError for a missing/incomplete index.
+    BM25); unknown ones for the other kind are ignored; ``dedup=True`` wraps the index in :class:`DedupIndex`. Raises RetrieverIndexError for a missing/incomplete index.
     """
     m = read_manifest(index_dir)
+    dedup = kwargs.pop("dedup", False)
     if m["index_type"] == "bm25":
-        return BM25Index(index_dir, m, **{k: v for k, v in kwargs.items() if k in ("mmap",)})
-    dense_keys = ("device", "faiss_gpu", "nprobe", "ef_search", "omp_threads")
-    return DenseIndex(index_dir, m, **{k: v for k, v in kwargs.items() if k in dense_keys})
+        index = BM25Index(index_dir, m, **{k: v for k, v in kwargs.items() if k in ("mmap",)})
+    else:
+        dense_keys = ("device", "faiss_gpu", "nprobe", "ef_search", "omp_threads")
+        index = DenseIndex(index_dir, m, **{k: v for k, v in kwargs.items() if k in dense_keys})
+    return DedupIndex(index) if dedup else index

@@ -363,9 +363,15 @@ def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_
         return JSONResponse({"detail": jsonable_errors(exc)}, status_code=422)
 
     async def _json_body(request: Request) -> dict:
-        raw = await request.body()
-        if len(raw) > limits.max_body_bytes:
-            raise BadRequest(f"request body {len(raw)} bytes > {limits.max_body_bytes}", status=413)
+        # counted while reading: a chunked body (no Content-Length) is cut off at the limit instead of being
+        # read whole first (Starlette's request.body() buffers everything; a 256 MiB body grew the server by 384 MiB)
+        parts, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limits.max_body_bytes:
+                raise BadRequest(f"request body over {limits.max_body_bytes} bytes (read {size} so far)", status=413)
+            parts.append(chunk)
+        raw = b"".join(parts)
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
@@ -459,6 +465,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no_faiss_gpu", action="store_true", help="keep the faiss index on CPU even with GPUs")
     p.add_argument("--nprobe", type=int, default=None, help="IVF-PQ cells per query (overrides the manifest)")
     p.add_argument("--ef_search", type=int, default=None, help="HNSW efSearch (overrides the manifest)")
+    p.add_argument("--dedup", action="store_true",
+                   help="no two passages with the same text (lower-cased, whitespace collapsed) in one result list")
     p.add_argument("--log_level", default="info")
     a = p.parse_args(argv)
     # limits that would make the server refuse every request (or hold it forever) are refused at start
@@ -482,7 +490,7 @@ def main(argv=None) -> int:
 
     try:
         index = load_index(a.index_dir, device=a.device, faiss_gpu=not a.no_faiss_gpu, nprobe=a.nprobe,
-                           ef_search=a.ef_search)
+                           ef_search=a.ef_search, dedup=a.dedup)
     except (RetrieverIndexError, FileNotFoundError, ValueError) as e:  # ValueError: the encoder cannot load
         print(f"retriever.server: error: {e}", file=sys.stderr)
         return 2
