@@ -190,6 +190,10 @@ class DuplicateCounter:
         # sorted positions starts[j] .. ends[j] (inclusive) share one hash
         return [sorted(int(r) for r in order[a:b + 1]) for a, b in zip(starts, ends)]
 
+    def rows_to_check(self) -> set:
+        """Rows whose id or text hash is shared with another row: the only rows :meth:`report` reads."""
+        return {r for hashes in (self.id_hashes, self.text_hashes) for g in self._groups(hashes) for r in g}
+
     def report(self, get) -> dict:
         """Duplicates among the passages added, confirmed with ``get(row) -> passage``.
 

@@ -39,7 +39,7 @@ import sys
 import tarfile
 from typing import Iterable, Iterator
 
-from .corpus import CorpusError, iter_jsonl, make_contents, normalize_row
+from .corpus import CorpusError, DuplicateCounter, iter_jsonl, make_contents, normalize_row
 
 FORMATS = ("auto", "kilt", "hotpotqa_abstracts", "wiki18", "plain")
 _BULLET = re.compile(r"BULLET::::\s*-?\s*")
@@ -244,14 +244,35 @@ def main(argv=None) -> int:
         p.error(f"--output {a.output} is the input file: it would be replaced by its passages")
     from tqdm import tqdm
 
+    dups = DuplicateCounter()
     try:
         passages = iter_prepared(a.input, a.format, a.words, a.drop_title_paragraph)
-        n = write_jsonl(tqdm(passages, desc="passages", unit="p", mininterval=5), a.output)
+        n = write_jsonl(dups.wrap(tqdm(passages, desc="passages", unit="p", mininterval=5)), a.output)
+        report = duplicate_report(dups, a.output)
     except (CorpusError, ValueError, OSError) as e:
         print(f"prepare_corpus: error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {n} passages to {a.output}")
+    if report["duplicate_id_rows"]:
+        os.remove(a.output)
+        ex = "; ".join(f"id {e['id']!r} at rows {', '.join(map(str, e['rows']))}" for e in report["duplicate_ids"][:3])
+        print(f"prepare_corpus: error: {report['duplicate_id_rows']} of {n} passages repeat an id already used ({ex}); "
+              "ids must be unique (build_index refuses them)", file=sys.stderr)
+        return 2
+    print(f"wrote {n} passages to {a.output}; {report['duplicate_text_rows']} repeat the text of an earlier passage "
+          f"({report['duplicate_text_groups']} texts repeated, the most often {report['largest_duplicate_text_group']} "
+          "times; the server's --dedup keeps copies out of one result list)")
     return 0
+
+
+def duplicate_report(dups: DuplicateCounter, path: str) -> dict:
+    """``dups.report`` for the rows just written to ``path``, reading back only the rows that share a hash."""
+    need = dups.rows_to_check()
+    rows = {}
+    if need:
+        for i, (_, row) in enumerate(iter_jsonl(path)):
+            if i in need:
+                rows[i] = row
+    return dups.report(rows.__getitem__)
 
 
 if __name__ == "__main__":

@@ -132,3 +132,23 @@ def test_hotpotqa_abstract_rows_auto_detected_and_bad_rows_named(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"title": "T", "text": ["x"]}\n{"title": 3, "text": ["y"]}\n')
     assert main(["--input", str(bad), "--output", str(tmp_path / "o.jsonl"), "--format", "hotpotqa_abstracts"]) == 2
+
+
+def test_prepare_reports_copies_and_refuses_repeated_ids(tmp_path, capsys):
+    """Duplicates counted at prepare time: copies of a text reported with counts; two passages under one id refused."""
+    from retriever.prepare_corpus import main
+
+    rows = [{"id": str(i), "title": "T", "text": f"passage {i}"} for i in range(5)]
+    rows += [{"id": f"c{i}", "title": "T", "text": "Passage  1"} for i in range(3)]  # 3 more copies of row 1
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["--input", str(src), "--output", str(tmp_path / "out.jsonl"), "--format", "plain"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote 8 passages" in out and "3 repeat the text of an earlier passage (1 texts repeated, the most " \
+        "often 4 times" in out
+    rows[6]["id"] = "2"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["--input", str(src), "--output", str(tmp_path / "out2.jsonl"), "--format", "plain"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("prepare_corpus: error: 1 of 8 passages repeat an id already used (id '2' at rows 2, 6)")
+    assert not (tmp_path / "out2.jsonl").exists()
