@@ -83,26 +83,53 @@ class SearchConfig:
             after ``</answer>`` until EOS or the turn's token cap, and the released format checks score that text.
     """
 
-    protocol: str = "r1searcher"
-    chat_template: Optional[bool] = None
-    retriever_urls: List[str] = field(default_factory=lambda: ["http://127.0.0.1:8000"])
-    topk: int = 3
-    max_turns: int = 8
-    max_new_tokens_per_turn: int = 500
-    max_obs_tokens: Optional[int] = 500
-    max_query_chars: int = 1000
-    retrieval_timeout_s: float = 30.0
-    retrieval_max_retries: int = 4
-    retrieval_backoff_s: float = 0.5
-    coalesce_window_ms: float = 5.0
-    max_batch_queries: int = 256
-    reward_scheme: str = "r1searcher_stage2"
-    answer_max_words: int = 10
-    stop_at_answer: bool = True
-    obs_cut: str = "body"
-    passage_format: str = ""
-    query_cleaning: str = ""
-    group_norm_zero_pad: bool = False
+    # metadata["help"]: the one line ``--help`` shows for ``--search.<field>`` (unit; the papers' released values,
+    # docs/parity.md gives file and line); the Attributes above say more.
+    protocol: str = field(default="r1searcher", metadata={
+        "help": "tag set and prompt, a registered name; papers: r1searcher (R1-Searcher), searchr1 (Search-R1)"})
+    chat_template: Optional[bool] = field(default=None, metadata={
+        "help": "wrap the prompt in the tokenizer's chat template, true/false/auto (auto: searchr1 true, "
+                "r1searcher false); papers: Search-R1 true, R1-Searcher Qwen false, Llama true"})
+    retriever_urls: List[str] = field(default_factory=lambda: ["http://127.0.0.1:8000"], metadata={
+        "help": "retriever base URLs, comma-separated, requests spread over them; papers: one server"})
+    topk: int = field(default=3, metadata={"help": "passages per query; papers: 3"})
+    max_turns: int = field(default=8, metadata={
+        "help": "generation calls per trajectory; papers: Search-R1 5 (4 with search + 1), R1-Searcher 9"})
+    max_new_tokens_per_turn: int = field(default=500, metadata={
+        "help": "tokens one generation call may sample; papers: Search-R1 500, R1-Searcher 512"})
+    max_obs_tokens: Optional[int] = field(default=500, metadata={
+        "help": "tokens of one documents block, 0 = no cap; papers: Search-R1 500, R1-Searcher no cap"})
+    max_query_chars: int = field(default=1000, metadata={
+        "help": "characters a query is cut to before retrieval; not a paper setting"})
+    retrieval_timeout_s: float = field(default=30.0, metadata={
+        "help": "seconds one retriever request attempt may take in all; not a paper setting"})
+    retrieval_max_retries: int = field(default=4, metadata={
+        "help": "retries of a failed retriever request before its samples fail; not a paper setting"})
+    retrieval_backoff_s: float = field(default=0.5, metadata={
+        "help": "seconds before the first retry, doubled on each; not a paper setting"})
+    coalesce_window_ms: float = field(default=5.0, metadata={
+        "help": "milliseconds in which concurrent queries join one request; papers batch per turn instead"})
+    max_batch_queries: int = field(default=256, metadata={
+        "help": "most queries in one retriever request; not a paper setting"})
+    reward_scheme: str = field(default="r1searcher_stage2", metadata={
+        "help": "reward function, a name in openrlhf_search.rewards.REWARD_SCHEMES; papers: Search-R1 searchr1_em, "
+                "R1-Searcher r1searcher_stage1 then r1searcher_stage2"})
+    answer_max_words: int = field(default=10, metadata={
+        "help": "words an answer may have before R1-Searcher's format check fails it; paper: 10"})
+    stop_at_answer: bool = field(default=True, metadata={
+        "help": "a turn also stops at the answer's closing tag, true/false; R1-Searcher released: false"})
+    obs_cut: str = field(default="body", metadata={
+        "help": "how a block over max_obs_tokens is cut: body (closing tag kept) or block; Search-R1 released: "
+                "block"})
+    passage_format: str = field(default="", metadata={
+        "help": "how one passage is written, '' = the protocol's; R1-Searcher released training: "
+                "hotpotqa_abstracts"})
+    query_cleaning: str = field(default="", metadata={
+        "help": "what is done to a query before retrieval, '' = strip only; R1-Searcher released: r1searcher_train "
+                "(training), r1searcher_eval (evaluation)"})
+    group_norm_zero_pad: bool = field(default=False, metadata={
+        "help": "group_norm over each group padded with as many zeros, true/false; R1-Searcher released: true for "
+                "Llama stage 1 only"})
 
     def __post_init__(self):
         self.validate()
@@ -186,3 +213,59 @@ class SearchConfig:
         if not text:
             return default if default is not None else cls()
         return cls.from_json(text)
+
+
+def flag_help(name: str) -> str:
+    """The one-line ``--help`` text of ``--search.<name>``: the field's ``metadata["help"]`` (what it sets, its
+    unit, the papers' values) and its default as typed on the command line.
+
+    Raises:
+        KeyError: ``name`` is not a SearchConfig field, or the field has no help text.
+    """
+    fields = {f.name: f for f in dataclasses.fields(SearchConfig)}
+    if name not in fields:
+        raise KeyError(f"SearchConfig has no field {name!r}")
+    f = fields[name]
+    if not f.metadata.get("help"):
+        raise KeyError(f"SearchConfig.{name} has no metadata['help']: give it a one-line help")
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    if isinstance(default, bool):
+        shown = str(default).lower()
+    elif isinstance(default, list):
+        shown = ",".join(default)
+    else:
+        shown = {None: "auto", "": "''"}.get(default, default)
+    return f"{f.metadata['help']} (default {shown})"
+
+
+# One line per ``--reward.*`` flag of OpenRLHF's own parser (``openrlhf_search.cli.train``): what it does on the
+# search path and what the papers' runs use. Rewards here are rule-based and computed by the executor
+# (``--search.reward_scheme``); Search-R1 scores with ``qa_em.compute_score_em`` (verl/trainer/main_ppo.py:27) and
+# R1-Searcher with rule-based reward servers (train/reward_server_*.py), neither with a reward model.
+REWARD_FLAG_HELP = {
+    "--reward.model_name_or_path": "reward model (HF name or path); unused by the search path and by both papers, "
+                                   "whose rewards are rules (--search.reward_scheme)",
+    "--reward.remote_url": "OpenRLHF's remote reward (HTTP URL or a reward_func .py); the search executor scores "
+                           "itself, openrlhf_search/reward_func.py serves single-turn baselines; R1-Searcher "
+                           "released: its rule-based reward server, reproduced as r1searcher_released_* schemes",
+    "--reward.num_nodes": "nodes of a reward model; unused without --reward.model_name_or_path (both papers)",
+    "--reward.num_gpus_per_node": "GPUs per node of a reward model; unused without --reward.model_name_or_path "
+                                  "(both papers)",
+    "--reward.offload": "offload the reward model to CPU; unused without --reward.model_name_or_path (both papers)",
+    "--reward.normalize_enable": "normalise rewards by a running std (OpenRLHF); off in every launcher here, no paper "
+                                 "value recorded",
+    "--reward.clip_range": "rewards clipped to [low, high], reward units (default -10 10); the built-in schemes score "
+                           "within [-2, 2], so the default never clips them; no paper value recorded",
+    "--reward.stop_properly_penalty_coef": "reward of a trajectory whose last turn hit its token cap: >= 0 scales "
+                                           "it, < 0 replaces it (default none: unchanged); not set by the launchers "
+                                           "here, no paper value recorded",
+}
+
+
+def document_reward_flags(parser) -> None:
+    """Replace the help of OpenRLHF's ``--reward.*`` flags listed in :data:`REWARD_FLAG_HELP` (the parser is built by
+    OpenRLHF's own code); flags the parser does not have are skipped."""
+    for action in parser._actions:
+        for flag in action.option_strings:
+            if flag in REWARD_FLAG_HELP:
+                action.help = REWARD_FLAG_HELP[flag]

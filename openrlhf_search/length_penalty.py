@@ -40,8 +40,9 @@ OVERLONG_BUFFER_HELP = (
     "DAPO overlong penalty (arXiv 2503.14476 sec. 3.4): a trajectory whose policy-sampled tokens over all turns "
     "exceed L_max - buffer loses up to --reward.overlong_penalty_factor, linearly over the buffer; L_max = "
     "--search.max_turns x --search.max_new_tokens_per_turn (not --rollout.max_new_tokens; retrieved passages never "
-    "count). Default: no penalty")
-OVERLONG_FACTOR_HELP = "largest overlong penalty, reached at L_max sampled tokens (default 1)"
+    "count), tokens. Default: no penalty, as in both papers")
+OVERLONG_FACTOR_HELP = ("largest overlong penalty, reward units, reached at L_max sampled tokens (default 1); unused "
+                        "without --reward.overlong_buffer_len (both papers)")
 
 
 def overlong_budget(max_turns: int, max_new_tokens_per_turn: int) -> int:

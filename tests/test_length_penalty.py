@@ -36,7 +36,7 @@ def _cluster_reward(turns, reward=1.0):
 
 @pytest.mark.parametrize("turns,expected", CASES)
 def test_cluster_path_measures_the_trajectory_budget(turns, expected):
-    """Mutations caught: the per-turn budget (the issue: 1.0 -> 0.0 at three turns of 200), no penalty at all (the
+    """Mutations caught: the per-turn budget (1.0 -> 0.0 at three turns of 200), no penalty at all (the
     490 x 5 case stays 1.0 instead of 0.5), a budget off by one turn (2000 or 3000)."""
     assert _cluster_reward(turns) == pytest.approx(expected, abs=1e-6)
 

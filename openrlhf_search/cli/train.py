@@ -41,7 +41,7 @@ import typing
 from typing import Any, Dict, List, Optional, Tuple
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
-from openrlhf_search.config import ENV_VAR, ConfigError, SearchConfig
+from openrlhf_search.config import ENV_VAR, ConfigError, SearchConfig, document_reward_flags, flag_help
 from openrlhf_search.length_penalty import check_overlong_args, document_overlong_flags
 from openrlhf_search.off_policy import check_is_correction_sampling
 from openrlhf_search.schedules import add_schedule_arguments, resolved_schedule, validate_schedule_args
@@ -179,22 +179,26 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
             kind = int
         else:
             kind = str
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        group.add_argument(f"--search.{f.name}", type=kind, default=None,
-                           help=f"SearchConfig.{f.name} (default {default})")
+        group.add_argument(f"--search.{f.name}", type=kind, default=None, help=flag_help(f.name))
     group.add_argument("--search.stage2_reward_scheme", type=str, default=None,
-                       help="reward scheme from --search.stage2_start_step on (R1-Searcher stage 2)")
+                       help="reward scheme from --search.stage2_start_step on (default none: one scheme); "
+                            "R1-Searcher's launchers run stage 1 and stage 2 as two trainings instead")
     group.add_argument("--search.stage2_start_step", type=int, default=-1,
-                       help="first training step scored by the stage-2 scheme; -1: single stage")
+                       help="first training step scored by the stage-2 scheme, a step count; -1 (default): one "
+                            "scheme; not a paper setting")
     group.add_argument("--search.eval_reward_scheme", type=str, default=None,
-                       help="reward scheme of eval rollouts; default: the training scheme of that step")
+                       help="reward scheme of eval rollouts (default: the training scheme of that step); not a "
+                            "paper setting")
     group.add_argument("--search.max_failed_fraction", type=float, default=0.5,
-                       help="stop when more than this fraction of a batch had a failed retrieval")
+                       help="stop when more than this fraction (0-1) of a batch had a failed retrieval (default 0.5); "
+                            "not a paper setting")
     group.add_argument("--search.check_retrievers", type=_parse_bool_or_auto, default=True,
                        help="before training, check on every GPU node that all retriever URLs answer /health "
-                            "and serve one index (openrlhf_search.retriever_check); default true")
+                            "and serve one index (openrlhf_search.retriever_check), true/false (default true); not a "
+                            "paper setting")
     group.add_argument("--search.retriever_fingerprint", type=str, default=None,
-                       help="index fingerprint the retrievers must serve (GET /health 'fingerprint')")
+                       help="index fingerprint the retrievers must serve (GET /health 'fingerprint'; default: any, "
+                            "as long as all agree); not a paper setting")
     add_schedule_arguments(parser)  # --train.max_steps (openrlhf_search.schedules)
     parser.add_argument("--dry_run", action="store_true", default=False,
                         help="parse and validate every flag, print the resolved config as JSON, exit 0")
@@ -209,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     """OpenRLHF's ``train_ppo_ray`` parser (built by its own code) with the search options added."""
     parser = add_search_arguments(openrlhf_main().build_parser())
     document_overlong_flags(parser)  # the overlong budget is the trajectory's (openrlhf_search.length_penalty)
+    document_reward_flags(parser)  # OpenRLHF's other --reward.* flags on the search path
     return parser
 
 

@@ -26,7 +26,7 @@ import typing
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 from openrlhf.utils.config import hierarchize
 
-from openrlhf_search.config import ConfigError, SearchConfig
+from openrlhf_search.config import ConfigError, SearchConfig, flag_help
 from openrlhf_search.length_penalty import OVERLONG_BUFFER_HELP, OVERLONG_FACTOR_HELP, check_overlong_args
 from openrlhf_search.local.device import DEVICE_CHOICES, DeviceError, resolve_device
 
@@ -202,11 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "supporting passages (the row's supporting_ids) that the trajectory's searches retrieved "
                         "(openrlhf_search.rewards.support_recall); 0 (default): outcome reward only, as both papers. "
                         "A process term for two-hop questions, not in either paper; needs supporting_ids in every "
-                        "training row (the embedded default has them); evaluation never reads it")
+                        "training row (the embedded default has them); evaluation never reads it; reward units")
     p.add_argument("--reward.support_bonus_if_answered", type=_bool, default=True,
                    help="true (default): the support bonus is paid only to a trajectory that gives an answer; false: "
                         "to every trajectory (measured: the policy learnt to spend every turn searching and stopped "
-                        "answering, README two-hop section)")
+                        "answering, README two-hop section); not a paper setting (neither paper pays the bonus)")
     # training
     p.add_argument("--train.max_steps", type=int, default=10, help="RL steps")
     p.add_argument("--train.max_epochs", type=int, default=1, help="optimiser passes over each rollout batch")
@@ -264,14 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
     # reward curriculum: the cluster trainer's names and meaning (openrlhf_search.reward_schedule.RewardSchedule)
     p.add_argument("--search.stage2_reward_scheme", default=None,
                    help="reward scheme from --search.stage2_start_step on (e.g. searchr1_em after "
-                        "r1searcher_stage2: F1 first, then exact match); default none (one scheme)")
+                        "r1searcher_stage2: F1 first, then exact match); default none (one scheme); R1-Searcher's "
+                        "launchers run its two stages as two trainings instead")
     p.add_argument("--search.stage2_start_step", type=int, default=-1,
                    help="first RL step (count of finished steps) whose rollouts the stage-2 scheme scores; "
-                        "-1 (default): one stage")
+                        "-1 (default): one stage; not a paper setting")
     # search environment: one flag per SearchConfig field
     for f in dataclasses.fields(SearchConfig):
-        p.add_argument(f"--search.{f.name}", type=_search_field_type(f), default=None,
-                       help=f"SearchConfig.{f.name} (default {SearchConfig.__dataclass_fields__[f.name].default!r})")
+        p.add_argument(f"--search.{f.name}", type=_search_field_type(f), default=None, help=flag_help(f.name))
     return p
 
 
