@@ -281,7 +281,24 @@ def _answer_metrics(answer: str, golds: List[str]) -> Dict[str, float]:
     }
 
 
+# list separators: ";", "/", "|", a newline, " or ", and a comma not inside a digit group ("1,000" is one number)
+_LIST_SEPARATOR = re.compile(r";|/|\||\n|\s+or\s+|,(?!\d{3}\b)|(?<!\d),", re.IGNORECASE)
+
+
+def answer_candidates(answer: str) -> int:
+    """How many candidates an answer names: its non-empty pieces between list separators (``,`` outside digit
+    groups, ``;``, ``/``, ``|``, a newline, `` or ``). "Paris" -> 1, "Paris, Lyon or Nice" -> 3, "1,000" -> 1,
+    "" -> 0. A title with a comma ("Washington, D.C.") counts 2: the rate this feeds is a warning sign, not a reward.
+    """
+    return sum(1 for piece in _LIST_SEPARATOR.split(answer or "") if piece and piece.strip(" .,;:-*"))
+
+
 def _base_components(response_text: str, golds: List[str], proto: Protocol, answer_max_words: int):
+    """Components every scheme logs. ``answer_list`` is 1.0 when the answer names more than one candidate
+    (:func:`answer_candidates`; logged as ``rollout/answer_list_rate``): Cover-EM, and the released stage-1 reward
+    built on it, give a list holding the gold the same score as the bare gold. ``cover_em_capped`` is Cover-EM under
+    the paper schemes' format rule: 0 for an answer longer than ``answer_max_words`` words (what the paper
+    schemes score with; the released schemes keep plain Cover-EM)."""
     text = strip_end_of_turn(response_text or "")
     answer = proto.extract_answer(text)
     ok, reason = check_format(text, proto, answer_max_words=answer_max_words)
@@ -290,6 +307,8 @@ def _base_components(response_text: str, golds: List[str], proto: Protocol, answ
         format_ok=float(ok),
         answer_present=float(bool(proto.extract_answers(text))),
         valid_searches=float(_valid_retrievals(text, proto)),
+        answer_list=float(answer_candidates(answer) > 1),
+        cover_em_capped=comps["cover_em"] if len(answer.split()) <= answer_max_words else 0.0,
     )
     return text, answer, ok, reason, comps
 
@@ -316,13 +335,15 @@ def r1searcher_stage1(response_text: str, golds: List[str], protocol, answer_max
 
     ``R = R_retrieval + R_format``: ``R_retrieval`` = 0.5 when at least one well-formed retrieval happened
     (a non-empty query answered by a documents block), else 0; ``R_format`` = 0.5 when :func:`check_format`
-    passes, else 0. No answer reward in this stage. Range [0, 1].
+    passes, else 0. No answer reward in this stage. Range [0, 1]. ``score`` (the answer correctness dynamic filtering
+    reads) is Cover-EM under the same format rule: 0 for an answer longer than ``answer_max_words`` words, so a
+    list of candidates holding the gold does not count as correct.
     """
     proto = get_protocol(protocol)
     _, _, ok, reason, comps = _base_components(response_text, golds, proto, answer_max_words)
     r_ret = retrieval_reward if comps["valid_searches"] >= 1 else 0.0
     r_fmt = format_reward if ok else 0.0
-    comps.update(retrieval_reward=r_ret, format_reward=r_fmt, score=comps["cover_em"])
+    comps.update(retrieval_reward=r_ret, format_reward=r_fmt, score=comps["cover_em_capped"])
     return RewardResult(r_ret + r_fmt, comps, reason)
 
 

@@ -47,6 +47,7 @@ from openrlhf_search.reward_schedule import (  # noqa: F401  (re-exported)
     known_reward_schemes,
     set_reward_scheme_in_rollout_actor,
 )
+from openrlhf_search.step_timing import StepTimingMixin
 
 logger = init_logger(__name__)
 
@@ -98,9 +99,24 @@ def search_eval_metrics(eval_dataloader, samples_list) -> Dict[str, float]:
     return logs
 
 
-class _SearchPPOTrainer(PPOTrainer.__ray_actor_class__):
+def answer_list_stats(experiences) -> Dict[str, float]:
+    """``rollout/answer_list_rate``: the share of trained samples (retrieval not failed) whose answer names more than
+    one candidate (``rewards.answer_candidates``; the reward component ``answer_list``). Cover-EM and the released
+    stage-1 reward score a list holding the gold like the bare gold, so a rising rate is the policy learning to
+    list. {} when the reward scheme does not report ``answer_list``."""
+    if not experiences or not all("answer_list" in e.info for e in experiences):
+        return {}
+    keep = torch.cat([~failed_mask(e) for e in experiences])
+    values = torch.cat([torch.as_tensor(e.info["answer_list"]).reshape(-1).float().cpu() for e in experiences])
+    if values.numel() != keep.numel() or not keep.any():
+        return {}
+    return {"rollout/answer_list_rate": values[keep].mean().item()}
+
+
+class _SearchPPOTrainer(StepTimingMixin, PPOTrainer.__ray_actor_class__):
     """OpenRLHF ``PPOTrainer`` (plain class) with :class:`SearchExperienceMaker`, the reward-stage schedule,
-    ``search/*`` rollout statistics and search eval metrics. Same constructor as ``PPOTrainer``."""
+    ``search/*`` rollout statistics, the step's time split (:class:`~openrlhf_search.step_timing.StepTimingMixin`)
+    and search eval metrics. Same constructor as ``PPOTrainer``."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -168,6 +184,7 @@ class _SearchPPOTrainer(PPOTrainer.__ray_actor_class__):
         stats = super()._compute_rollout_stats(experiences)
         stats.update(valid_rollout_stats(experiences))  # failed samples out of rollout/*: they are not trained on
         stats.update(search_rollout_stats(experiences))
+        stats.update(answer_list_stats(experiences))
         return stats
 
     @torch.no_grad()

@@ -82,7 +82,8 @@ logger = logging.getLogger(__name__)
 
 # extra_logs keys averaged into the step metrics (over samples kept for training).
 ROLLOUT_METRICS = ("turns", "valid_searches", "queries", "answer_present", "truncated", "invalid_actions",
-                   "response_tokens", "obs_tokens", "em", "f1", "cover_em", "format_ok", "retrieval_failovers")
+                   "response_tokens", "obs_tokens", "em", "f1", "cover_em", "format_ok", "retrieval_failovers",
+                   "answer_list")
 
 
 def _write_json(path: str, obj) -> None:
@@ -541,6 +542,8 @@ class LocalSearchTrainer:
             if vals:
                 row[k] = sum(vals) / len(vals)
         row["answer_rate"] = row.get("answer_present", 0.0)
+        if "answer_list" in row:  # share of answers naming more than one candidate (rewards.answer_candidates)
+            row["answer_list_rate"] = row.pop("answer_list")
         if recalls:  # fraction of the supporting passages retrieved, over the kept rollouts
             row["support_recall"] = sum(recalls[i] for i in keep_idx) / len(keep_idx)
         row.update(upd)
