@@ -152,10 +152,32 @@ class SearchSamplesGenerator(SamplesGenerator):
       spread over samples whose retrieval succeeded) instead of OpenRLHF's mean answer score inside
       ``--algo.dynamic_filtering_range`` (that range is not read). Filtered prompts are replaced by new ones, as
       OpenRLHF does: the parent's generation runs again (without its own filter) for as many prompts as were
-      dropped, until enough groups pass or the data runs out.
+      dropped, until enough groups pass or the data runs out;
+    * the tokenizer crosses Ray once per rollout process, not with every prompt (:meth:`_dispatch_prompts_to_vllm`).
     """
 
     _stop_after_discard = False
+    _tokenizer_handle = None
+
+    def _dispatch_prompts_to_vllm(self, prompts, labels, **generate_kwargs):
+        """The parent's dispatch with the tokenizer sent as a :class:`~openrlhf_search.tokenizer_handle.
+        TokenizerHandle` (~400 bytes per call; each rollout actor fetches and unpickles the tokenizer once and
+        reuses that object for every later prompt) instead of the pickled tokenizer with every prompt. Without an
+        initialised Ray (unit tests with fake engines) the tokenizer goes as it is."""
+        import ray
+
+        if self.tokenizer is None or not ray.is_initialized():
+            return super()._dispatch_prompts_to_vllm(prompts, labels, **generate_kwargs)
+        from openrlhf_search.tokenizer_handle import TokenizerHandle
+
+        tokenizer = self.tokenizer
+        if self._tokenizer_handle is None or self._tokenizer_handle.tokenizer is not tokenizer:
+            self._tokenizer_handle = TokenizerHandle(tokenizer)
+        self.tokenizer = self._tokenizer_handle  # read by the parent only as generate_responses' hf_tokenizer
+        try:
+            return super()._dispatch_prompts_to_vllm(prompts, labels, **generate_kwargs)
+        finally:
+            self.tokenizer = tokenizer
 
     def discard_buffer(self) -> int:
         """Drop the samples generated but not yet trained on (``_sample_buffer``, filled when

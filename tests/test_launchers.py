@@ -46,6 +46,7 @@ def _inputs(tmp_path, script=None, **extra):
     record does not match the run."""
     ckpt = tmp_path / "stage1_ckpt"
     ckpt.mkdir(exist_ok=True)
+    (ckpt / "config.json").write_text("{}")  # an HF model folder (stage 2 refuses a folder without one)
     env = dict(TRAIN_DATA=QA, EVAL_DATA=QA, RETRIEVER_CORPUS=CORPUS, STAGE1_CKPT=str(ckpt),
                OUTPUT_ROOT=str(tmp_path / "out"), ALLOW_SHORT="1")  # a few rows: shorter than Search-R1's warm-up
     env.update(extra)
@@ -94,8 +95,11 @@ def test_launcher_flags_pass_openrlhf_parser(script):
     args, cfg = cli.parse_args(argv)  # argparse exits on an unknown flag; OpenRLHF/our checks raise
     assert args.train.agent_func_path == cli.DEFAULT_AGENT_PATH
     assert cfg.retriever_urls == ["http://127.0.0.1:8000"]
-    # colocated layout is consistent (OpenRLHF asserts actor GPUs == vLLM engines x TP)
-    assert args.vllm.num_engines * args.vllm.tensor_parallel_size == args.actor.num_nodes * args.actor.num_gpus_per_node
+    # the layout fills the 8 GPUs: colocated (OpenRLHF asserts actor GPUs == vLLM engines x TP) or actor + engines
+    engine_gpus = args.vllm.num_engines * args.vllm.tensor_parallel_size
+    actor_gpus = args.actor.num_nodes * args.actor.num_gpus_per_node
+    assert engine_gpus == actor_gpus == 8 if args.train.colocate_all else engine_gpus + actor_gpus == 8
+    assert args.vllm.enable_prefix_caching  # every turn resubmits the whole trajectory
     if "stage2" in script:  # starts from the stage-1 checkpoint
         assert "stage1" in args.actor.model_name_or_path
     if script.startswith("searchr1"):
@@ -187,14 +191,25 @@ def test_no_corpus_default_from_eval_data(tmp_path):
 
 
 @needs_shared
-def test_dry_run_with_given_urls_names_them(tmp_path):
-    env = _inputs(tmp_path, "r1searcher_qwen7b_base_single.sh",
-                  RETRIEVER_URLS="http://10.0.0.1:8000,http://10.0.0.2:8000")
-    env.pop("RETRIEVER_CORPUS")
-    res = _run("r1searcher_qwen7b_base_single.sh", DRY_RUN="1", **env)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "corpus: served by http://10.0.0.1:8000,http://10.0.0.2:8000" in res.stderr
-    assert json.loads(res.stdout)["search_config"]["retriever_urls"] == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+def test_dry_run_with_given_urls_names_and_probes_them(tmp_path):
+    a, b = _FakeHealth("aaaaaaaaaaaaaaaa"), _FakeHealth("aaaaaaaaaaaaaaaa")
+    try:
+        env = _inputs(tmp_path, "r1searcher_qwen7b_base_single.sh", RETRIEVER_URLS=f"{a.url},{b.url}")
+        env.pop("RETRIEVER_CORPUS")
+        res = _run("r1searcher_qwen7b_base_single.sh", DRY_RUN="1", **env)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert f"corpus: served by {a.url},{b.url}" in res.stderr
+        assert json.loads(res.stdout)["search_config"]["retriever_urls"] == [a.url, b.url]
+        # a dead URL fails the dry run (the real run would), in one line naming it, before the trainer's parser
+        dead = f"http://127.0.0.1:{_free_port()}"
+        env["RETRIEVER_URLS"] = f"{a.url},{dead}"
+        res = _run("r1searcher_qwen7b_base_single.sh", DRY_RUN="1", **env)
+        assert res.returncode == 1 and res.stdout == ""
+        errors = [ln for ln in res.stderr.splitlines() if "did not answer" in ln]
+        assert len(errors) == 1 and "/health did not answer" in errors[0] and "does not start" in errors[0]
+    finally:
+        a.close()
+        b.close()
 
 
 @needs_shared

@@ -9,6 +9,8 @@
 #                     http://127.0.0.1:8265) instead of running the driver here. Retrievers are then expected on
 #                     every node (examples/scripts/cluster_node_setup.sh), reached at http://127.0.0.1:$RETRIEVER_PORT
 #                     from each node's own rollout actors: one retriever per node, no cross-node retrieval traffic.
+#                     The submitting host needs no corpus; TRAIN_DATA, EVAL_DATA, a local MODEL and OUTPUT_ROOT are
+#                     read at the same absolute paths by the job (shared storage), the dry run lists them.
 #   RETRIEVER_URLS    comma-separated retriever URLs; when set no retriever is started (they are checked:
 #                     healthy and serving one index, that of RETRIEVER_INDEX_DIR when given).
 #   RETRIEVER_MODE    node (default): start_retriever.sh, one retriever per node; serve: start_retriever_serve.sh, one
@@ -27,9 +29,23 @@
 #                     (docs/parity.md lists every value and its source line).
 #   TRAIN_DATA, EVAL_DATA, MODEL, STAGE1_CKPT   must exist (a MODEL of the form org/name is a hub name); the
 #                     dry run fails with one line naming the missing one.
-#   NNODES, GPUS_PER_NODE, VLLM_TP   cluster layout (default 1 node, 8 GPUs, tensor parallel 1).
+#   NNODES, GPUS_PER_NODE, VLLM_TP   cluster layout (default 1 node, 8 GPUs, tensor parallel 1). Every GPU is
+#                     shared by training and vLLM (colocated) when the batch sizes fit them all (DeepSpeed's
+#                     train batch == micro x grad_accum x ranks; rollout micro-batches divide over the ranks), else
+#                     the actor trains on the most GPUs per node that fit and vLLM generates on the rest; a layout
+#                     that cannot fit exits 2 with one line naming the layouts that work (openrlhf_search.layout).
+#   ACTOR_GPUS_PER_NODE   force the actor's (and reference's) GPUs per node; the rest hold the vLLM engines
+#                     (= GPUS_PER_NODE: colocated).
+#   GPU_MEM_GB        memory of one GPU for the dry run's per-GPU estimate (default 80): logits of the largest
+#                     forward, ZeRO shards, vLLM share, retriever index; a warning above 90% names the flag to change.
+#   RETRIEVER_GPU_GB  GiB per GPU the node's retriever index takes on the training GPUs (default: estimated for a
+#                     dense Flat index, which faiss-gpu shards over every GPU in fp16; 0 for BM25 / HNSW / Serve).
+#   PLACEMENT_WAIT_S  how long the driver waits for Ray to have the layout's GPUs free (default 60) before it exits
+#                     with one line (Serve replicas or other jobs holding GPUs) instead of waiting forever.
 #   PYTHON            interpreter (default: the checkout's .venv/bin/python if present, else python3); `ray` is
-#                     run as "$PYTHON -m ray.scripts.scripts" so that it is the project's Ray.
+#                     run as "$PYTHON -m ray.scripts.scripts" so that it is the project's Ray. A GPU run refuses
+#                     one whose torch has no CUDA (the CPU stack of `make setup`) in one line unless CPU_CLUSTER=1;
+#                     a submitted job's driver checks its own interpreter (OPENRLHF_SEARCH_REQUIRE_CUDA=1).
 #   JOB_PYTHON        interpreter of the submitted job's driver on the head node (default: $PYTHON).
 #   OUTPUT_ROOT       checkpoints and logs (default ./checkpoints).
 #   CPU_CLUSTER=1     try the launcher on this machine before booking GPUs: the real path (OpenRLHF's train_ppo_ray
@@ -116,22 +132,57 @@ cpu_cluster_setup() {
     log "CPU cluster: $RUN_DESC -> tiny Qwen2 policy $MODEL, $MAX_STEPS steps of 2 prompts x $n samples"
 }
 
-# GPU layout: actor, reference (and critic) share every GPU of the job with the vLLM engines (colocate_all,
-# sleep mode), as both papers' single-node setups do.
+# A GPU run on this machine refuses an interpreter whose torch was built without CUDA (the CPU stack of `make setup`
+# in .venv, say) in one line, before any retriever or Ray starts; the trainer itself checks again
+# (OPENRLHF_SEARCH_REQUIRE_CUDA=1, also set for a submitted job's driver on the head node).
+check_gpu_python() {
+    local cuda
+    cuda="$("$PYTHON" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null)" \
+        || die "$PYTHON cannot import torch: set PYTHON=/path/to/the/GPU/environment/bin/python"
+    [[ -n "$cuda" ]] || die "$PYTHON has a torch without CUDA (the CPU stack of make setup?): set PYTHON=/path/to/the/GPU/environment/bin/python, or CPU_CLUSTER=1 to try the launcher on CPU"
+    export OPENRLHF_SEARCH_REQUIRE_CUDA=1
+}
+
+# GPU layout (python -m openrlhf_search.layout): actor, reference (and critic) share every GPU of the job with the
+# vLLM engines (colocate_all, sleep mode), as both papers' single-node setups do, when the batch sizes fit all the
+# GPUs (DeepSpeed: train batch == micro x grad_accum x actor ranks; rollout micro-batches divide over the ranks);
+# otherwise the actor and reference train on the largest number of GPUs per node that fits and the vLLM engines
+# generate on the others. ACTOR_GPUS_PER_NODE forces the actor's share (= GPUS_PER_NODE: colocated). A layout
+# that cannot fit exits 2 with one line naming the layouts that work.
+# Arguments: train batch, train micro-batch, samples per step, rollout micro-batch, critic (true|false).
 layout_args() {
     if [[ "$CPU_CLUSTER" == "1" ]]; then  # one CPU actor per model, set by --cpu_cluster itself
         LAYOUT_ARGS=()
         return 0
     fi
-    local engines=$(( NNODES * GPUS_PER_NODE / VLLM_TP ))
+    local train_bs="$1" train_micro="$2" samples="$3" rollout_micro="$4" critic="${5:-false}" out
+    local extra=()
+    [[ "$DRY_RUN" == "0" && "$SUBMIT" != "1" ]] && check_gpu_python
+    [[ -n "${ACTOR_GPUS_PER_NODE:-}" ]] && extra+=(--actor_gpus_per_node "$ACTOR_GPUS_PER_NODE")
+    [[ "$critic" == "true" ]] && extra+=(--critic)
+    out="$("$PYTHON" -m openrlhf_search.layout --nnodes "$NNODES" --gpus_per_node "$GPUS_PER_NODE" \
+        --vllm_tp "$VLLM_TP" --train_batch "$train_bs" --train_micro "$train_micro" --rollout_samples "$samples" \
+        --rollout_micro "$rollout_micro" "${extra[@]}" 2>&1)" || die "$out"
+    local actor engines colocated desc
+    LAYOUT_DESC=""
+    actor="$(sed -n 's/^ACTOR_GPUS=//p' <<< "$out")"
+    engines="$(sed -n 's/^VLLM_ENGINES=//p' <<< "$out")"
+    colocated="$(sed -n 's/^COLOCATED=//p' <<< "$out")"
+    desc="$(sed -n "s/^LAYOUT_DESC='\(.*\)'$/\1/p" <<< "$out")"
+    LAYOUT_DESC="$desc"  # logged by launch(), after the input and retriever checks
     LAYOUT_ARGS=(
-        --actor.num_nodes "$NNODES" --actor.num_gpus_per_node "$GPUS_PER_NODE"
-        --ref.num_nodes "$NNODES" --ref.num_gpus_per_node "$GPUS_PER_NODE"
-        --critic.num_nodes "$NNODES" --critic.num_gpus_per_node "$GPUS_PER_NODE"
+        --actor.num_nodes "$NNODES" --actor.num_gpus_per_node "$actor"
+        --ref.num_nodes "$NNODES" --ref.num_gpus_per_node "$actor"
+        --critic.num_nodes "$NNODES" --critic.num_gpus_per_node "$actor"
         --vllm.num_engines "$engines" --vllm.tensor_parallel_size "$VLLM_TP"
-        --train.colocate_all --vllm.enable_sleep --ds.enable_sleep --vllm.gpu_memory_utilization 0.6
         --ds.zero_stage 3 --actor.gradient_checkpointing_enable --ds.packing_samples
+        --vllm.enable_prefix_caching
     )
+    if [[ "$colocated" == "1" ]]; then
+        LAYOUT_ARGS+=(--train.colocate_all --vllm.enable_sleep --ds.enable_sleep --vllm.gpu_memory_utilization 0.6)
+    else  # the engines own their GPUs: no sleep mode, vLLM takes most of each
+        LAYOUT_ARGS+=(--train.colocate_actor_ref --vllm.gpu_memory_utilization 0.85)
+    fi
 }
 
 die() { log "error: $*"; exit 2; }
@@ -156,6 +207,16 @@ check_inputs() {
     [[ -n "${EVAL_DATA_FILE:-}" ]] && require_file "EVAL_DATA" "$EVAL_DATA_FILE"
     if [[ -n "${STAGE1_FROM:-}" ]]; then
         [[ -e "$STAGE1_FROM" ]] || die "stage-1 checkpoint $STAGE1_FROM does not exist (set STAGE1_CKPT)"
+        if [[ ! -f "$STAGE1_FROM/config.json" ]]; then  # stage 1's folder: its newest --ckpt.save_hf copy
+            local newest
+            newest="$( { ls -d "$STAGE1_FROM"/global_step*_hf "$STAGE1_FROM"/ckpt/global_step*_hf 2>/dev/null || true; } \
+                | sed -n 's/.*global_step\([0-9]*\)_hf$/\1\t&/p' | sort -n | tail -n 1 | cut -f 2)"
+            [[ -n "$newest" && -f "$newest/config.json" ]] \
+                || die "STAGE1_CKPT $STAGE1_FROM holds no HF model (config.json) and no global_step*_hf copy (stage 1 writes them with --ckpt.save_hf): point STAGE1_CKPT at one"
+            log "stage 2 starts from stage 1's newest HF copy: $newest"
+            STAGE1_FROM="$newest"
+            MODEL="$newest"
+        fi
     fi
     require_model "model" "$MODEL"
     return 0
@@ -230,11 +291,40 @@ retriever_config() {
     R_INDEX_TYPE="$(sed -n 's/^index_type=//p' <<< "$out")"
 }
 
-check_retriever_urls() {  # every URL healthy and serving one index (that of $1 when given), else exit 1
-    local expect=()
+# RETRIEVER_GPU_GB (unless set): GiB per GPU that this node's retriever puts on the training GPUs, read by the dry
+# run's memory estimate. faiss-gpu (when installed on the node) shards a dense Flat / IVF index in fp16 over every
+# GPU: rows x dim x 2 bytes / GPUS_PER_NODE; rows from the built index's manifest, else from the corpus file's size
+# and its first 1,000 lines; BM25 and HNSW stay on the CPU (0).
+retriever_gpu_estimate() {
+    [[ -n "${RETRIEVER_GPU_GB:-}" ]] && return 0
+    RETRIEVER_GPU_GB="$("$PYTHON" - "$R_ENCODER" "$R_INDEX_TYPE" "$R_INDEX_DIR" "$R_CORPUS" "$GPUS_PER_NODE" <<'PY' 2>/dev/null || echo 0
+import json, os, sys
+encoder, index_type, index_dir, corpus, gpus = sys.argv[1:6]
+dims = {"e5-base-v2": 768, "bge-large-en-v1.5": 1024, "minilm": 384}
+if encoder == "bm25" or index_type not in ("flat", "ivfpq", "ivf"):
+    print(0); sys.exit()
+rows, dim = None, dims.get(os.path.basename(encoder.rstrip("/")))
+manifest = os.path.join(index_dir, "manifest.json")
+if os.path.isfile(manifest):
+    m = json.load(open(manifest))
+    rows, dim = m.get("count"), m.get("dim") or dim
+elif os.path.isfile(corpus):
+    with open(corpus, "rb") as f:
+        head = [len(line) for _, line in zip(range(1000), f)]
+    rows = os.path.getsize(corpus) * len(head) / max(1, sum(head))
+if not rows or not dim:
+    print(0); sys.exit()
+print(round(rows * dim * 2 / int(gpus) / 2**30, 2) if index_type == "flat" else 0)
+PY
+)"
+    export RETRIEVER_GPU_GB
+}
+
+check_retriever_urls() {  # every URL healthy (/health, 5 s) and serving one index (that of $1 when given), else
+    local expect=() err   # exit 1 with retriever_check's one line
     [[ -n "${1:-}" ]] && expect=(--index_dir "$1")
-    "$PYTHON" -m openrlhf_search.retriever_check --urls "$RETRIEVER_URLS" "${expect[@]}" >/dev/null \
-        || { log "retriever check failed: the job does not start"; exit 1; }
+    err="$("$PYTHON" -m openrlhf_search.retriever_check --urls "$RETRIEVER_URLS" --timeout 5 "${expect[@]}" 2>&1 \
+        >/dev/null)" || { log "${err#error: } (the job does not start)"; exit 1; }
     log "retrievers healthy and serving one index: $RETRIEVER_URLS"
 }
 
@@ -256,8 +346,12 @@ start_retrievers() {
             expect_dir="$RETRIEVER_INDEX_DIR"
         fi
         log "corpus: served by $RETRIEVER_URLS | index: ${expect_dir:-whatever they serve (must be one)} | retriever: $RETRIEVER_URLS"
-        [[ "$DRY_RUN" != "0" ]] && return 0
-        check_retriever_urls "$expect_dir"
+        if [[ "$SUBMIT" == "1" && "$RETRIEVER_URLS" =~ (127\.0\.0\.1|localhost) ]]; then
+            # each node's own retriever: the job's driver checks them on every node before training
+            log "loopback URLs are each node's own retriever: checked on every node by the job, not from here"
+            return 0
+        fi
+        check_retriever_urls "$expect_dir"  # dry runs too: a dead URL fails here, not after Ray has started
         return 0
     fi
     RETRIEVER_URLS="http://127.0.0.1:${RETRIEVER_PORT}"
@@ -266,14 +360,23 @@ start_retrievers() {
         RETRIEVER_URLS="http://${RETRIEVER_SERVE_IP:-$(hostname -I 2>/dev/null | awk '{print $1}')}:${RETRIEVER_PORT}"
         start_script="$SCRIPT_DIR/start_retriever_serve.sh"
     fi
-    retriever_config
-    log "corpus: $R_CORPUS | index: $R_INDEX_DIR ($R_INDEX_STATE, $R_ENCODER $R_INDEX_TYPE) | retriever: $RETRIEVER_URLS"
-    if [[ "$DRY_RUN" != "0" ]]; then
-        log "dry run: would start RETRIEVER_ENCODER=$R_ENCODER bash $start_script --port $RETRIEVER_PORT"
+    if [[ "$SUBMIT" == "1" && "${RETRIEVER_MODE:-node}" != "serve" ]]; then
+        # the nodes' retrievers: no corpus is needed on the submitting host
+        local out
+        log "cluster job: each node serves its own retriever at $RETRIEVER_URLS (started there by cluster_node_setup.sh with that node's RETRIEVER_CORPUS or RETRIEVER_INDEX_DIR); the job's driver checks on every node that it answers and that all serve one index, before training"
+        if [[ -n "${RETRIEVER_CORPUS:-}${RETRIEVER_INDEX_DIR:-}" ]] \
+            && out="$(bash "$SCRIPT_DIR/start_retriever.sh" --port "$RETRIEVER_PORT" --print_config 2>/dev/null)"; then
+            R_CORPUS="$(sed -n 's/^corpus=//p' <<< "$out")"; R_INDEX_DIR="$(sed -n 's/^index_dir=//p' <<< "$out")"
+            R_ENCODER="$(sed -n 's/^encoder=//p' <<< "$out")"; R_INDEX_TYPE="$(sed -n 's/^index_type=//p' <<< "$out")"
+            retriever_gpu_estimate  # this host's copy stands for the nodes' (same corpus and index)
+        fi
         return 0
     fi
-    if [[ "$SUBMIT" == "1" && "${RETRIEVER_MODE:-node}" != "serve" ]]; then
-        log "cluster job: each node serves its own retriever at $RETRIEVER_URLS (cluster_node_setup.sh); the driver checks all nodes serve one index"
+    retriever_config
+    log "corpus: $R_CORPUS | index: $R_INDEX_DIR ($R_INDEX_STATE, $R_ENCODER $R_INDEX_TYPE) | retriever: $RETRIEVER_URLS"
+    [[ "${RETRIEVER_MODE:-node}" == "serve" ]] || retriever_gpu_estimate
+    if [[ "$DRY_RUN" != "0" ]]; then
+        log "dry run: would start RETRIEVER_ENCODER=$R_ENCODER bash $start_script --port $RETRIEVER_PORT"
         return 0
     fi
     local busy
@@ -296,6 +399,42 @@ start_retrievers() {
     check_retriever_urls "$R_INDEX_DIR"
 }
 
+# A relaunch resumes: when --ckpt.path holds DeepSpeed states (_actor, written every --ckpt.save_steps), the run
+# continues from the newest one with OpenRLHF's --ckpt.load_enable (weights, optimizer, step, data position). A
+# run folder (--ckpt.output_dir) that is not empty but has nothing to resume from is refused in one line: starting
+# there would rotate away the earlier run's checkpoints. FRESH=1 starts over: the old folder is moved aside to
+# <folder>.old-<UTC time> (never deleted). Arguments: the trainer flags; sets RESUME_ARGS.
+resume_args() {
+    RESUME_ARGS=()
+    local ckpt="" out="" prev="" a
+    for a in "$@"; do
+        [[ "$prev" == "--ckpt.path" ]] && ckpt="$a"
+        [[ "$prev" == "--ckpt.output_dir" ]] && out="$a"
+        prev="$a"
+    done
+    [[ -n "$out" ]] || out="$ckpt"
+    [[ -n "$ckpt" ]] || return 0
+    local has_state=0 non_empty=0
+    [[ -d "$ckpt/_actor" ]] && has_state=1
+    [[ -d "$out" && -n "$(ls -A "$out" 2>/dev/null)" ]] && non_empty=1
+    [[ "$has_state$non_empty" == "00" ]] && return 0
+    if [[ "${FRESH:-0}" == "1" ]]; then
+        local aside
+        aside="$out.old-$(date -u +%Y%m%dT%H%M%S)"
+        if [[ "$DRY_RUN" != "0" ]]; then log "dry run: FRESH=1 would move $out aside to $aside and start at step 0"; return 0; fi
+        mv "$out" "$aside"
+        [[ -d "$ckpt" && "$ckpt" != "$out"/* ]] && mv "$ckpt" "$aside.ckpt"
+        log "FRESH=1: moved the earlier run to $aside; starting at step 0"
+        return 0
+    fi
+    if [[ "$has_state" == "1" ]]; then
+        RESUME_ARGS=(--ckpt.load_enable)
+        log "resuming from $ckpt ($(cat "$ckpt/_actor/latest" 2>/dev/null || echo "newest DeepSpeed state")); FRESH=1 starts over"
+        return 0
+    fi
+    die "$out is not empty but holds no checkpoint to resume from ($ckpt/_actor): FRESH=1 starts over (the folder is moved aside), or set OUTPUT_ROOT"
+}
+
 # Run (or submit, or dry-run) python -m openrlhf_search.cli.train with the given flags + the script's extra args.
 launch() {
     local full=("$@" --search.retriever_urls "$RETRIEVER_URLS" "${CPU_ARGS[@]}" "${EXTRA_ARGS[@]}")
@@ -306,12 +445,16 @@ launch() {
             "corpus=${RETRIEVER_CORPUS:-}" "setting=${SETTING:-}"
         return 0
     fi
+    [[ -n "${LAYOUT_DESC:-}" ]] && log "layout: $LAYOUT_DESC"
+    resume_args "${full[@]}"
+    full+=("${RESUME_ARGS[@]}")
     local submit=("$PYTHON" -m ray.scripts.scripts job submit --address "$RAY_ADDRESS" --working-dir "$REPO_ROOT"
-                  --runtime-env-json '{"excludes": [".git", ".venv", "checkpoints", "data", "*.pt", "*.safetensors"]}'
+                  --runtime-env-json '{"excludes": [".git", ".venv", "checkpoints", "data", "*.pt", "*.safetensors"], "env_vars": {"OPENRLHF_SEARCH_REQUIRE_CUDA": "1"}}'
                   -- "${JOB_PYTHON:-$PYTHON}" -m openrlhf_search.cli.train)
     if [[ "$DRY_RUN" != "0" ]]; then
         if [[ "$SUBMIT" == "1" ]]; then
             log "dry run: would submit: ${submit[*]} ${full[*]}"
+            log "the job reads these paths of this host on the cluster (shared storage at the same path): TRAIN_DATA=$TRAIN_DATA_FILE EVAL_DATA=${EVAL_DATA_FILE:-} OUTPUT_ROOT=$OUTPUT_ROOT$([[ -e "$MODEL" ]] && echo " MODEL=$MODEL")"
         fi
         "$PYTHON" -m openrlhf_search.cli.train "${full[@]}" --dry_run
         return $?

@@ -62,6 +62,9 @@ TRAIN_DATA_FILE="${TRAIN_DATA:-$DATA_DIR/searchr1_train_qwen2.5_${VARIANT}.jsonl
 EVAL_DATA_FILE="${EVAL_DATA:-$DATA_DIR/searchr1_eval_qwen2.5_${VARIANT}.jsonl}"
 # (STEPS, not MAX_STEPS: common.sh reads MAX_STEPS from the environment for CPU_CLUSTER=1)
 ROLLOUT_BS=512 EPISODES=15 STEPS=1004 WARMUP_RATIO=0.285
+TRAIN_BS=256 TRAIN_MICRO=2 ROLLOUT_MICRO=8
+N_SAMPLES=1 CRITIC=true
+[[ "$ALGO" == grpo ]] && { N_SAMPLES=5; CRITIC=false; }
 # Search-R1's retriever: e5-base-v2, flat inner-product index over wiki-18 (retrieval_launch.sh).
 export RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-e5-base-v2}" RETRIEVER_INDEX_TYPE="${RETRIEVER_INDEX_TYPE:-flat}"
 
@@ -69,7 +72,7 @@ RUN_DESC="searchr1.sh $ALGO $SIZE $VARIANT"
 cpu_cluster_setup searchr1 true "$([[ "$ALGO" == ppo ]] && echo 1 || echo 4)"
 check_inputs
 check_data_steps "$TRAIN_DATA_FILE" "$ROLLOUT_BS" "$EPISODES" "$STEPS" "$WARMUP_RATIO"
-layout_args
+layout_args "$TRAIN_BS" "$TRAIN_MICRO" "$(( ROLLOUT_BS * N_SAMPLES ))" "$ROLLOUT_MICRO" "$CRITIC"
 start_retrievers
 log "setting: $SETTING | model: $MODEL | data: $TRAIN_DATA_FILE (prompts rendered with $MODEL's chat template) | eval: $EVAL_DATA_FILE"
 launch \
@@ -80,8 +83,8 @@ launch \
     --data.input_key prompt --data.label_key label \
     --eval.dataset "$EVAL_DATA_FILE" --eval.steps 100 --eval.before_training \
     --eval.n_samples_per_prompt 1 --eval.temperature 0.0 \
-    --rollout.batch_size "$ROLLOUT_BS" --train.batch_size 256 \
-    --rollout.micro_batch_size 8 --train.micro_batch_size 2 \
+    --rollout.batch_size "$ROLLOUT_BS" --train.batch_size "$TRAIN_BS" \
+    --rollout.micro_batch_size "$ROLLOUT_MICRO" --train.micro_batch_size "$TRAIN_MICRO" \
     --rollout.temperature 1.0 \
     --actor.adam.lr 1e-6 --actor.lr_scheduler constant_with_warmup --actor.lr_warmup_ratio "$WARMUP_RATIO" \
     --actor.adam.betas 0.9 0.999 --actor.adam.weight_decay 0.01 \

@@ -214,7 +214,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser = add_search_arguments(openrlhf_main().build_parser())
     document_overlong_flags(parser)  # the overlong budget is the trajectory's (openrlhf_search.length_penalty)
     document_reward_flags(parser)  # OpenRLHF's other --reward.* flags on the search path
+    parser.error = types.MethodType(_one_line_error, parser)
     return parser
+
+
+def nearest_flags(parser: argparse.ArgumentParser, name: str, n: int = 3) -> List[str]:
+    """The parser's flags closest to a mistyped ``name`` (``difflib`` ratio >= 0.6; a bare field name such as
+    ``--batch_size`` also matches every ``--<group>.batch_size``)."""
+    import difflib
+
+    flags = sorted({o for a in parser._actions for o in a.option_strings if o.startswith("--")})
+    field = name.lstrip("-")
+    same_field = [f for f in flags if "." not in field and f.endswith("." + field)]
+    close = difflib.get_close_matches(name, flags, n=n, cutoff=0.6)
+    return (same_field + [f for f in close if f not in same_field])[:n]
+
+
+def _one_line_error(parser: argparse.ArgumentParser, message: str):
+    """argparse's error without the ~170-line usage: one line, with the nearest valid flags for an unknown one."""
+    import re
+
+    m = re.match(r"unrecognized arguments: (.*)", message)
+    if m:
+        parts = []
+        for token in m.group(1).split():
+            if token.startswith("--"):
+                name = token.split("=", 1)[0]
+                near = nearest_flags(parser, name)
+                parts.append(f"{name} (nearest: {', '.join(near)})" if near else f"{name} (no similar flag)")
+        if parts:
+            message = "unknown flag " + "; unknown flag ".join(parts)
+    parser.exit(2, f"error: {message} (--help lists every flag)\n")
 
 
 def search_config_from_args(args) -> SearchConfig:
@@ -290,8 +320,14 @@ def parse_args(argv: Optional[List[str]] = None) -> Tuple[Any, SearchConfig]:
         ConfigError: a search option is invalid.
         AssertionError: OpenRLHF's own validation rejected the combination (its message).
     """
+    from openrlhf_search.layout import LayoutError, check_args, check_positive_sizes
+
     parser = build_parser()
     flat = parser.parse_args(argv)
+    try:
+        check_positive_sizes(flat)  # before OpenRLHF's asserts, whose messages do not name the flag
+    except LayoutError as e:
+        raise ConfigError(str(e)) from e
     if flat.cpu_cluster:  # before OpenRLHF's validation, which must see the CPU layout
         from openrlhf_search.cpu_cluster import apply_cpu_settings
 
@@ -302,6 +338,10 @@ def parse_args(argv: Optional[List[str]] = None) -> Tuple[Any, SearchConfig]:
     for f in dataclasses.fields(SearchConfig):  # resolved values travel with the args (trainer, logs)
         setattr(args.search, f.name, getattr(cfg, f.name))
     validate_search(args, cfg)
+    try:
+        check_args(args)  # DeepSpeed's batch check and the rollout micro-batches over the actor ranks
+    except LayoutError as e:
+        raise ConfigError(str(e)) from e
     return args, cfg
 
 
@@ -442,6 +482,13 @@ def run(args, cfg: SearchConfig) -> None:
             ray.init(runtime_env=build_runtime_env(cfg))
         started = True
     try:
+        if not cpu:  # a layout Ray cannot place fails here, not in train()'s ray.get(pg.ready()) forever
+            from openrlhf_search.layout import LayoutError, wait_for_free_gpus
+
+            try:
+                wait_for_free_gpus(args, float(os.environ.get("PLACEMENT_WAIT_S") or 60))
+            except LayoutError as e:
+                raise ConfigError(str(e)) from e
         check_retrievers_before_training(args, cfg)
         openrlhf_main().module.train(args)
     except BaseException as e:
@@ -484,11 +531,21 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         resolved = resolved_config(args, cfg) if args.dry_run else None
+        if resolved is not None and not getattr(args, "cpu_cluster", False):
+            try:
+                resolved["memory_estimate"] = dry_run_memory_estimate(args)
+            except ConfigError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
     if resolved is not None:
         print(json.dumps(resolved, indent=2, sort_keys=True, default=str), file=stdout)
         return 0
     from openrlhf_search.retriever_check import RetrieverCheckError
 
+    problem = cuda_python_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         run(args, cfg)
     except ConfigError as e:
@@ -509,6 +566,43 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {cause or worker} (training stopped)", file=sys.stderr)
         return 1
     return 0
+
+
+def cuda_python_problem(args) -> Optional[str]:
+    """With ``OPENRLHF_SEARCH_REQUIRE_CUDA=1`` (set by the launchers for GPU runs and submitted jobs), the line
+    that refuses an interpreter whose torch has no CUDA build; None when fine, not required or ``--cpu_cluster``."""
+    if os.environ.get("OPENRLHF_SEARCH_REQUIRE_CUDA") != "1" or getattr(args, "cpu_cluster", False):
+        return None
+    import torch
+
+    if torch.version.cuda:
+        return None
+    return (f"{sys.executable} has torch {torch.__version__} without CUDA (the CPU stack of make setup?): run the "
+            "job with the GPU environment's interpreter (PYTHON=... / JOB_PYTHON=... for the launchers), or "
+            "CPU_CLUSTER=1 to try the launcher on CPU")
+
+
+def dry_run_memory_estimate(args) -> Dict[str, Any]:
+    """:func:`openrlhf_search.memory_estimate.estimate` against ``GPU_MEM_GB`` (default 80) with the retriever
+    index the launcher put on the training GPUs (``RETRIEVER_GPU_GB``, default 0); prints its summary line and,
+    above 90%, the warning naming the flag to change (stderr)."""
+    from openrlhf_search.memory_estimate import estimate
+
+    def env_float(name: str, default: float) -> float:
+        try:
+            return float(os.environ.get(name) or default)
+        except ValueError:
+            raise ConfigError(f"{name} must be a number, got {os.environ.get(name)!r}") from None
+
+    est = estimate(args, env_float("GPU_MEM_GB", 80.0), env_float("RETRIEVER_GPU_GB", 0.0))
+    if "unknown_model" in est:
+        print(f"[dry_run] memory: no estimate (size of {est['unknown_model']} unknown)", file=sys.stderr)
+    else:
+        print(f"[dry_run] memory per actor GPU: training {est['training_gb']} GiB, generation {est['generation_gb']}"
+              f" GiB of {est['gpu_mem_gb']:g} (GPU_MEM_GB) {json.dumps(est['components'])}", file=sys.stderr)
+        if est["warning"]:
+            print(f"warning: {est['warning']}", file=sys.stderr)
+    return est
 
 
 def stop_reason(error: BaseException) -> Optional[str]:

@@ -1,0 +1,191 @@
+"""Dry runs refuse what the run would refuse, in one line: a mistyped flag (with the nearest valid names, no usage
+dump), a non-positive size, an interpreter whose torch has no CUDA for a GPU run, a layout Ray has no free GPUs for;
+a per-GPU memory estimate with a warning naming the flag to change; SUBMIT=1 needs no corpus on the submitting host."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from openrlhf_search.cli import train as cli
+from openrlhf_search.layout import LayoutError, gpus_needed, wait_for_free_gpus
+from openrlhf_search.memory_estimate import GIB, estimate, params_from_config
+from tests.test_launchers import _argv, _common, _inputs, _run, needs_shared
+
+LLAMA1 = "r1searcher_llama8b_instruct_stage1.sh"
+
+
+def _lines(text):
+    return [ln for ln in text.splitlines() if ln.strip() and "Warning" not in ln and "import pynvml" not in ln]
+
+
+def test_a_mistyped_flag_gets_one_line_with_the_nearest_names(capsys):
+    argv = _argv("searchr1_ppo_qwen2.5-3b_base.sh") + ["--train.batchsize", "8", "--search.top_k", "3"]
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = _lines(capsys.readouterr().err)
+    assert len(err) == 1 and "usage:" not in err[0]
+    assert "--train.batchsize (nearest: --train.batch_size" in err[0] and "--search.top_k (nearest: --search.topk" in err[0]
+    assert cli.nearest_flags(cli.build_parser(), "--batch_size")[:2] == ["--rollout.batch_size", "--train.batch_size"]
+
+
+@needs_shared
+def test_launcher_dry_run_refuses_bad_values_in_one_line(tmp_path):
+    env = _inputs(tmp_path, "searchr1_grpo_qwen2.5-3b_base.sh")
+    for extra, expect in ((["--train.batch_size", "-8"], "--train.batch_size must be a positive number, got -8"),
+                          (["--rollout.batch_size", "-4"], "--rollout.batch_size must be a positive number, got -4"),
+                          (["--train.batchsiz", "8"], "nearest: --train.batch_size")):
+        res = _run("searchr1_grpo_qwen2.5-3b_base.sh", *extra, DRY_RUN="1", timeout=120, **env)
+        assert res.returncode == 2 and res.stdout == "", res.stderr[-2000:]
+        errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+        assert len(errors) == 1 and expect in errors[0], res.stderr[-2000:]
+        assert "usage:" not in res.stderr
+
+
+def test_memory_estimate_counts_logits_shards_and_vllm():
+    args, _ = cli.parse_args(_argv(LLAMA1))
+    est = estimate(args, gpu_mem_gb=80)
+    ranks = args.actor.num_gpus_per_node
+    assert est["components"]["logits_largest_forward"] == round(1 * 30024 * 128256 * 6 / GIB, 1)
+    assert est["components"]["actor_zero_shard"] == round(16 * 8.03e9 / ranks / GIB, 1)
+    assert est["components"]["vllm_share"] == 0.0 and est["warning"] is None  # vLLM on GPUs of its own
+    # the former rollout micro-batch of 4 at 30,024 tokens: ~86 GiB of logits on one GPU
+    big, _ = cli.parse_args(_argv(LLAMA1) + ["--rollout.micro_batch_size", "4"])
+    warn = estimate(big, gpu_mem_gb=80)["warning"]
+    assert warn and "--rollout.micro_batch_size" in warn and "GPU_MEM_GB 80" in warn
+    # a colocated Search-R1 run: the vLLM share counts in the generation phase (sleep mode frees it for training)
+    grpo, _ = cli.parse_args(_argv("searchr1_grpo_qwen2.5-7b_base.sh"))
+    g = estimate(grpo, gpu_mem_gb=80)
+    assert g["components"]["vllm_share"] == pytest.approx(0.6 * 80, abs=0.05)
+    assert g["generation_gb"] >= 48 and g["training_gb"] < 48 + g["components"]["logits_largest_forward"]
+    small = estimate(grpo, gpu_mem_gb=40)["warning"]  # training phase: logits 28 + shards 16 > 36
+    assert small and "--rollout.micro_batch_size" in small and "training" in small
+    greedy, _ = cli.parse_args(_argv("searchr1_grpo_qwen2.5-7b_base.sh") + ["--vllm.gpu_memory_utilization", "0.95"])
+    gen = estimate(greedy, gpu_mem_gb=80)["warning"]  # generation phase: 76 of 80
+    assert gen and "--vllm.gpu_memory_utilization 0.95" in gen and "generation" in gen
+
+
+def test_parameter_count_from_config_matches_the_real_model(tiny_policy):
+    model = tiny_policy[0] if isinstance(tiny_policy, tuple) else tiny_policy
+    params, vocab = params_from_config(model.config.to_dict())
+    assert params == sum(p.numel() for p in model.parameters())
+    assert vocab == model.config.vocab_size
+
+
+@needs_shared
+def test_dry_run_prints_the_memory_line_and_the_warning(tmp_path):
+    env = _inputs(tmp_path, LLAMA1, GPU_MEM_GB="30")
+    res = _run(LLAMA1, DRY_RUN="1", timeout=180, **env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "memory per actor GPU: training" in res.stderr
+    warn = [ln for ln in res.stderr.splitlines() if ln.startswith("warning: estimated")]
+    assert len(warn) == 1 and "GPU_MEM_GB 30" in warn[0]
+    assert json.loads(res.stdout)["memory_estimate"]["gpu_mem_gb"] == 30
+
+
+def test_a_gpu_run_refuses_a_python_without_cuda(capsys, monkeypatch):
+    import torch
+
+    if torch.version.cuda:
+        pytest.skip("this interpreter's torch has CUDA")
+    args = _argv("searchr1_ppo_qwen2.5-3b_base.sh")
+    monkeypatch.setenv("OPENRLHF_SEARCH_REQUIRE_CUDA", "1")
+    assert cli.main(args) == 2
+    err = _lines(capsys.readouterr().err)
+    assert len(err) == 1 and sys.executable in err[0] and "PYTHON=" in err[0] and "without CUDA" in err[0]
+    res = _common("check_gpu_python; echo PASSED", timeout=60)  # the launcher, before anything starts
+    assert res.returncode == 2 and "PASSED" not in res.stdout
+    assert sys.executable in res.stderr and "PYTHON=" in res.stderr and "CPU_CLUSTER=1" in res.stderr
+
+
+@needs_shared
+def test_submit_dry_run_needs_no_corpus_here(tmp_path):
+    env = _inputs(tmp_path, "searchr1_grpo_qwen2.5-7b_base.sh")
+    env.pop("RETRIEVER_CORPUS")
+    res = _run("ray_job_submit.sh", "searchr1_grpo_qwen2.5-7b_base.sh", DRY_RUN="1", RAY_ADDRESS="http://head:8265",
+               NNODES="2", timeout=180, **env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "no corpus" not in res.stderr and "each node serves its own retriever" in res.stderr
+    assert '"OPENRLHF_SEARCH_REQUIRE_CUDA": "1"' in res.stderr  # the job's driver checks its interpreter
+
+
+@pytest.fixture(scope="module")
+def ray_with_4_gpus():
+    import ray
+
+    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def test_a_layout_ray_cannot_place_fails_within_the_wait(ray_with_4_gpus):
+    ray = ray_with_4_gpus
+    eight, _ = cli.parse_args(_argv("searchr1_grpo_qwen2.5-3b_base.sh"))
+    four, _ = cli.parse_args(_argv("searchr1_grpo_qwen2.5-3b_base.sh", GPUS_PER_NODE="4"))
+    assert gpus_needed(eight) == 8 and gpus_needed(four) == 4
+    start = time.monotonic()
+    with pytest.raises(LayoutError, match=r"places 8 GPUs .* Ray has 4 free of 4 after 2 s"):
+        wait_for_free_gpus(eight, timeout_s=2, poll_s=0.5)
+    assert time.monotonic() - start < 10
+    wait_for_free_gpus(four, timeout_s=2)  # fits
+
+    @ray.remote(num_gpus=2, num_cpus=0)
+    class Replica:  # what a Ray Serve retriever replica with GPUs holds
+        def ready(self):
+            return True
+
+    holder = Replica.remote()
+    ray.get(holder.ready.remote())
+    with pytest.raises(LayoutError, match=r"places 4 GPUs .* Ray has 2 free of 4"):
+        wait_for_free_gpus(four, timeout_s=1, poll_s=0.5)
+    ray.kill(holder)
+
+
+def test_common_sh_header_documents_the_new_variables():
+    text = open(os.path.join(os.path.dirname(__file__), "..", "examples", "scripts", "common.sh")).read()
+    for name in ("ACTOR_GPUS_PER_NODE", "GPU_MEM_GB", "RETRIEVER_GPU_GB", "PLACEMENT_WAIT_S"):
+        assert f"#   {name}" in text, name
+    assert subprocess.run(["bash", "-n", os.path.join(os.path.dirname(__file__), "..", "examples", "scripts",
+                                                      "common.sh")]).returncode == 0
+
+
+def test_a_relaunch_resumes_or_refuses_a_used_folder(tmp_path):
+    run = tmp_path / "run"
+    snippet = f'resume_args --ckpt.output_dir "{run}" --ckpt.path "{run}/ckpt"; echo "ARGS=${{RESUME_ARGS[*]:-}}"'
+    res = _common(snippet, timeout=60)  # nothing there: a fresh start
+    assert res.returncode == 0 and "ARGS=\n" in res.stdout + "\n"
+    (run / "tensorboard").mkdir(parents=True)  # used, but nothing to resume from
+    res = _common(snippet, timeout=60)
+    assert res.returncode == 2 and "ARGS=" not in res.stdout
+    assert len(_lines(res.stderr)) == 1 and "FRESH=1" in res.stderr and str(run) in res.stderr
+    (run / "ckpt" / "_actor").mkdir(parents=True)
+    (run / "ckpt" / "_actor" / "latest").write_text("global_step40")
+    res = _common(snippet, timeout=60)
+    assert res.returncode == 0 and "ARGS=--ckpt.load_enable" in res.stdout and "global_step40" in res.stderr
+    res = _common(snippet, timeout=60, FRESH="1")
+    assert res.returncode == 0 and "ARGS=\n" in res.stdout + "\n"
+    assert not run.exists() and len(list(tmp_path.glob("run.old-*"))) == 1  # moved aside, never deleted
+
+
+def test_stage2_takes_the_newest_hf_copy_of_stage1(tmp_path):
+    stage1 = tmp_path / "stage1"
+    for step in (3, 10, 20):  # numeric order: 20 is the newest, not "3"
+        (stage1 / "ckpt" / f"global_step{step}_hf").mkdir(parents=True)
+        (stage1 / "ckpt" / f"global_step{step}_hf" / "config.json").write_text("{}")
+    (stage1 / "ckpt" / "global_step30").mkdir()  # DeepSpeed states only: not a model
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
+    snippet = 'TRAIN_DATA_FILE="$D"; MODEL="$S"; STAGE1_FROM="$S"; check_inputs; echo "MODEL=$MODEL"'
+    res = _common(snippet, timeout=60, D=str(data), S=str(stage1))
+    assert res.returncode == 0, res.stderr
+    assert f"MODEL={stage1}/ckpt/global_step20_hf" in res.stdout
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = _common(snippet, timeout=60, D=str(data), S=str(empty))
+    assert res.returncode == 2 and len(_lines(res.stderr)) == 1 and "global_step*_hf" in res.stderr

@@ -1,0 +1,105 @@
+"""Every training launcher at 1 x 4, 1 x 8 and 2 x 8 GPUs: DeepSpeed's own batch check passes on the actor ranks the
+launcher chose, the rollout micro-batches divide over them, every GPU is used; a layout or batch size that cannot
+work is refused in one line that names the flag and the layouts that work (launcher and ``cli.train`` alike)."""
+
+import os
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from openrlhf_search.cli import train as cli
+from openrlhf_search.config import ConfigError
+from openrlhf_search.layout import LayoutError, batch_layout_problems, choose_layout, working_layouts
+from tests.test_launchers import SCRIPTS, TRAINING_SCRIPTS, _argv, _env
+
+LAYOUTS = [(1, 4), (1, 8), (2, 8)]
+
+
+def _deepspeed_batch_check(train_batch, micro, world):
+    """DeepSpeed 0.19's own code: gradient accumulation as ``_set_batch_related_parameters`` derives it from the
+    train and micro batch OpenRLHF passes, then ``_batch_assertion``."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    cfg = SimpleNamespace(train_batch_size=train_batch, train_micro_batch_size_per_gpu=micro,
+                          gradient_accumulation_steps=None, world_size=world)
+    DeepSpeedConfig._set_batch_related_parameters(cfg)
+    DeepSpeedConfig._batch_assertion(cfg)
+
+
+@pytest.mark.parametrize("nnodes,gpus", LAYOUTS)
+@pytest.mark.parametrize("script", TRAINING_SCRIPTS)
+def test_every_launcher_fits_the_layout(script, nnodes, gpus):
+    args, _ = cli.parse_args(_argv(script, NNODES=str(nnodes), GPUS_PER_NODE=str(gpus)))
+    ranks = args.actor.num_nodes * args.actor.num_gpus_per_node
+    _deepspeed_batch_check(args.train.batch_size, args.train.micro_batch_size, ranks)
+    samples = args.rollout.batch_size * args.rollout.n_samples_per_prompt
+    assert samples % args.rollout.micro_batch_size == 0
+    assert (samples // args.rollout.micro_batch_size) % ranks == 0  # equal chunks for every rank
+    assert samples % args.train.batch_size == 0  # whole updates per step
+    engine_gpus = args.vllm.num_engines * args.vllm.tensor_parallel_size
+    assert args.actor.num_nodes == nnodes
+    if args.train.colocate_all:
+        assert ranks == engine_gpus == nnodes * gpus and args.vllm.enable_sleep
+    else:  # actor + reference on some GPUs of each node, the engines on the others
+        assert args.train.colocate_actor_ref and not args.vllm.enable_sleep
+        assert ranks + engine_gpus == nnodes * gpus and args.ref.num_gpus_per_node == args.actor.num_gpus_per_node
+        assert args.algo.advantage.estimator != "gae"  # no critic without GPUs of its own
+    assert args.vllm.enable_prefix_caching
+
+
+def test_llama_defaults_train_on_every_gpu_of_8_and_keep_the_released_batches():
+    """The released Llama batches (60 / 260 samples per update) do not fit 8 DeepSpeed ranks: the actor takes 6 / 5
+    GPUs and vLLM the rest; the released layout (5 actor GPUs + one TP-2 engine) is reachable by variables."""
+    for script, bs, actor in (("r1searcher_llama8b_instruct_stage1.sh", 60, 6),
+                              ("r1searcher_llama8b_instruct_stage2.sh", 260, 5)):
+        args, _ = cli.parse_args(_argv(script))
+        assert args.train.batch_size == bs and args.actor.num_gpus_per_node == actor
+        assert args.vllm.num_engines == 8 - actor and not args.train.colocate_all
+        with pytest.raises(AssertionError):  # what the colocated 8-GPU layout met in DeepSpeed
+            _deepspeed_batch_check(bs, 1, 8)
+        released, _ = cli.parse_args(_argv(script, GPUS_PER_NODE="7", ACTOR_GPUS_PER_NODE="5", VLLM_TP="2"))
+        assert (released.actor.num_gpus_per_node, released.vllm.num_engines,
+                released.vllm.tensor_parallel_size) == (5, 1, 2)
+
+
+def test_a_layout_that_cannot_work_is_refused_in_one_line():
+    res = subprocess.run(["bash", os.path.join(SCRIPTS, "r1searcher_llama8b_instruct_stage1.sh")],
+                         env=_env(DRY_RUN="argv", ACTOR_GPUS_PER_NODE="8"), capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert "--train.batch_size 60" in lines[0] and "8 actor ranks" in lines[0]
+    assert "1x4" in lines[0] and "1x6" in lines[0] and "1x8," not in lines[0]  # the layouts that work, not 1x8
+
+
+def test_cli_refuses_batch_sizes_that_do_not_fit_the_ranks():
+    argv = _argv("searchr1_grpo_qwen2.5-3b_base.sh")
+    with pytest.raises(ConfigError) as e:
+        cli.parse_args(argv + ["--train.batch_size", "100"])
+    msg = str(e.value)
+    assert "\n" not in msg and "--train.batch_size 100" in msg and "actor layouts that work" in msg
+    with pytest.raises(ConfigError, match=r"rollout micro-batches .* do not divide over 8 actor ranks"):
+        # 40 prompts x 5 = 200 samples, one update of 200 = 1 x 25 x 8, but 20 micro-batches of 10 over 8 ranks
+        cli.parse_args(argv + ["--rollout.batch_size", "40", "--train.batch_size", "200",
+                               "--train.micro_batch_size", "1", "--rollout.micro_batch_size", "10"])
+
+
+@pytest.mark.parametrize("flag", ["--train.batch_size", "--rollout.batch_size", "--rollout.micro_batch_size",
+                                  "--data.max_len", "--search.topk"])
+@pytest.mark.parametrize("value", ["-8", "0"])
+def test_non_positive_sizes_name_their_flag(flag, value):
+    with pytest.raises(ConfigError) as e:
+        cli.parse_args(_argv("searchr1_ppo_qwen2.5-3b_base.sh") + [flag, value])
+    assert str(e.value) == f"{flag} must be a positive number, got {value}"
+
+
+def test_choose_layout_prefers_colocation_then_the_most_actor_gpus():
+    assert choose_layout(1, 8, 1, 256, 2, 512, 8).colocated
+    lay = choose_layout(1, 8, 2, 260, 1, 1040, 1)  # 5 actor GPUs leave 3: not TP-2 engines; 4 + 2 x TP 2
+    assert (lay.actor_gpus_per_node, lay.vllm_engines) == (4, 2)
+    with pytest.raises(LayoutError, match="critic"):  # a PPO critic cannot go without GPUs
+        choose_layout(1, 8, 1, 60, 1, 240, 1, critic=True)
+    assert not batch_layout_problems(6, 60, 1, 240, 1) and batch_layout_problems(8, 60, 1, 240, 1)
+    assert (1, 6) in working_layouts(60, 1, 240, 1) and (1, 8) not in working_layouts(60, 1, 240, 1)
