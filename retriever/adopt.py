@@ -161,8 +161,8 @@ def verify_index(index, store: PassageStore, encoder, sample: int = 64, seed: in
                                 f"cosine median {np.median(cos):.3f}, min {cos.min():.3f}, need >= {min_cosine} "
                                 "(another encoder, pooling or prefix, or another corpus order)")
         if encoder.spec.normalize and not np.allclose(norms, 1.0, atol=0.02):
-            raise AdoptionError(f"encoding: stored vectors have norms {norms.min():.3f}..{norms.max():.3f}, the encoder "
-                                "normalises to 1: inner products would not be the encoder's scores")
+            raise AdoptionError(f"encoding: stored vectors have norms {norms.min():.3f}..{norms.max():.3f}, the "
+                                "encoder normalises to 1: inner products would not be the encoder's scores")
     else:
         hit = np.array([top[i] == rows[i] or (top[i] >= 0 and normalized_text(store.get(int(top[i]))) ==
                                                normalized_text(passages[i])) for i in range(k)])

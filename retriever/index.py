@@ -643,7 +643,8 @@ def load_index(index_dir: str, **kwargs):
     """Load a built index directory -> ``DenseIndex`` or ``BM25Index`` with ``search(queries, topk)``.
 
     ``kwargs`` go to the class (``device``, ``faiss_gpu``, ``nprobe``, ``ef_search`` for dense; ``mmap`` for
-    BM25); unknown ones for the other kind are ignored; ``dedup=True`` wraps the index in :class:`DedupIndex`. Raises RetrieverIndexError for a missing/incomplete index.
+    BM25); unknown ones for the other kind are ignored; ``dedup=True`` wraps the index in :class:`DedupIndex`.
+    Raises RetrieverIndexError for a missing/incomplete index.
     """
     m = read_manifest(index_dir)
     dedup = kwargs.pop("dedup", False)
