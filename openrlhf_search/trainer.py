@@ -22,6 +22,7 @@ Evaluation: OpenRLHF's ``--eval.dataset`` / ``--eval.steps`` loop, with the eval
 EM / F1 / Cover-EM / answer rate / turns per data source (:func:`search_eval_metrics`).
 """
 
+import os
 from datetime import timedelta
 from typing import Dict, List, Optional
 
@@ -307,6 +308,36 @@ class _SearchPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         install_into_openrlhf()  # rebinds the loss class looked up while the actor's trainer is built
         ppo_actor.ActorPPOTrainer = SearchActorPPOTrainer
         return super().init_model_from_pretrained(*args, **kwargs)
+
+    def save_checkpoint(self, tag, client_states=None, metric_value=None, metric_key=None):
+        """OpenRLHF's save, then the ``--ckpt.save_hf`` copies bounded like the DeepSpeed states: rank 0 keeps the
+        newest ``--ckpt.max_num`` ``global_step*_hf`` and as many ``best_global_step*_hf`` folders
+        (:func:`prune_hf_copies`; OpenRLHF rotates only the DeepSpeed states)."""
+        out = super().save_checkpoint(tag, client_states=client_states, metric_value=metric_value,
+                                      metric_key=metric_key)
+        args = self.strategy.args
+        if self.save_hf_ckpt and self.strategy.is_rank_0():
+            prune_hf_copies(args.ckpt.path, args.ckpt.max_num)
+        return out
+
+
+def prune_hf_copies(ckpt_path: str, keep: int) -> List[str]:
+    """Delete all but the ``keep`` newest (by step number) ``global_step<N>_hf`` folders in ``ckpt_path``, and
+    likewise ``best_global_step<N>_hf``; returns the deleted paths. ``keep`` < 1 keeps everything."""
+    import re
+    import shutil
+
+    if keep < 1 or not os.path.isdir(ckpt_path):
+        return []
+    removed = []
+    for prefix in ("global_step", "best_global_step"):
+        pattern = re.compile(rf"^{prefix}(\d+)_hf$")
+        found = sorted((int(m.group(1)), name) for name in os.listdir(ckpt_path)
+                       if (m := pattern.match(name)) and os.path.isdir(os.path.join(ckpt_path, name)))
+        for _, name in found[:-keep]:
+            shutil.rmtree(os.path.join(ckpt_path, name), ignore_errors=True)
+            removed.append(os.path.join(ckpt_path, name))
+    return removed
 
 
 class _SearchCriticModelActor(CriticModelActor.__ray_actor_class__):

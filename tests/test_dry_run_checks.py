@@ -189,3 +189,33 @@ def test_stage2_takes_the_newest_hf_copy_of_stage1(tmp_path):
     empty.mkdir()
     res = _common(snippet, timeout=60, D=str(data), S=str(empty))
     assert res.returncode == 2 and len(_lines(res.stderr)) == 1 and "global_step*_hf" in res.stderr
+
+
+def test_cluster_node_setup_refuses_a_cpu_torch_before_starting_anything():
+    import torch
+
+    if torch.version.cuda:
+        pytest.skip("this interpreter's torch has CUDA")
+    script = os.path.join(os.path.dirname(__file__), "..", "examples", "scripts", "cluster_node_setup.sh")
+    env = dict(os.environ, PYTHON=sys.executable, HEAD="1", DRY_RUN="0")
+    res = subprocess.run(["bash", script, "--corpus", "/x/wiki.jsonl"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2 and res.stdout == ""
+    assert len(_lines(res.stderr)) == 1 and sys.executable in res.stderr and "PYTHON=" in res.stderr
+
+
+def test_hf_copies_are_bounded_like_the_deepspeed_states(tmp_path):
+    from openrlhf_search.trainer import prune_hf_copies
+
+    for step in (5, 10, 40, 20, 30):
+        (tmp_path / f"global_step{step}_hf").mkdir()
+    for step in (10, 30):
+        (tmp_path / f"best_global_step{step}_hf").mkdir()
+    (tmp_path / "_actor").mkdir()  # DeepSpeed's own folder: not touched
+    removed = prune_hf_copies(str(tmp_path), 2)
+    assert sorted(os.path.basename(p) for p in removed) == ["global_step10_hf", "global_step20_hf",
+                                                             "global_step5_hf"]
+    assert sorted(os.listdir(tmp_path)) == ["_actor", "best_global_step10_hf", "best_global_step30_hf",
+                                            "global_step30_hf", "global_step40_hf"]
+    assert prune_hf_copies(str(tmp_path), 1) == [str(tmp_path / "global_step30_hf"),
+                                                 str(tmp_path / "best_global_step10_hf")]

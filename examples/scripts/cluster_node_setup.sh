@@ -22,6 +22,15 @@ if [[ -z "${PYTHON:-}" ]]; then  # the checkout's .venv (make setup) when presen
 fi
 RETRIEVER_PORT="${RETRIEVER_PORT:-8000}"
 DRY_RUN="${DRY_RUN:-0}"
+# Ray's workers on this node run $PYTHON: one whose torch has no CUDA (the CPU stack of `make setup` in .venv) would
+# train on CPU, so it is refused in one line (CPU_CLUSTER=1 starts anyway).
+if [[ "$DRY_RUN" == "0" && "${CPU_CLUSTER:-0}" != "1" ]]; then
+    cuda="$("$PYTHON" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null || true)"
+    if [[ -z "$cuda" ]]; then
+        echo "cluster_node_setup.sh: $PYTHON has no torch with CUDA (the CPU stack of make setup?): Ray's workers on this node would train on CPU; set PYTHON=/path/to/the/GPU/environment/bin/python (CPU_CLUSTER=1 starts anyway)" >&2
+        exit 2
+    fi
+fi
 export PYTHONPATH="$(cd "$HERE/../.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 run() {
     if [[ "$DRY_RUN" != "0" ]]; then echo "+ $*"; else "$@"; fi
