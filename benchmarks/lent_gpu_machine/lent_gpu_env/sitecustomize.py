@@ -1,15 +1,15 @@
 """Makes this machine's Python look like the lent GPU machine's, for tests/test_device.py (put this folder first on
 PYTHONPATH; Python imports ``sitecustomize`` at start-up).
 
-The lent machine (``/work/.library/device/KINDS.md``, nvidia-h200, package list read 2026-11-17) has torch and
-transformers but no vLLM, OpenRLHF, DeepSpeed, Ray, flash-attn, fastapi ... A package counts as present when it is in
-that list, is a dependency of one in the list (by this machine's metadata: the list leaves some out, e.g. pyparsing's
-users' own needs), is named in ``$LENT_GPU_CARRIED`` (comma-separated import names: the wheels gpu_smoke.sh carries
-and the wheels gpu_smoke.sh carries), or belongs to this project. vllm, deepspeed and flash_attn are found only in
-benchmarks/gpu_shim (through any folder or link on the path), never this machine's real packages. Everything else is
-"not found": the path finder returns no spec, so ``import`` raises ModuleNotFoundError and
-``importlib.util.find_spec`` returns None, as there. The real vllm / deepspeed / flash-attn distributions are also
-hidden from ``importlib.metadata``, since on the lent machine they have no dist-info. ``$LENT_GPU_LOG``: a file to which every refused name is appended.
+The lent machine (an H200 machine lent without the GPU stack, package list read 2026-11-17) has torch and transformers
+but no vLLM, OpenRLHF, DeepSpeed, Ray, flash-attn, fastapi ... A package counts as present when it is in that list, is a
+dependency of one in the list (by this machine's metadata: the list leaves some out, e.g. pyparsing's users' own needs),
+is named in ``$LENT_GPU_CARRIED`` (comma-separated import names: the wheels gpu_smoke_lent.sh carries), or belongs to
+this project. vllm, deepspeed and flash_attn are found only in benchmarks/lent_gpu_machine/gpu_shim (through any folder
+or link on the path), never this machine's real packages. Everything else is "not found": the path finder returns no
+spec, so ``import`` raises ModuleNotFoundError and ``importlib.util.find_spec`` returns None, as there. The real vllm /
+deepspeed / flash-attn distributions are also hidden from ``importlib.metadata``, since on the lent machine they have no
+dist-info. ``$LENT_GPU_LOG``: a file to which every refused name is appended.
 """
 
 import importlib.abc
@@ -19,8 +19,8 @@ import os
 import re
 import sys
 
-LENT_GPU_DISTS = """absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
-certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
+LENT_GPU_DISTS = """absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
+build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
 cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock flatbuffers
 flax fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx huggingface-hub humanize
 hypothesis idna imageio iniconfig interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib
@@ -38,9 +38,8 @@ simplejson six sortedcontainers statsmodels sympy tabulate tensorboard tensorboa
 threadpoolctl tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics
 torchvision tqdm transformers treescope triton typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig
 werkzeug wheel wrapt xarray xxhash yarl zipp""".split()
-STAND_INS = {"vllm", "deepspeed", "flash_attn"}  # benchmarks/gpu_shim: no dist-info there
-SHIM_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))),
-                         "benchmarks", "gpu_shim") + os.sep
+STAND_INS = {"vllm", "deepspeed", "flash_attn"}  # ../gpu_shim: no dist-info there
+SHIM_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "gpu_shim") + os.sep
 # This machine's torch 2.13 imports optree from torch._dynamo without declaring it; the lent machine's own torch 2.11
 # works with what its image holds, so torch's undeclared needs count as present.
 TORCH_INTERNALS = {"optree"}
@@ -77,7 +76,8 @@ def _present_import_names() -> set:
     return names
 
 
-PRESENT = _present_import_names() | TORCH_INTERNALS | {n for n in os.environ.get("LENT_GPU_CARRIED", "").split(",") if n} | {
+CARRIED = {n for n in os.environ.get("LENT_GPU_CARRIED", "").split(",") if n}
+PRESENT = _present_import_names() | TORCH_INTERNALS | CARRIED | {
     "openrlhf_search", "retriever", "tests", "benchmarks", "sitecustomize"}
 
 

@@ -3,4 +3,4 @@ main job never calls it. Any attribute access raises."""
 
 
 def __getattr__(name):
-    raise AttributeError(f"deepspeed.{name}: DeepSpeed is not installed here (benchmarks/gpu_shim stand-in)")
+    raise AttributeError(f"deepspeed.{name}: DeepSpeed is not installed here (lent_gpu_machine/gpu_shim stand-in)")

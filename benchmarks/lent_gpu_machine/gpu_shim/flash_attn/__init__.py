@@ -6,7 +6,7 @@ __version__ = "0.0.0+gpu-smoke-shim"
 
 def _missing(name):
     def fn(*args, **kwargs):
-        raise RuntimeError(f"flash_attn.{name}: flash-attn is not installed here (benchmarks/gpu_shim stand-in)")
+        raise RuntimeError(f"flash_attn.{name}: flash-attn is not installed here (lent_gpu_machine/gpu_shim stand-in)")
 
     fn.__name__ = name
     return fn

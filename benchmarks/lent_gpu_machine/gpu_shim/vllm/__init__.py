@@ -1,4 +1,4 @@
-"""Stand-in for the vLLM 0.29.0 names the CPU main job imports (see ../README.md); used by gpu_smoke.sh only when
+"""Stand-in for the vLLM 0.29.0 names the CPU main job imports (see ../README.md); used by gpu_smoke_lent.sh only when
 the real vLLM cannot be imported."""
 
 from vllm.sampling_params import SamplingParams
