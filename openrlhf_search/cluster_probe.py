@@ -121,6 +121,17 @@ def digest(params: Dict[str, Any]) -> str:
     return h.hexdigest()
 
 
+def _rank() -> int:
+    """This process's rank in its DeepSpeed model group (0 without torch.distributed)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _policy_digest(actor) -> str:
+    return digest(_policy_named_parameters(actor))
+
+
 def _policy_named_parameters(actor) -> Dict[str, Any]:
     """Runs in the policy actor (``__ray_call__``): its DeepSpeed module's parameters on CPU."""
     model = actor.actor.model.module if hasattr(actor.actor.model, "module") else actor.actor.model
@@ -164,8 +175,10 @@ def _wrap_trainer(module) -> None:
                                                              "not_from_policy")},
                          # layers computing from a packed copy would ignore the synced weights compared above
                          "packed_layers": ray.get(engine.engine_packed_layers.remote())})
+        # every data-parallel rank must hold the weights rank 0 broadcast (the gradient all-reduce kept them equal)
+        ranks = [ray.get(h.__ray_call__.remote(_policy_digest)) for h in self.actor_model_group._actor_handlers]
         _append_jsonl("sync.jsonl", {"call": _next("sync"), "policy_digest": digest(policy), "engines": rows,
-                                     "time": time.time()})
+                                     "rank_digests": ranks, "time": time.time()})
         return out
 
     cls.train_step = probed_train_step
@@ -264,9 +277,9 @@ def _wrap_actor_trainer(module) -> None:
     def probed_train(self, kl_ctl):
         self._probe_batches = []
         status = ppo_train(self, kl_ctl)
-        n = _next("policy")
-        _save(f"policy_{n}.pt", self._probe_batches)
-        _append_jsonl("actor_status.jsonl", {"call": n, "status": status})
+        n, rank = _next("policy"), _rank()
+        _save(f"policy_{n}.pt" if rank == 0 else f"policy_{n}_rank{rank}.pt", self._probe_batches)
+        _append_jsonl("actor_status.jsonl", {"call": n, "rank": rank, "status": status, "pid": os.getpid()})
         self._probe_batches = []
         return status
 

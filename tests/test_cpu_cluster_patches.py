@@ -184,6 +184,11 @@ def test_cpu_settings_turn_a_gpu_launcher_into_a_cpu_run():
     assert args.vllm.sync_backend == "gloo" and args.ds.zero_stage == 2 and args.vllm.enforce_eager
     plain, _ = cli.parse_args(gpu)  # without the switch nothing changes
     assert plain.ds.zero_stage == 3 and plain.train.colocate_all
+    # 2 to 4 ranks per model and engines are kept (the data-parallel path), and Ray gets a logical GPU for each
+    two = [a if a != "8" else "2" for a in gpu] + ["--rollout.batch_size", "4", "--train.batch_size", "8"]
+    args, _ = cli.parse_args(two + ["--cpu_cluster", "--algo.kl.init_coef", "0.01"])
+    assert (args.actor.num_gpus_per_node, args.ref.num_gpus_per_node, args.vllm.num_engines) == (2, 2, 2)
+    assert cpu_cluster.logical_gpus(args) == 6  # 2 actor + 2 reference + 2 engines
 
 
 def test_cpu_runtime_env_installs_the_setup_hook_and_keeps_the_jobs_values(monkeypatch):

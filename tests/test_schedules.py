@@ -110,8 +110,14 @@ def test_cap_ends_fit_at_once_with_one_step_line_per_step(caplog):
     t = _Capped(_args(max_steps=3, save_steps=float("inf")))
     asks, wrapped = [], t.samples_generator.generate_samples
     t.samples_generator.generate_samples = lambda **kw: (asks.append(1), wrapped(**kw))[1]
-    with caplog.at_level(logging.INFO, logger="openrlhf_search.schedules"):
-        t.fit()
+    from openrlhf_search.schedules import logger
+
+    logger.addHandler(caplog.handler)  # OpenRLHF's loggers do not propagate to the root logger caplog reads
+    try:
+        with caplog.at_level(logging.INFO, logger="openrlhf_search.schedules"):
+            t.fit()
+    finally:
+        logger.removeHandler(caplog.handler)
     assert len(asks) == 4  # three steps, then the ask that ends fit
     assert [r.getMessage().split(":")[0] for r in caplog.records if r.getMessage().startswith("step ")] == [
         "step 1 of 3", "step 2 of 3", "step 3 of 3"]
