@@ -85,8 +85,8 @@ def main(argv=None) -> int:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         private = f"{r['private_after_load_mb']:.0f} / {r['private_after_search_mb']:.0f}"
-        print(f"| {r['mode']} | {r['load_s']:.3f} | {private} | {r['rss_after_search_mb']:.0f} | {r['first_search_s']:.3f} | {r['second_search_s']:.3f} | "
-              f"{r['load_s'] * scale:.1f} (scaled) |")
+        print(f"| {r['mode']} | {r['load_s']:.3f} | {private} | {r['rss_after_search_mb']:.0f} | "
+              f"{r['first_search_s']:.3f} | {r['second_search_s']:.3f} | {r['load_s'] * scale:.1f} (scaled) |")
     return 0
 
 
