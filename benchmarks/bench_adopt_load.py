@@ -59,6 +59,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     work = a.workdir or tempfile.mkdtemp(prefix="bench_adopt_load_")
+    os.makedirs(work, exist_ok=True)
     path = os.path.join(work, f"synthetic_Flat_{a.rows}x{a.dim}.index")
     if not os.path.exists(path):
         index = faiss.IndexFlatIP(a.dim)
