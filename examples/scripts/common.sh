@@ -159,8 +159,22 @@ layout_args() {
     local extra=()
     [[ "$DRY_RUN" == "0" && "$SUBMIT" != "1" ]] && check_gpu_python
     [[ -n "${ACTOR_GPUS_PER_NODE:-}" ]] && extra+=(--actor_gpus_per_node "$ACTOR_GPUS_PER_NODE")
+    # RETRIEVER_MODE=serve: GPU replicas (RETRIEVER_REPLICAS x RETRIEVER_REPLICA_GPUS) hold GPUs of the same Ray
+    # cluster; on a one-node job they come off GPUS_PER_NODE (else the placement would wait for GPUs Serve holds)
+    local gpus="$GPUS_PER_NODE" serve_note="" serve_gpus=0
+    if [[ "${RETRIEVER_MODE:-node}" == "serve" && -z "${RETRIEVER_URLS:-}" ]]; then
+        serve_gpus="$(awk -v r="${RETRIEVER_REPLICAS:-2}" -v g="${RETRIEVER_REPLICA_GPUS:-0}" \
+            'BEGIN { x = r * g; print (x == int(x)) ? x : int(x) + 1 }')"
+        if (( serve_gpus > 0 )) && [[ "$NNODES" == "1" ]]; then
+            gpus=$(( GPUS_PER_NODE - serve_gpus ))
+            (( gpus >= 1 )) || die "the Serve retriever replicas take $serve_gpus GPUs (RETRIEVER_REPLICAS x RETRIEVER_REPLICA_GPUS), all of GPUS_PER_NODE=$GPUS_PER_NODE: none left to train"
+            serve_note="; $serve_gpus of the node's $GPUS_PER_NODE GPUs serve the retriever (RETRIEVER_REPLICAS x RETRIEVER_REPLICA_GPUS)"
+        elif (( serve_gpus > 0 )); then
+            serve_note="; the Serve replicas take $serve_gpus more GPUs of the Ray cluster than NNODES x GPUS_PER_NODE (the driver waits PLACEMENT_WAIT_S for them to be free)"
+        fi
+    fi
     [[ "$critic" == "true" ]] && extra+=(--critic)
-    out="$("$PYTHON" -m openrlhf_search.layout --nnodes "$NNODES" --gpus_per_node "$GPUS_PER_NODE" \
+    out="$("$PYTHON" -m openrlhf_search.layout --nnodes "$NNODES" --gpus_per_node "$gpus" \
         --vllm_tp "$VLLM_TP" --train_batch "$train_bs" --train_micro "$train_micro" --rollout_samples "$samples" \
         --rollout_micro "$rollout_micro" "${extra[@]}" 2>&1)" || die "$out"
     local actor engines colocated desc
@@ -169,7 +183,7 @@ layout_args() {
     engines="$(sed -n 's/^VLLM_ENGINES=//p' <<< "$out")"
     colocated="$(sed -n 's/^COLOCATED=//p' <<< "$out")"
     desc="$(sed -n "s/^LAYOUT_DESC='\(.*\)'$/\1/p" <<< "$out")"
-    LAYOUT_DESC="$desc"  # logged by launch(), after the input and retriever checks
+    LAYOUT_DESC="$desc$serve_note"  # logged by launch(), after the input and retriever checks
     LAYOUT_ARGS=(
         --actor.num_nodes "$NNODES" --actor.num_gpus_per_node "$actor"
         --ref.num_nodes "$NNODES" --ref.num_gpus_per_node "$actor"
