@@ -217,8 +217,9 @@ def test_equal_rewards_give_exactly_zero(value, size, estimator):
     assert (out[size:] != 0).any()  # the second, mixed group still gets a signal
 
 
-def test_issue_values_were_the_openrlhf_formula():
-    """The wrong numbers of the issue come from OpenRLHF's own formula: the test above would fail without our guard."""
+def test_the_unguarded_values_are_the_openrlhf_formula():
+    """The wrong numbers (-0.921 for eight 0.8s) come from OpenRLHF's own formula: the test above would fail without
+    our guard."""
     for value, size, wrong in [(0.8, 8, -0.921), (-1.2, 8, -0.928), (0.2, 16, -0.909)]:
         theirs = _openrlhf_shaped_rewards(torch.full((size,), value), size, "group_norm")
         assert theirs[0].item() == pytest.approx(wrong, abs=1e-3)

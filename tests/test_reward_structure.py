@@ -46,7 +46,7 @@ TABLE = {
     # a well-formed trajectory: the retrieval inside the reasoning block, as R1-Searcher's prompt shows it
     "well_formed": (OK, 1.0, 1.0, 1.0, 2.0, 1.0),
     "no_search": (" I know it. </think>\n\n<answer> Paris </answer>", 0.5, 1.0, 1.0, 1.5, 1.0),
-    # THE ISSUE: a second reasoning block. Paper rule: the prompt opened the one reasoning block, the model writes no
+    # THE HOLE: a second reasoning block. Paper rule: the prompt opened the one reasoning block, the model writes no
     # <think> (was 1.0 / 1.0). Released: count(<think>) = 1 fails qwen l. 221 (1 - 2), llama_stage1 l. 197 (no +0.5:
     # 1 + 0.5), llama_stage2 l. 216 (1 - 1).
     "repeated_think": (SEARCH + " </think> <think> again </think>\n\n<answer> Paris </answer>",
