@@ -53,8 +53,8 @@ def batch_layout_problems(ranks: int, train_batch: int, train_micro: int, rollou
         out.append(f"the {rollout_samples} samples of a step are not a multiple of --rollout.micro_batch_size "
                    f"{rollout_micro}")
     elif (rollout_samples // rollout_micro) % ranks:
-        out.append(f"the {rollout_samples // rollout_micro} rollout micro-batches of a step (--rollout.micro_batch_size "
-                   f"{rollout_micro}) do not divide over {ranks} actor ranks")
+        out.append(f"the {rollout_samples // rollout_micro} rollout micro-batches of a step "
+                   f"(--rollout.micro_batch_size {rollout_micro}) do not divide over {ranks} actor ranks")
     return out
 
 

@@ -29,7 +29,8 @@ def test_a_mistyped_flag_gets_one_line_with_the_nearest_names(capsys):
     assert e.value.code == 2
     err = _lines(capsys.readouterr().err)
     assert len(err) == 1 and "usage:" not in err[0]
-    assert "--train.batchsize (nearest: --train.batch_size" in err[0] and "--search.top_k (nearest: --search.topk" in err[0]
+    assert "--train.batchsize (nearest: --train.batch_size" in err[0]
+    assert "--search.top_k (nearest: --search.topk" in err[0]
     assert cli.nearest_flags(cli.build_parser(), "--batch_size")[:2] == ["--rollout.batch_size", "--train.batch_size"]
 
 

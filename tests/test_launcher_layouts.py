@@ -108,7 +108,8 @@ def test_choose_layout_prefers_colocation_then_the_most_actor_gpus():
 def test_serve_replicas_on_the_node_leave_their_gpus_out_of_the_layout():
     """RETRIEVER_MODE=serve with GPU replicas on one 8-GPU node (docs/cluster.md's Serve command): the replicas
     hold 4 GPUs of the same Ray, so training takes the other 4 (an 8-GPU placement would wait for GPUs Serve holds)."""
-    env = dict(RETRIEVER_MODE="serve", RETRIEVER_REPLICAS="4", RETRIEVER_REPLICA_GPUS="1", RETRIEVER_SERVE_IP="10.0.0.9")
+    env = dict(RETRIEVER_MODE="serve", RETRIEVER_REPLICAS="4", RETRIEVER_REPLICA_GPUS="1",
+               RETRIEVER_SERVE_IP="10.0.0.9")
     args, cfg = cli.parse_args(_argv("searchr1_ppo_qwen2.5-7b_base.sh", **env))
     assert args.actor.num_gpus_per_node == 4 and args.vllm.num_engines == 4 and args.train.colocate_all
     assert cfg.retriever_urls == ["http://10.0.0.9:8000"]
