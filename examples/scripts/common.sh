@@ -56,6 +56,10 @@
 #                     EVAL_DATA / RETRIEVER_CORPUS, the launcher's algorithm, reward and flags otherwise, and small
 #                     batches. MAX_STEPS (default 2) training steps; outputs under $OUTPUT_ROOT/cpu_cluster.
 #   ALLOW_SHORT=1     start even when TRAIN_DATA gives fewer steps than the LR warm-up (check_data_steps).
+#   ASYNC=1           asynchronous training (--train.async_enable): vLLM generates the next batch while DeepSpeed
+#                     trains on this one, at most ASYNC_QUEUE_SIZE (default 1) batches ahead; PARTIAL_ROLLOUT=1 adds
+#                     --train.partial_rollout_enable. vLLM never shares the trainer's GPUs then: half of each node's
+#                     GPUs train (ACTOR_GPUS_PER_NODE overrides), the others generate; the dry run prints the split.
 # Any extra script arguments are passed to the trainer after the script's own flags (the last value wins).
 
 set -euo pipefail
@@ -78,6 +82,11 @@ DATA_DIR="${DATA_DIR:-$REPO_ROOT/data}"
 
 CPU_CLUSTER="${CPU_CLUSTER:-0}"
 MAX_STEPS="${MAX_STEPS:-2}"
+ASYNC_ARGS=()  # ASYNC=1: OpenRLHF's async trainer with ours inside (openrlhf_search/async_trainer.py)
+if [[ "${ASYNC:-0}" == "1" ]]; then
+    ASYNC_ARGS=(--train.async_enable --train.async_queue_size "${ASYNC_QUEUE_SIZE:-1}")
+    [[ "${PARTIAL_ROLLOUT:-0}" == "1" ]] && ASYNC_ARGS+=(--train.partial_rollout_enable)
+fi
 CPU_ARGS=()
 EXTRA_ARGS=()
 for _arg in "$@"; do
@@ -174,6 +183,9 @@ layout_args() {
         fi
     fi
     [[ "$critic" == "true" ]] && extra+=(--critic)
+    if [[ "${ASYNC:-0}" == "1" && -z "${ACTOR_GPUS_PER_NODE:-}" ]]; then  # async: vLLM is never colocated
+        extra+=(--actor_gpus_per_node "$(( GPUS_PER_NODE > 1 ? GPUS_PER_NODE / 2 : 1 ))")
+    fi
     out="$("$PYTHON" -m openrlhf_search.layout --nnodes "$NNODES" --gpus_per_node "$gpus" \
         --vllm_tp "$VLLM_TP" --train_batch "$train_bs" --train_micro "$train_micro" --rollout_samples "$samples" \
         --rollout_micro "$rollout_micro" "${extra[@]}" 2>&1)" || die "$out"
@@ -451,7 +463,7 @@ resume_args() {
 
 # Run (or submit, or dry-run) python -m openrlhf_search.cli.train with the given flags + the script's extra args.
 launch() {
-    local full=("$@" --search.retriever_urls "$RETRIEVER_URLS" "${CPU_ARGS[@]}" "${EXTRA_ARGS[@]}")
+    local full=("$@" --search.retriever_urls "$RETRIEVER_URLS" "${CPU_ARGS[@]}" "${ASYNC_ARGS[@]}" "${EXTRA_ARGS[@]}")
     if [[ "$DRY_RUN" == "argv" ]]; then
         printf '%s\0' "${full[@]}"
         # what the retriever of this launcher would be (read by openrlhf_search.parity.check)

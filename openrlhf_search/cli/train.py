@@ -41,6 +41,7 @@ import typing
 from typing import Any, Dict, List, Optional, Tuple
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
+from openrlhf_search.async_checks import check_async_args, gpu_layout
 from openrlhf_search.config import ENV_VAR, ConfigError, SearchConfig, document_reward_flags, flag_help
 from openrlhf_search.length_penalty import check_overlong_args, document_overlong_flags
 from openrlhf_search.off_policy import check_is_correction_sampling
@@ -282,10 +283,8 @@ def validate_search(args, cfg: SearchConfig) -> None:
         validate_schedule_args(args)
     except ValueError as e:
         raise ConfigError(str(e)) from e
-    if args.train.async_enable:
-        raise ConfigError("--train.async_enable is not supported: OpenRLHF's async trainer bypasses the search "
-                          "experience maker (masked GAE, failure handling)")
     try:
+        check_async_args(args)
         check_overlong_args(args)
         check_is_correction_sampling(args)
     except ValueError as e:
@@ -401,22 +400,30 @@ def resolved_config(args, cfg: SearchConfig) -> Dict[str, Any]:
         "reward_schedule": dataclasses.asdict(RewardSchedule.from_args(args)),
         "lr_schedule": resolved_schedule(args),
         "runtime_env": build_runtime_env(cfg),
+        "gpu_split": gpu_layout(args),
         "classes": {"trainer": "openrlhf_search.trainer.SearchPPOTrainer",
                     "experience_maker": "openrlhf_search.experience_maker.SearchExperienceMaker",
-                    "policy_loss": "openrlhf_search.loss.MaskedPolicyLoss"},
+                    "policy_loss": "openrlhf_search.loss.MaskedPolicyLoss",
+                    **({"trainer": "openrlhf_search.async_trainer.SearchPPOTrainerAsync",
+                        "generator_actor": "openrlhf_search.async_trainer.SearchGenerateSamplesActor",
+                        "training_actor": "openrlhf_search.async_trainer.SearchTrainingActor"}
+                       if args.train.async_enable else {})},
     }
 
 
 def inject_classes() -> Dict[str, Any]:
     """Put our classes where OpenRLHF's ``train()`` looks them up; returns what was replaced (for restoring)."""
     import openrlhf.trainer.ppo_trainer as ppo_trainer
+    import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
 
+    from openrlhf_search.async_trainer import SearchPPOTrainerAsync
     from openrlhf_search.trainer import SearchCriticModelActor, SearchPolicyModelActor
 
     module = openrlhf_main().module
     saved = {"PPOTrainer": ppo_trainer.PPOTrainer, "PolicyModelActor": module.PolicyModelActor,
-             "CriticModelActor": module.CriticModelActor}
+             "CriticModelActor": module.CriticModelActor, "PPOTrainerAsync": ppo_trainer_async.PPOTrainerAsync}
     ppo_trainer.PPOTrainer = scheduled_trainer_class()
+    ppo_trainer_async.PPOTrainerAsync = SearchPPOTrainerAsync  # train_ppo_ray.py:146 imports it at call time
     module.PolicyModelActor = SearchPolicyModelActor
     module.CriticModelActor = SearchCriticModelActor
     return saved
@@ -538,6 +545,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"error: {e}", file=sys.stderr)
                 return 2
     if resolved is not None:
+        print(f"[dry_run] GPU split: {resolved['gpu_split']['line']}", file=sys.stderr)
         print(json.dumps(resolved, indent=2, sort_keys=True, default=str), file=stdout)
         return 0
     from openrlhf_search.retriever_check import RetrieverCheckError
