@@ -128,13 +128,16 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def _policy_digest(actor) -> str:
-    return digest(_policy_named_parameters(actor))
-
-
 def _policy_named_parameters(actor) -> Dict[str, Any]:
-    """Runs in the policy actor (``__ray_call__``): its DeepSpeed module's parameters on CPU."""
+    """Runs in each policy actor (``__ray_call__``): its DeepSpeed module's full parameters on CPU. Under ZeRO-3 the
+    parameters are gathered first, a collective: call it on every rank of the group at once."""
     model = actor.actor.model.module if hasattr(actor.actor.model, "module") else actor.actor.model
+    params = list(model.parameters())
+    if any(hasattr(p, "ds_id") for p in params):  # ZeRO-3 partitioned parameters
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params):
+            return {n: p.detach().to("cpu").clone() for n, p in model.named_parameters()}
     return {n: p.detach().to("cpu").clone() for n, p in model.named_parameters()}
 
 
@@ -166,7 +169,10 @@ def _wrap_trainer(module) -> None:
         import ray
 
         out = broadcast(self)
-        policy = ray.get(self.actor_model_group._actor_handlers[0].__ray_call__.remote(_policy_named_parameters))
+        # every rank at once (a ZeRO-3 gather is collective); each must hold the weights rank 0 broadcast
+        per_rank = ray.get([h.__ray_call__.remote(_policy_named_parameters)
+                            for h in self.actor_model_group._actor_handlers])
+        policy = per_rank[0]
         rows = []
         for i, engine in enumerate(self.vllm_engines or []):
             weights = ray.get(engine.engine_named_parameters.remote())
@@ -175,8 +181,7 @@ def _wrap_trainer(module) -> None:
                                                              "not_from_policy")},
                          # layers computing from a packed copy would ignore the synced weights compared above
                          "packed_layers": ray.get(engine.engine_packed_layers.remote())})
-        # every data-parallel rank must hold the weights rank 0 broadcast (the gradient all-reduce kept them equal)
-        ranks = [ray.get(h.__ray_call__.remote(_policy_digest)) for h in self.actor_model_group._actor_handlers]
+        ranks = [digest(p) for p in per_rank]
         _append_jsonl("sync.jsonl", {"call": _next("sync"), "policy_digest": digest(policy), "engines": rows,
                                      "rank_digests": ranks, "time": time.time()})
         return out

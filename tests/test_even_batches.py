@@ -3,7 +3,6 @@ through OpenRLHF 0.11.2's own ``SamplesGenerator.generate_samples`` and ``RayAct
 chunking rule, with a prompt loader of 2 x batch + a remainder."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
