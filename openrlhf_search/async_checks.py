@@ -10,9 +10,6 @@ def check_async_args(args) -> None:
     """Raise ValueError (one line) on an async setting this module does not run."""
     if not getattr(args.train, "async_enable", False):
         return
-    if getattr(args.eval, "before_training", False):
-        raise ValueError("--eval.before_training is not run in async mode (--train.async_enable): the first "
-                         "evaluation comes at --eval.steps")
     if getattr(args.train, "async_queue_size", 1) < 1:
         raise ValueError(f"--train.async_queue_size must be >= 1, got {args.train.async_queue_size}")
 

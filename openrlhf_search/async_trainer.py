@@ -36,8 +36,9 @@ frees it when it takes the batch off the queue, so at most q batches are generat
 started generating with the weights of step s - q or later (s - q - 1 with ``--train.partial_rollout_enable``, whose
 trajectories may start under one version and finish under the next).
 
-Not supported in async mode (refused by :func:`~openrlhf_search.async_checks.check_async_args`, one line):
-``--eval.before_training``.
+``--eval.before_training`` (Search-R1's ``val_before_train``): the generator evaluates the untrained policy before
+its first batch and queues the metrics as OpenRLHF's own async eval does (``("eval", 0, metrics)``, a queue slot taken
+first); the trainer logs them at step 0 and, as the sync trainer, saves no "best" checkpoint for them.
 """
 
 import logging
@@ -168,6 +169,20 @@ class _SearchGenerateSamplesActor(ppo_async.GenerateSamplesActor.__ray_actor_cla
         waited, self.vllm_lock.waited = self.vllm_lock.waited, 0.0
         return waited
 
+    def fit(self, episode: int, total_consumed_prompts: int) -> None:
+        """OpenRLHF's generator loop, after the evaluation of ``--eval.before_training`` (not on resume)."""
+        if getattr(self.args.eval, "before_training", False) and self.start_step == 0 and self.eval_dataloader:
+            self.rollout_slots.get(block=True)  # the trainer returns the slot when it takes the eval payload
+            ray.get(self.vllm_lock.acquire.remote())
+            try:
+                metrics = self._run_eval()
+            finally:
+                ray.get(self.vllm_lock.release.remote())
+            self.rollout_slots.pop_waited()
+            self._pop_lock_wait()
+            self.rollout_queue.put(("eval", 0, metrics), block=True)
+        return super().fit(episode, total_consumed_prompts)
+
     def set_start_step(self, step: int) -> int:
         """The global step training starts (or resumes) at; batch k is produced for step ``step + k``."""
         self.start_step, self.produced = int(step), 0
@@ -257,6 +272,13 @@ class _SearchTrainingActor(StepTimingMixin, StepCapTrainerMixin, ppo_async.Train
         states = super().init_checkpoint_states()
         self._policy_version = int(states.get("global_step", 0))  # a resumed run re-syncs the checkpoint's weights
         return states
+
+    def save_best_checkpoint(self, eval_metrics, global_step, client_states=None):
+        """OpenRLHF's best-checkpoint rule, except for the evaluation before training (step 0), which the sync
+        trainer does not checkpoint either."""
+        if global_step == 0:
+            return None
+        return super().save_best_checkpoint(eval_metrics, global_step, client_states)
 
     def checkpoint_step(self) -> int:
         """The global step training starts at (0, or the checkpoint's when resuming); no side effect."""

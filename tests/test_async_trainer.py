@@ -27,8 +27,8 @@ def _parse(*extra):
 def test_async_is_accepted_and_checked():
     args, _ = _parse("--train.async_enable", "--train.async_queue_size", "2", "--train.partial_rollout_enable")
     assert args.train.async_enable and args.train.async_queue_size == 2 and args.train.partial_rollout_enable
-    with pytest.raises(ConfigError, match="before_training is not run in async mode"):
-        _parse("--train.async_enable", "--eval.before_training")
+    args, _ = _parse("--train.async_enable", "--eval.before_training")  # run by the generator actor
+    assert args.eval.before_training
     with pytest.raises(ConfigError, match="async_queue_size must be >= 1"):
         _parse("--train.async_enable", "--train.async_queue_size", "0")
     with pytest.raises(AssertionError, match="partial_rollout_enable requires"):  # OpenRLHF's own check
