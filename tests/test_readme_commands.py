@@ -19,7 +19,8 @@ Cheap forms, in the order README gives the commands (later ones use what earlier
 - ``curl`` against that server, as an HTTP POST of the same body;
 - launchers: ``DRY_RUN=1`` as written (the policy's tokenizer in place of the hub model, ``ALLOW_SHORT=1`` because
   the sample is shorter than the LR warm-up); a launcher line without it (a real training run) under
-  ``DRY_RUN=argv``, which resolves every flag and exits; ``eval.sh`` under ``DRY_RUN=1``.
+  ``DRY_RUN=argv``, which resolves every flag and exits; ``eval.sh`` and ``benchmarks/gpu_smoke.sh`` under
+  ``DRY_RUN=1``.
 
 Relative ``data/`` and ``indexes/`` paths are moved into a temporary folder; port 8000 becomes a free port.
 """
@@ -271,6 +272,12 @@ class Runner:
             if res.returncode == 0 and "openrlhf_search.cli.eval" not in res.stdout:
                 self.fail(line, "the dry run printed no cli.eval command")
             return
+        if script == "benchmarks/gpu_smoke.sh":  # needs a GPU: its dry run checks the script, inputs and commands
+            env.update(DRY_RUN="1", OUT_DIR=os.path.join(self.tmp, "gpu_smoke"))
+            res = self.run(line, ["bash", script, *words[2:]], env=env, cwd=REPO)
+            if res.returncode == 0 and "DRY RUN passed" not in res.stdout + res.stderr:
+                self.fail(line, "the dry run did not pass")
+            return
         env.update(MODEL=QWEN, ALLOW_SHORT="1", DATA_DIR=os.path.join(self.tmp, "data"))
         if "CPU_CLUSTER" not in env:
             env.setdefault("DRY_RUN", "argv")  # a training run: resolve every flag and stop
@@ -318,7 +325,8 @@ def rule_for(words):
     rest = _split_env(words)[1]
     if program == "python" and len(rest) >= 2 and (rest[1] == "-m" or rest[1].startswith("benchmarks/")):
         return "python"
-    if program == "bash" and len(rest) >= 2 and rest[1].startswith("examples/scripts/"):
+    if program == "bash" and len(rest) >= 2 and (rest[1].startswith("examples/scripts/")
+                                                  or rest[1] == "benchmarks/gpu_smoke.sh"):
         return "bash"
     if program in ("make", "curl"):
         return program
