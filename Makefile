@@ -12,7 +12,8 @@ setup:            ## create .venv with the real stack (OpenRLHF 0.11.2, vLLM 0.2
 demo: setup       ## the main job on the embedded default: index, retriever, 30 RL steps with search, eval before and after
 	bash examples/scripts/run_default.sh
 
-test: setup       ## the CPU test suite (slow tests excluded)
+test: setup       ## the linter (ruff, settings in pyproject.toml), then the CPU test suite (slow tests excluded)
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
 test-slow: setup  ## only the slow tests

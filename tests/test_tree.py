@@ -129,7 +129,7 @@ def _python_files(repo: str, entries: Sequence[str]) -> List[str]:
     for entry in entries:
         path = os.path.join(repo, entry)
         if os.path.isdir(path):
-            out += sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".py"))
+            out += sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names if f.endswith(".py"))
         elif os.path.isfile(path):
             out.append(path)
         else:
@@ -189,3 +189,19 @@ def test_the_import_check_sees_every_form_of_import(tmp_path):
                             ["openrlhf_search.cpu_cluster"]) == []
     with pytest.raises(FileNotFoundError, match="moved.py is not in the tree"):
         cpu_only_imports(str(tmp_path), ["openrlhf_search/moved.py"], ["openrlhf_search.local"])
+
+
+# ------------------------------------------------------------------------------ the linter
+def test_make_test_runs_the_linter_before_pytest():
+    """``make test`` lints first (ruff, settings in pyproject.toml) and the setup script installs the pinned ruff."""
+    with open(os.path.join(REPO, "Makefile"), encoding="utf-8") as f:
+        make = f.read()
+    recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", make, flags=re.M).group(1).splitlines()
+    assert "ruff check ." in recipe[0] and "pytest" in recipe[-1], recipe
+    with open(os.path.join(REPO, "pyproject.toml"), encoding="utf-8") as f:
+        pyproject = f.read()
+    assert "[tool.ruff]" in pyproject and "line-length = 120" in pyproject
+    with open(os.path.join(REPO, "scripts", "setup_cpu_env.sh"), encoding="utf-8") as f:
+        setup = f.read()
+    pinned = re.search(r"ruff==([0-9.]+)", setup).group(1)
+    assert f'md.version("ruff") == "{pinned}"' in setup  # a venv without that ruff is completed, not kept
