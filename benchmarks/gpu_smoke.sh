@@ -14,7 +14,8 @@
 #                (benchmarks/gpu_smoke_report.py)
 #   launcher     one training step of examples/scripts/searchr1.sh (GRPO) at GPUS_PER_NODE=1: OpenRLHF's Ray loop,
 #                DeepSpeed, the vLLM engine and the search agent against a BM25 retriever, with the tiny policy,
-#                prompts and corpus built offline (python -m openrlhf_search.cpu_cluster_assets) and small batches
+#                prompts and corpus built offline (python -m openrlhf_search.cpu_cluster_assets), small batches and
+#                a retriever on a free port
 #
 # Usage:   bash benchmarks/gpu_smoke.sh [--dry-run]
 # Settings (environment): PYTHON (default python3: the interpreter with the GPU extras), STEPS=20 RL steps of the
@@ -136,7 +137,7 @@ if has train; then
     && { mapfile -t ARGV < <(train_argv cuda)
          phase train "$OUT_DIR/train.log" "$PYTHON" -m openrlhf_search.cli.train_local "${ARGV[@]}" || true; } || true
   for f in metrics.jsonl eval_before.json eval.json eval_compare.json; do
-    [ -f "$WORK/train/$f" ] && cp "$WORK/train/$f" "$OUT_DIR/"
+    [ -f "$WORK/train/$f" ] && cp "$WORK/train/$f" "$OUT_DIR/" || true
   done
 fi
 
@@ -145,7 +146,9 @@ if has launcher; then
   if phase launcher_assets "$OUT_DIR/launcher.log" bash -c '"$0" -m openrlhf_search.cpu_cluster_assets --out "$1" \
       --protocol searchr1 --chat true >"$2"' "$PYTHON" "$WORK/assets" "$assets"; then
     get() { sed -n "s/^$1=//p" "$assets"; }
+    port="$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
     phase launcher "$OUT_DIR/launcher.log" env GPUS_PER_NODE=1 NNODES=1 PYTHON="$PYTHON" MODEL="$(get MODEL)" \
+      RETRIEVER_PORT="$port" \
       TRAIN_DATA="$(get TRAIN_DATA)" EVAL_DATA="$(get EVAL_DATA)" RETRIEVER_CORPUS="$(get CORPUS)" \
       RETRIEVER_ENCODER=bm25 RETRIEVER_INDEX_TYPE=bm25 RETRIEVER_INDEX_DIR="$WORK/index_bm25" ALLOW_SHORT=1 \
       OUTPUT_ROOT="$WORK/launcher" bash examples/scripts/searchr1.sh grpo qwen2.5-3b base "${LAUNCHER_ARGS[@]}" \

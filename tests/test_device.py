@@ -371,6 +371,11 @@ def test_gpu_smoke_script_for_a_gpu_box_parses_and_its_dry_run_checks_the_job(tm
         bad = subprocess.run(["bash", GPU_SMOKE, "--dry-run"], env=dict(env, **bad_env), capture_output=True, text=True)
         assert bad.returncode == 2 and says in bad.stderr, (bad_env, bad.stderr)
     assert subprocess.run(["bash", GPU_SMOKE, "--nope"], env=env, capture_output=True).returncode == 2
+    if not torch.cuda.is_available():  # the real run stops at once on a machine without the GPU stack
+        res = subprocess.run(["bash", GPU_SMOKE], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 2 and "lacks the GPU stack" in res.stderr, res.stdout[-1000:] + res.stderr[-1000:]
+        assert not (tmp_path / "out").exists()
 
 
 def test_the_smoke_scripts_name_no_path_outside_the_project():
