@@ -297,6 +297,11 @@ class LocalSearchTrainer:
         torch.manual_seed(seed)
 
     def _build_engine(self) -> None:
+        from openrlhf_search.context_length import context_error
+
+        error = context_error(self.args.data.max_len, getattr(self.actor.config, "max_position_embeddings", None))
+        if error:
+            raise TrainingError(error)
         self.engine = HFEngine(self.actor, self.tokenizer, seed=self.args.train.seed,
                                max_batch_size=self.args.rollout.engine_batch_size)
         if trunk_boundary(self.actor) > 0:  # the rollout's own trunk states feed the experience pass
