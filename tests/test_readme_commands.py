@@ -1,8 +1,8 @@
 """Every command README.md shows is run here in a cheap form, so that a command that stops working fails the suite.
 
 Commands are the lines of README's ```bash blocks (continuation lines joined, comments dropped) and the inline code
-spans of its prose and tables that start with a program (``python``, ``bash``, ``make``, ...). Each goes to the
-first rule of ``RULES`` its words match; a command no rule matches fails ``test_every_readme_command_has_a_rule``,
+spans of its prose and tables that start with a program (``python``, ``bash``, ``make``, ...). ``rule_for`` gives
+each its rule; a command without one fails ``test_every_readme_command_has_a_rule_and_the_not_run_list_is_current``,
 and a command that cannot run cheaply (a download of gigabytes, a GPU install) must be named in ``NOT_RUN`` with the
 reason, which the test checks is not stale. Nothing is skipped silently.
 
@@ -11,11 +11,11 @@ Cheap forms, in the order README gives the commands (later ones use what earlier
 - ``make TARGET``: ``make -n TARGET`` (the target exists and expands);
 - ``python -m M ARGS`` / ``python benchmarks/X.py ARGS``: ``--help`` exits 0 and names every ``--flag`` of ARGS;
   the cheap ones then run for real on substitutes for the downloads (``_substitutes``): ``prepare_data`` on the
-  shared samples with the local Qwen2.5 tokenizer, ``prepare_corpus`` on the 99-page KILT sample and a 3-article
-  HotpotQA abstracts ``.tar.bz2`` built here, ``build_index`` on the 10-row wiki-18 example with BM25 for e5
-  (no weights offline; ``retriever.download`` and adopting a released faiss index: ``--help`` only, they need the
-  network, that index and the e5 weights), ``retriever.server`` started on a free port, ``cli.eval --rescore`` on
-  the published trace (its output must hold the figures README quotes);
+  first rows of the shared samples with the local Qwen2.5 tokenizer, ``prepare_corpus`` on the 99-page KILT
+  sample and a 3-article HotpotQA abstracts ``.tar.bz2`` built here, ``build_index`` on the 10-row wiki-18
+  example with BM25 for e5 (no weights offline; ``retriever.download`` and adopting a released faiss index:
+  ``--help`` only, they need the network, that index and the e5 weights), ``retriever.server`` started on a free
+  port, ``cli.eval --rescore`` on the published trace (its output must hold the figures README quotes);
 - ``curl`` against that server, as an HTTP POST of the same body;
 - launchers: ``DRY_RUN=1`` as written (the policy's tokenizer in place of the hub model, ``ALLOW_SHORT=1`` because
   the sample is shorter than the LR warm-up); a launcher line without it (a real training run) under
@@ -63,11 +63,23 @@ NOT_RUN = {
 QWEN = None  # the local Qwen2.5 tokenizer folder, set by the fixture (tests/conftest.py's qwen_tokenizer)
 
 
+ROWS = 24  # question files are cut to their first rows: the commands' formats are checked, not their sizes
+
+
+def _head(src, dst, rows=ROWS):
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    with open(src, encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as out:
+        for _, line in zip(range(rows), f):
+            out.write(line)
+    return dst
+
+
 def _substitutes(tmp):
+    head = lambda *parts: _head(shared_path(*parts), os.path.join(tmp, "inputs", parts[-1]))
     return {
-        "nq_hotpotqa_train": shared_path("qa", "searchr1", "nq_hotpotqa_train_sample.jsonl"),
-        "R1-Searcher/data/training_set/stage_2.jsonl": shared_path("qa", "r1searcher", "stage_2.jsonl"),
-        "R1-Searcher/data/eval_set/hotpotqa_500.jsonl": shared_path("qa", "r1searcher", "hotpotqa_500.jsonl"),
+        "nq_hotpotqa_train": head("qa", "searchr1", "nq_hotpotqa_train_sample.jsonl"),
+        "R1-Searcher/data/training_set/stage_2.jsonl": head("qa", "r1searcher", "stage_2.jsonl"),
+        "R1-Searcher/data/eval_set/hotpotqa_500.jsonl": head("qa", "r1searcher", "hotpotqa_500.jsonl"),
         "kilt_knowledgesource.json": shared_path("wiki", "kilt_pages_sample99.jsonl"),
         "enwiki-20171001-pages-meta-current-withlinks-abstracts.tar.bz2": os.path.join(tmp, "abstracts.tar.bz2"),
         "r1searcher_bamboogle_llama.jsonl": shared_path("traces", "r1searcher_bamboogle_llama.jsonl"),
@@ -158,7 +170,11 @@ class Runner:
         self.env = {k: v for k, v in os.environ.items()
                     if not k.startswith(("RETRIEVER_", "TRAIN_DATA", "EVAL_DATA", "STAGE1_CKPT", "SETTING", "MODEL",
                                          "HOTPOTQA_", "KILT_", "DRY_RUN", "CPU_CLUSTER", "ALLOW_SHORT"))}
+        # dataset names (`flashrag:nq`) resolve in a data folder holding the first rows of the shared samples
+        shared = os.path.join(tmp, "shared")
+        _head(shared_path("qa", "flashrag", "nq.test.jsonl"), os.path.join(shared, "qa", "flashrag", "nq.test.jsonl"))
         self.env.update(PYTHON=sys.executable, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+                        OPENRLHF_SEARCH_DATA_DIR=shared,
                         HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OUTPUT_ROOT=os.path.join(tmp, "checkpoints"),
                         PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
         os.makedirs(os.path.join(tmp, "data"), exist_ok=True)
