@@ -236,7 +236,10 @@ def wait_for_free_gpus(args, timeout_s: float = 60.0, poll_s: float = 2.0) -> No
     need = gpus_needed(args)
     deadline = time.monotonic() + timeout_s
     while True:
-        free = ray.available_resources().get("GPU", 0.0)
+        try:
+            free = ray.available_resources().get("GPU", 0.0)
+        except (ray.exceptions.RaySystemError, RuntimeError):
+            return  # no connected Ray to ask (a driver that has not started one)
         if free + 1e-6 >= need:
             return
         if time.monotonic() >= deadline:
