@@ -212,7 +212,21 @@ class SearchSamplesGenerator(SamplesGenerator):
         self._rollout_timer.start()
         samples, pass_rate, consumed, exhausted = super().generate_samples(**generate_kwargs)
         step_timing.attach(samples, self._rollout_timer.finish())
-        return samples, pass_rate, consumed, exhausted
+        return self._even_share(samples, generate_kwargs), pass_rate, consumed, exhausted
+
+    def _even_share(self, samples, generate_kwargs):
+        """``samples`` cut to whole micro-batches on every data-parallel rank and whole train batches
+        (:mod:`openrlhf_search.even_batches`: a partial last batch would leave ranks waiting inside collectives)."""
+        from openrlhf_search.even_batches import even_share, unit_of
+
+        unit = unit_of(self.args, self._group_size(generate_kwargs))
+        kept, dropped = even_share(samples, unit)
+        if dropped:
+            self.dropped_samples = getattr(self, "dropped_samples", 0) + dropped
+            logger.warning(f"short rollout batch: {len(samples)} samples do not fill whole micro-batches on every "
+                           f"rank and whole train batches (units of {unit}); training on {len(kept)}, dropping "
+                           f"{dropped} ({self.dropped_samples} this run)")
+        return kept
 
     def _process_response_into_experience(self, response, **generate_kwargs) -> Experience:
         experience = super()._process_response_into_experience(response, **generate_kwargs)

@@ -75,6 +75,7 @@ RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:8265}"
 RETRIEVER_PORT_SET="${RETRIEVER_PORT:+1}"
 RETRIEVER_PORT="${RETRIEVER_PORT:-8000}"
 NNODES="${NNODES:-1}"
+CPU_RANKS="${GPUS_PER_NODE:-1}"  # CPU_CLUSTER=1: ranks per model and vLLM engines (only when GPUS_PER_NODE is given)
 GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
 VLLM_TP="${VLLM_TP:-1}"
 OUTPUT_ROOT="${OUTPUT_ROOT:-$REPO_ROOT/checkpoints}"
@@ -131,14 +132,16 @@ cpu_cluster_setup() {
     if [[ -z "${RETRIEVER_URLS:-}" && -z "${RETRIEVER_PORT_SET:-}" ]]; then  # a free port: never clash with 8000
         RETRIEVER_PORT="$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
     fi
-    local samples=$(( 2 * n ))
+    local prompts=$(( 2 * CPU_RANKS ))  # 2 prompts per rank: whole micro-batches of 2 on every rank
+    local samples=$(( prompts * n ))
     CPU_ARGS=(--cpu_cluster --train.max_steps "$MAX_STEPS"
-              --rollout.batch_size 2 --rollout.n_samples_per_prompt "$n" --train.batch_size "$samples"
+              --rollout.batch_size "$prompts" --rollout.n_samples_per_prompt "$n" --train.batch_size "$samples"
               --rollout.micro_batch_size 2 --train.micro_batch_size 2
               --data.max_len 1024 --rollout.max_new_tokens 48 --search.max_new_tokens_per_turn 48
               --search.max_turns 3 --search.topk 1 --search.max_obs_tokens 120
               --eval.n_samples_per_prompt 1 --ckpt.save_steps "$MAX_STEPS")
-    log "CPU cluster: $RUN_DESC -> tiny Qwen2 policy $MODEL, $MAX_STEPS steps of 2 prompts x $n samples"
+    log "CPU cluster: $RUN_DESC -> tiny Qwen2 policy $MODEL, $MAX_STEPS steps of $prompts prompts x $n samples," \
+        "$CPU_RANKS DeepSpeed rank(s) per model, $CPU_RANKS vLLM-CPU engine(s)"
 }
 
 # A GPU run on this machine refuses an interpreter whose torch was built without CUDA (the CPU stack of `make setup`
@@ -160,8 +163,10 @@ check_gpu_python() {
 # that cannot fit exits 2 with one line naming the layouts that work.
 # Arguments: train batch, train micro-batch, samples per step, rollout micro-batch, critic (true|false).
 layout_args() {
-    if [[ "$CPU_CLUSTER" == "1" ]]; then  # one CPU actor per model, set by --cpu_cluster itself
-        LAYOUT_ARGS=()
+    if [[ "$CPU_CLUSTER" == "1" ]]; then  # GPUS_PER_NODE DeepSpeed ranks per model and as many vLLM-CPU engines
+        LAYOUT_ARGS=(--actor.num_gpus_per_node "$CPU_RANKS" --ref.num_gpus_per_node "$CPU_RANKS"
+                     --critic.num_gpus_per_node "$CPU_RANKS" --vllm.num_engines "$CPU_RANKS")
+        (( CPU_RANKS > 1 )) && LAYOUT_ARGS+=(--ds.zero_stage 3)  # partitioned over the ranks, as on GPUs
         return 0
     fi
     local train_bs="$1" train_micro="$2" samples="$3" rollout_micro="$4" critic="${5:-false}" out
@@ -184,7 +189,7 @@ layout_args() {
     fi
     [[ "$critic" == "true" ]] && extra+=(--critic)
     if [[ "${ASYNC:-0}" == "1" && -z "${ACTOR_GPUS_PER_NODE:-}" ]]; then  # async: vLLM is never colocated
-        extra+=(--actor_gpus_per_node "$(( GPUS_PER_NODE > 1 ? GPUS_PER_NODE / 2 : 1 ))")
+        extra+=(--actor_gpus_per_node "$(( gpus > 1 ? gpus / 2 : 1 ))")
     fi
     out="$("$PYTHON" -m openrlhf_search.layout --nnodes "$NNODES" --gpus_per_node "$gpus" \
         --vllm_tp "$VLLM_TP" --train_batch "$train_bs" --train_micro "$train_micro" --rollout_samples "$samples" \

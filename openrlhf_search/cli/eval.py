@@ -334,6 +334,12 @@ def run(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     args.max_length = next(iter(per_set.values())).max_length  # the engine's context: the setting's unless given
+    from openrlhf_search.context_length import context_error, model_context_length
+
+    error = context_error(args.max_length, model_context_length(args.model), flag="--max_length")
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     from openrlhf_search.retriever_check import RetrieverCheckError, check_retrievers
 
     try:  # as the launchers do: a dead retriever would score every question 0 under a normal-looking table

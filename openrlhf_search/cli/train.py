@@ -330,7 +330,11 @@ def parse_args(argv: Optional[List[str]] = None) -> Tuple[Any, SearchConfig]:
     if flat.cpu_cluster:  # before OpenRLHF's validation, which must see the CPU layout
         from openrlhf_search.cpu_cluster import apply_cpu_settings
 
-        for line in apply_cpu_settings(flat):
+        try:
+            changes = apply_cpu_settings(flat)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        for line in changes:
             print(f"[cpu_cluster] {line}", file=sys.stderr)
     args = openrlhf_main().validate(flat)
     cfg = search_config_from_args(args)
@@ -341,6 +345,11 @@ def parse_args(argv: Optional[List[str]] = None) -> Tuple[Any, SearchConfig]:
         check_args(args)  # DeepSpeed's batch check and the rollout micro-batches over the actor ranks
     except LayoutError as e:
         raise ConfigError(str(e)) from e
+    from openrlhf_search.context_length import context_error, model_context_length
+
+    error = context_error(args.data.max_len, model_context_length(args.actor.model_name_or_path))
+    if error:  # vLLM would refuse max_model_len = --data.max_len only once its engines start
+        raise ConfigError(error)
     return args, cfg
 
 
@@ -390,6 +399,24 @@ def _to_jsonable(x):
     return x
 
 
+def layout_summary(args) -> Dict[str, Any]:
+    """Ranks per model, engines and the even unit short batches are cut to (:mod:`openrlhf_search.even_batches`)."""
+    from openrlhf_search.even_batches import unit_of
+
+    out = {"actor_ranks": args.actor.num_nodes * args.actor.num_gpus_per_node,
+           "ref_ranks": args.ref.num_nodes * args.ref.num_gpus_per_node,
+           "critic_ranks": (args.critic.num_nodes * args.critic.num_gpus_per_node
+                            if getattr(args.critic, "model_name_or_path", None) else 0),
+           "vllm_engines": args.vllm.num_engines, "vllm_tensor_parallel_size": args.vllm.tensor_parallel_size,
+           "zero_stage": args.ds.zero_stage,
+           "short_batch_unit_samples": unit_of(args, args.rollout.n_samples_per_prompt)}
+    if getattr(args, "cpu_cluster", False):
+        from openrlhf_search.cpu_cluster import logical_gpus
+
+        out["cpu_cluster_logical_gpus"] = logical_gpus(args)
+    return out
+
+
 def resolved_config(args, cfg: SearchConfig) -> Dict[str, Any]:
     """Everything a run is defined by, as JSON-able data (printed by --dry_run)."""
     from openrlhf_search.reward_schedule import RewardSchedule
@@ -399,6 +426,7 @@ def resolved_config(args, cfg: SearchConfig) -> Dict[str, Any]:
         "search_config": dataclasses.asdict(cfg),
         "reward_schedule": dataclasses.asdict(RewardSchedule.from_args(args)),
         "lr_schedule": resolved_schedule(args),
+        "layout": layout_summary(args),
         "runtime_env": build_runtime_env(cfg),
         "gpu_split": gpu_layout(args),
         "classes": {"trainer": "openrlhf_search.trainer.SearchPPOTrainer",
@@ -483,8 +511,12 @@ def run(args, cfg: SearchConfig) -> None:
         if cpu:
             private = cpu_cluster.PrivateRay()
             print(f"[cpu_cluster] private Ray folder {private.temp_dir} (removed at exit)", file=sys.stderr)
-            _raise_on_sigterm()  # so that the cleanup below runs when the launcher or a scheduler stops the run
-            ray.init(**cpu_cluster.ray_init_kwargs(build_runtime_env(cfg), temp_dir=private.temp_dir))
+            print(f"[cpu_cluster] {cpu_cluster.EXPECTED_ON_CPU}", file=sys.stderr)
+            ray.init(**cpu_cluster.ray_init_kwargs(build_runtime_env(cfg), temp_dir=private.temp_dir,
+                                                   num_gpus=cpu_cluster.logical_gpus(args)))
+            # after ray.init, whose core worker installs its own SIGTERM handler (it logs and dies): so that the
+            # cleanup below runs when the launcher or a scheduler stops the run
+            _raise_on_sigterm()
         else:
             ray.init(runtime_env=build_runtime_env(cfg))
         started = True
