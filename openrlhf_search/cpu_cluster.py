@@ -704,11 +704,11 @@ _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
 _EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Refused|Limit|Failure)\b.*")
 
 
-def _mapped_shm_segments() -> set:
-    """Names of /dev/shm segments some live process maps (read from /proc/*/maps)."""
+def _mapped_shm_segments(exclude: Tuple[int, ...] = ()) -> set:
+    """Names of /dev/shm segments some live process maps (read from /proc/*/maps), ``exclude``d pids aside."""
     out = set()
     for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not pid.isdigit():
+        if not pid.isdigit() or int(pid) in exclude:
             continue
         try:
             with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
@@ -733,6 +733,33 @@ def _shm_segments() -> Dict[str, float]:
         except OSError:
             continue
     return out
+
+
+def _descendants(root: int) -> List[int]:
+    """Every live descendant process of ``root`` (from /proc/*/stat parent ids), children first."""
+    parent = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
+                parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    out, frontier = [], [root]
+    while frontier:
+        children = [pid for pid, ppid in parent.items() if ppid in frontier and pid not in out]
+        out += children
+        frontier = children
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def last_worker_traceback(log_dir: str) -> Optional[Dict[str, str]]:
@@ -805,15 +832,39 @@ class PrivateRay:
                 log = found["log"] + " (removed at exit)"
         return f"a Ray worker failed: {found['exception']} (raised at {found['where']}; worker log: {log})"
 
-    def leaked_shm_segments(self) -> List[str]:
-        """``psm_*`` segments created during this run that no live process maps."""
-        mapped = _mapped_shm_segments()
+    def leaked_shm_segments(self, exclude: Tuple[int, ...] = ()) -> List[str]:
+        """``psm_*`` segments created during this run that no live process (``exclude`` aside) maps."""
+        mapped = _mapped_shm_segments(exclude)
         return sorted(n for n in _shm_segments() if n not in self._shm_before and n not in mapped)
 
-    def cleanup(self, wait_s: float = 10.0) -> List[str]:
+    def terminate(self, exit_code: int = 143) -> None:
+        """Stop this run now, from a signal handler: SIGKILL every descendant process of this driver (the local Ray's
+        GCS, raylet, workers and their vLLM engine processes), remove what they leave (:meth:`cleanup`), exit.
+
+        Used for SIGTERM because the driver is usually blocked inside ``ray.get``, where an exception raised by a
+        Python handler does not reliably unwind to the ``finally`` that would shut Ray down."""
+        import signal
+        import time
+
+        pids = _descendants(os.getpid())
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        deadline = time.time() + 10
+        while time.time() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.2)
+        self.cleanup(wait_s=5, exclude=(os.getpid(),))
+        print(f"[cpu_cluster] stopped by signal: {len(pids)} Ray / vLLM processes ended, {self.temp_dir} and this "
+              "run's shared memory removed", file=sys.stderr, flush=True)
+        os._exit(exit_code)
+
+    def cleanup(self, wait_s: float = 10.0, exclude: Tuple[int, ...] = ()) -> List[str]:
         """Remove the temp folder and this run's unmapped shm segments (idempotent); returns what was removed.
 
-        Waits up to ``wait_s`` for the engine processes Ray is stopping to unmap their segments."""
+        Waits up to ``wait_s`` for the engine processes Ray is stopping to unmap their segments; ``exclude``: pids
+        whose mappings do not count (the exiting driver's own)."""
         import shutil
         import time
 
@@ -822,11 +873,11 @@ class PrivateRay:
         deadline = time.time() + wait_s
         while time.time() < deadline:
             new = {n for n in _shm_segments() if n not in self._shm_before}
-            if not new & _mapped_shm_segments():
+            if not new & _mapped_shm_segments(exclude):
                 break
             time.sleep(0.5)
         removed = []
-        for name in self.leaked_shm_segments():
+        for name in self.leaked_shm_segments(exclude):
             try:
                 os.unlink(os.path.join(SHM_DIR, name))
                 removed.append(os.path.join(SHM_DIR, name))

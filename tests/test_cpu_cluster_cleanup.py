@@ -87,3 +87,44 @@ def test_cleanup_removes_the_runs_unmapped_segments_only(tmp_path):
     finally:
         before.close()
         before.unlink()
+
+
+_DRIVER = r'''
+import os, signal, subprocess, sys, time
+from multiprocessing import shared_memory
+from openrlhf_search.cpu_cluster import PrivateRay
+
+private = PrivateRay(temp_root=sys.argv[1])
+# a process tree like the local Ray's (a child with a grandchild), and a segment an engine process maps
+child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)"])
+seg = shared_memory.SharedMemory(create=True, size=4096)
+signal.signal(signal.SIGTERM, lambda signum, frame: private.terminate(128 + signum))
+print(private.temp_dir, seg.name.lstrip("/"), child.pid, flush=True)
+time.sleep(600)
+'''
+
+
+def test_sigterm_ends_the_process_tree_and_removes_what_it_left(tmp_path):
+    """What cli.train's SIGTERM handler does in CPU cluster mode (the slow end-to-end test sends it to a real run).
+    Mutation caught: descendants not killed (the grandchild survives), or the folder / segment left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.cpu_cluster_support import REPO
+
+    proc = subprocess.Popen([sys.executable, "-c", _DRIVER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO)
+    folder, seg, child = proc.stdout.readline().split()
+    time.sleep(1.0)  # the grandchild has started
+    from openrlhf_search.cpu_cluster import _descendants
+
+    tree = _descendants(proc.pid)
+    assert len(tree) >= 2
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    time.sleep(0.5)
+    assert not any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z" for p in tree)
+    assert not os.path.exists(folder) and not os.path.exists(os.path.join(SHM_DIR, seg))

@@ -514,9 +514,9 @@ def run(args, cfg: SearchConfig) -> None:
             print(f"[cpu_cluster] {cpu_cluster.EXPECTED_ON_CPU}", file=sys.stderr)
             ray.init(**cpu_cluster.ray_init_kwargs(build_runtime_env(cfg), temp_dir=private.temp_dir,
                                                    num_gpus=cpu_cluster.logical_gpus(args)))
-            # after ray.init, whose core worker installs its own SIGTERM handler (it logs and dies): so that the
-            # cleanup below runs when the launcher or a scheduler stops the run
-            _raise_on_sigterm()
+            # after ray.init, whose core worker installs its own SIGTERM handler (it logs and dies): a launcher or
+            # scheduler stopping the run must not leave the private Ray, its folder or vLLM's shared memory behind
+            _terminate_on_sigterm(private)
         else:
             ray.init(runtime_env=build_runtime_env(cfg))
         started = True
@@ -541,21 +541,12 @@ def run(args, cfg: SearchConfig) -> None:
             private.cleanup()
 
 
-class Terminated(SystemExit):
-    """SIGTERM in a CPU-cluster run (exit status 143 after the cleanup)."""
-
-
-def _raise_on_sigterm() -> None:
+def _terminate_on_sigterm(private) -> None:
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def handler(signum, frame):
-        raise Terminated(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: private.terminate(128 + signum))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
