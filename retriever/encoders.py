@@ -98,7 +98,10 @@ class DenseEncoder:
 
         self.spec = spec
         self.batch_size = batch_size
-        self.model = SentenceTransformer(spec.model, device=device)
+        from retriever.hub import resolve_model_path
+
+        # a hub id not cached while offline fails here in one line, not after ~100 s of retried downloads
+        self.model = SentenceTransformer(resolve_model_path(spec.model, "encoder"), device=device)
         if spec.max_seq_length:
             self.model.max_seq_length = spec.max_seq_length
         if self.model.device.type == "cuda":  # pragma: no cover - GPU only; fp16 as Search-R1's --use_fp16
@@ -135,7 +138,8 @@ def get_encoder(spec: EncoderSpec, device: str | None = None, batch_size: int = 
         try:
             enc = DenseEncoder(spec, device=device, batch_size=batch_size)
         except (OSError, ValueError) as e:  # no such model / path, not a model folder, offline without a cache
-            raise ValueError(f"cannot load encoder {spec.model!r}: {e}") from e
+            msg = str(e)
+            raise ValueError(msg if msg.startswith("encoder ") else f"cannot load encoder {spec.model!r}: {msg}") from e
         _ENCODERS[key] = enc
     enc.batch_size = batch_size
     return enc

@@ -425,6 +425,14 @@ def build_engine(model: str, backend: str = "auto", tokenizer_path: Optional[str
 
         if is_smollm2_alias(model):  # the packaged SmolLM2, as the HF engine resolves it
             model = smollm2_checkpoint()
+        else:  # a hub id not cached while offline fails here in one line, before vLLM's retried downloads
+            from retriever.hub import resolve_model_path
+
+            try:
+                model = resolve_model_path(model, "model")
+                tokenizer_path = tokenizer_path and resolve_model_path(tokenizer_path, "tokenizer")
+            except ValueError as e:
+                raise EngineLoadError(str(e)) from None
         on_cpu = not cuda_available()
         kwargs = vllm_engine_kwargs(model, on_cpu, tokenizer_path, seed, max_model_len, dtype, tensor_parallel_size,
                                     gpu_memory_utilization)

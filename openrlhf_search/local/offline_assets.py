@@ -107,13 +107,23 @@ def load_hf_policy(name_or_path: str, tokenizer_path=None):
     Returns:
         (model in eval mode, float32; tokenizer with ``pad_token`` set to EOS when it has none).
     Raises:
-        OSError / ValueError: transformers' errors for a path that is not there or not a model.
+        ValueError: one line naming the model when it is neither a folder nor in the HF cache and the hub cannot
+            provide it (``retriever.hub.resolve_model_path``).
+        OSError / ValueError: transformers' errors for a folder that is not a model.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if is_smollm2_alias(name_or_path):  # offline: the packaged GGUF, cached as a plain checkpoint
         name_or_path = smollm2_checkpoint()
+    else:  # a hub id not cached while offline: one line here, not ~100 s of retried downloads
+        from retriever.hub import resolve_model_path
+
+        name_or_path = resolve_model_path(name_or_path, "model")
+    if tokenizer_path:
+        from retriever.hub import resolve_model_path
+
+        tokenizer_path = resolve_model_path(tokenizer_path, "tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or name_or_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
