@@ -392,3 +392,26 @@ def test_launcher_starts_the_real_retriever_and_waits_for_it(tmp_path):
     else:
         os.kill(pid, 15)
         pytest.fail("retriever still running after the launcher exited")
+
+
+def test_relative_paths_are_the_callers(tmp_path):
+    """A launcher run from another folder resolves relative TRAIN_DATA / EVAL_DATA / OUTPUT_ROOT / RETRIEVER_CORPUS
+    and a MODEL folder against that folder, not the repo root it cd's to; a hub MODEL name is left alone."""
+    (tmp_path / "mymodel").mkdir()
+    env = _env(DRY_RUN="argv", TRAIN_DATA="d/train.jsonl", EVAL_DATA="../e.jsonl", OUTPUT_ROOT="out",
+               RETRIEVER_CORPUS="data/x.jsonl", MODEL="./mymodel")
+    script = os.path.join(SCRIPTS, "searchr1_ppo_qwen2.5-3b_base.sh")
+
+    def run(env):
+        out = subprocess.run(["bash", script], env=env, cwd=tmp_path, capture_output=True, check=True, timeout=60)
+        return [a.decode() for a in out.stdout.split(b"\0")]
+
+    parts = run(env)
+    flag = lambda name: parts[parts.index(name) + 1]
+    assert flag("--data.prompt_dataset") == f"{tmp_path}/d/train.jsonl"
+    assert flag("--eval.dataset") == f"{tmp_path}/../e.jsonl"
+    assert flag("--actor.model_name_or_path") == f"{tmp_path}/mymodel"
+    assert flag("--ckpt.output_dir").startswith(f"{tmp_path}/out/")
+    assert f"corpus={tmp_path}/data/x.jsonl" in parts
+    parts = run(dict(env, MODEL="Qwen/Qwen2.5-3B", TRAIN_DATA="/abs/t.jsonl"))
+    assert flag("--actor.model_name_or_path") == "Qwen/Qwen2.5-3B" and flag("--data.prompt_dataset") == "/abs/t.jsonl"

@@ -98,6 +98,18 @@ for _arg in "$@"; do
     fi
 done
 
+# Relative paths in these variables are the caller's: made absolute against the folder the script was run from,
+# before the cd to the repo root. MODEL only when it names something there (else it is a hub name such as org/name).
+CALLER_PWD="$PWD"
+for _var in TRAIN_DATA EVAL_DATA STAGE1_CKPT OUTPUT_ROOT DATA_DIR MODEL RETRIEVER_CORPUS RETRIEVER_SOURCE \
+        RETRIEVER_INDEX_DIR CPU_CLUSTER_CACHE; do
+    _val="${!_var:-}"
+    [[ -z "$_val" || "$_val" == /* ]] && continue
+    [[ "$_var" == MODEL && ! -e "$_val" && "$_val" != ./* && "$_val" != ../* ]] && continue
+    printf -v "$_var" '%s' "$CALLER_PWD/${_val#./}"
+done
+unset _var _val
+
 export PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 cd "$REPO_ROOT"
 
