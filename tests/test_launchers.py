@@ -415,3 +415,18 @@ def test_relative_paths_are_the_callers(tmp_path):
     assert f"corpus={tmp_path}/data/x.jsonl" in parts
     parts = run(dict(env, MODEL="Qwen/Qwen2.5-3B", TRAIN_DATA="/abs/t.jsonl"))
     assert flag("--actor.model_name_or_path") == "Qwen/Qwen2.5-3B" and flag("--data.prompt_dataset") == "/abs/t.jsonl"
+
+
+def test_start_retriever_relative_paths_are_the_callers(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.jsonl").write_text('{"id": "1", "contents": "a"}\n')
+    res = subprocess.run(["bash", os.path.join(SCRIPTS, "start_retriever.sh"), "--print_config", "--index_dir", "idx",
+                          "--encoder", "e5-base-v2"], env=_env(RETRIEVER_CORPUS="data/x.jsonl"), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    config = dict(line.split("=", 1) for line in res.stdout.splitlines())
+    assert config["corpus"] == f"{tmp_path}/data/x.jsonl" and config["index_dir"] == f"{tmp_path}/idx"
+    assert config["encoder"] == "e5-base-v2"  # a preset name, not a path
+    res = subprocess.run(["bash", os.path.join(SCRIPTS, "start_retriever.sh"), "--print_config", "--corpus",
+                          "no.jsonl"], env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and f"corpus {tmp_path}/no.jsonl not found" in res.stderr

@@ -30,6 +30,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+CALLER_PWD="$PWD"  # relative paths given are the caller's (resolved below), not the repo root's
 cd "$ROOT"
 
 SOURCE="${RETRIEVER_SOURCE:-}"
@@ -58,6 +59,13 @@ while [[ $# -gt 0 ]]; do
     --) shift; EXTRA=("$@"); break ;;
     *) echo "start_retriever.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
+done
+
+for _var in SOURCE CORPUS INDEX_DIR ENCODER; do  # ENCODER only when it names a folder there (else a preset / hub id)
+  _val="${!_var}"
+  [[ -z "$_val" || "$_val" == /* ]] && continue
+  [[ "$_var" == ENCODER && ! -e "$CALLER_PWD/$_val" ]] && continue
+  printf -v "$_var" '%s' "$CALLER_PWD/${_val#./}"
 done
 
 if [[ -z "${PYTHON:-}" ]]; then
