@@ -21,9 +21,10 @@
   estimator and the critic, on equal rollout compute (with 4 trajectories per step, 20 steps would hold 80 trajectories
   in all).
 
-Every arm is ``train_local --preset P`` (``--preset``, default ``default``; README's table was measured with
-``--preset f1_sentences``, the former default) with the same seed, data, warm start and evaluated questions
-(``--split``, passed as ``--eval.split``: settings such as ``--critic_lr`` are chosen on ``validation``, the README
+Every arm is ``train_local --preset P`` (``--preset``, default ``default``; docs/cpu_job.md's "Ablation" has a
+table for each of ``default`` and ``f1_sentences``, the former default) with the same seed, data, warm start and
+evaluated questions (``--split``, passed as ``--eval.split``: settings such as ``--critic_lr`` are chosen on
+``validation``, docs/cpu_job.md
 reports ``heldout``), against one retriever service started here. Each cell is a mean over the questions with its
 bootstrap 95% interval; differences are paired over the same questions (after - before within an arm; arm - main
 between arms). A line per arm checks the shared warm start: its before-RL greedy predictions (and whole
@@ -264,7 +265,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     p.add_argument("--encoder", default="bm25", choices=["minilm", "bm25"])
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_ablation"))
     p.add_argument("--preset", default="default", choices=["default", "f1_sentences", "tiny"],
-                   help="train_local preset of every arm (f1_sentences: the former default, README's table; tiny: a "
+                   help="train_local preset of every arm (f1_sentences: the former default; tiny: a "
                         "pipeline smoke that cannot learn)")
     p.add_argument("--reuse_main", default=None, metavar="RUN_DIR",
                    help="take the main arm from a finished run of the same preset, seed, steps and split (e.g. the "

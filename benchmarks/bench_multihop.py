@@ -2,7 +2,8 @@
 
 Search-R1 (arXiv 2503.09516, sec. 5.4 and fig. 2 (d)) reports the number of valid searches per trajectory rising
 during training; R1-Searcher (arXiv 2503.05592) evaluates on multi-hop sets. Here the main job (``train_local
---preset default``; ``--preset f1_sentences``, the former default, for README's figures) trains on the embedded
+--preset default``, with which docs/cpu_job.md's two-hop figures were measured; ``--preset f1_sentences``, the
+former default) trains on the embedded
 default's 1- and 2-hop questions (``--data.max_hops 2``: ``capital``, ``currency``, ``currency_of_capital``,
 ``capital_of_neighbor``) with one more turn (``--search.max_turns 4``), and is evaluated before and after RL on held-out
 2-hop questions only. Reported, with paired bootstrap 95% intervals over the same questions:
@@ -18,7 +19,8 @@ The warm start's 2-hop trajectories search more than once (``--hop_searches chai
 chain``, :func:`openrlhf_search.local.warmstart.follow_up_query`): the keyword query, then, when its top passage is
 about the question's own anchor, the query without it (the other anchor), then the asked attribute of the entity
 found ("currency Turkmenistan"), the answer read from the last passage; ``--hop_searches one`` scripts one search per
-question, as for 1-hop rows (README's first two-hop run: the policy then searched once and answered).
+question, as for 1-hop rows (the "one" columns of docs/cpu_job.md's two-hop table: the policy searches once and
+answers).
 
 Targets: F1 gain with its interval above zero, searches per 2-hop question rising by at least 0.5, the
 second query naming the bridge entity. Reported as measured whatever the outcome; the settings are the main job's,
@@ -126,12 +128,12 @@ def main(argv=None) -> dict:
     p.add_argument("--eval_n", type=int, default=64, help="held-out 2-hop questions evaluated")
     p.add_argument("--encoder", default="bm25", choices=["minilm", "bm25"])
     p.add_argument("--preset", default="default", choices=["default", "f1_sentences", "tiny"],
-                   help="train_local preset (f1_sentences: the former default, README's figures; tiny: a pipeline "
+                   help="train_local preset (f1_sentences: the former default; tiny: a pipeline "
                         "smoke, cannot learn)")
     p.add_argument("--hop_searches", default="chain", choices=["one", "chain"],
                    help="--warmstart.hop_searches: 'chain' (default: the warm start's 2-hop trajectories search a "
                         "second time, for the entity the first search found) or 'one' (one search per question, as "
-                        "for 1-hop rows: the run README reported first)")
+                        "for 1-hop rows: the 'one' columns of docs/cpu_job.md's two-hop table)")
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_multihop"))
     p.add_argument("--resume", action="store_true",
                    help="continue <out>/train from its last checkpoint (a run stopped by a fault; train_local refuses "

@@ -60,7 +60,7 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=None, help="--train.seed of the job (default: the preset's)")
     p.add_argument("--preset", default="default", choices=["default", "f1_sentences", "tiny"],
                    help="train_local preset: 'default' (the main job, EM reward) or 'f1_sentences' (the former "
-                        "default: F1 reward, sentence answers; README's ablation and two-hop figures)")
+                        "default: F1 reward, sentence answers; docs/cpu_job.md, 'The earlier default')")
     p.add_argument("--sft_steps", type=int, default=None, help="warm-start SFT steps (default: the preset's)")
     p.add_argument("--encoder", default="bm25", choices=["minilm", "bm25"])
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_train_local"))

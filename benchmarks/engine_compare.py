@@ -6,10 +6,10 @@ round is a fresh batch, as a new RL step is). Rounds alternate which engine goes
 the run (the machine is shared) does not favour one of them. Prints and returns tokens/s of each, the ratio
 vLLM / HF, and, for greedy decoding, whether the two engines' outputs are identical token for token.
 
-Shapes of the CPU main job as it was when README's engine figures were measured (``train_local --preset
-f1_sentences``, the default until 2026-12-01; the default now renders ``searchr1_bare``, a longer instruction, and
-allows 48 tokens per turn): SmolLM2-135M-Instruct, Search-R1's short tags under the ChatML template
-(``searchr1_short``), 1-hop questions of the embedded default, 32 tokens per turn:
+Shapes of the CPU main job as it was when the engine figures of docs/evaluation.md ("Engines") were measured
+(``train_local --preset f1_sentences``, the default until 2026-12-01; the default now renders ``searchr1_bare``, a
+longer instruction, and allows 48 tokens per turn): SmolLM2-135M-Instruct, Search-R1's short tags under the ChatML
+template (``searchr1_short``), 1-hop questions of the embedded default, 32 tokens per turn:
 
 - rollout: 4 questions x 4 samples = 16 concurrent trajectories at temperature 0.7;
 - eval: 64 held-out questions, greedy.

@@ -1,4 +1,4 @@
-"""Every training seed of the CPU main job in one table: README reports every seed, not the best.
+"""Every training seed of the CPU main job in one table: docs/cpu_job.md reports every seed, not the best.
 
 Reads the ``bench_train_local.json`` that ``benchmarks/bench_train_local.py --seed S --out DIR`` wrote for each seed
 and prints, one row per seed: EM, F1 and Cover-EM before -> after RL with the paired bootstrap 95% interval of the

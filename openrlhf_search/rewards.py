@@ -613,8 +613,8 @@ def support_recall(search_trace: Optional[Sequence[dict]], supporting_ids: Optio
     The local trainer adds ``--reward.support_bonus`` times this to the outcome reward of each RL rollout. It is in
     neither paper (both reward the outcome only); it exists for two-hop questions, where the answer's passage is
     found only by a second query naming the bridge entity and EM alone almost never rewards that second search
-    (README, two-hop section). It reads the training row's gold ``supporting_ids``, as the outcome reward reads its
-    gold answers; evaluation never uses it.
+    (docs/cpu_job.md, "Two-hop questions"). It reads the training row's gold ``supporting_ids``, as the outcome
+    reward reads its gold answers; evaluation never uses it.
 
     Args:
         search_trace: the executor's ``search_trace``: one ``{"query", "passage_ids"}`` per search that returned

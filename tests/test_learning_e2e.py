@@ -7,14 +7,14 @@ default``: the bare-span instruction, the think_span warm start, Search-R1's EM 
 minutes at one thread on the loaded 2-core machine in 2026-12, BM25 retrieval as in ``make demo``) and asserts issue
 17's EM targets on training seed 42: held-out EM after RL >= 0.30 and the EM gain's paired bootstrap 95% interval
 above zero (this job's figures, 2026-12-02: EM 0.406 -> 0.594, +0.188 [+0.078, +0.297] on 64 questions; seeds 7
-and 1 in README's per-seed table; this test passed at 30 steps on 2026-12-02 in 1,600 s, 2 threads on the idle
+and 1 in docs/cpu_job.md's per-seed table; this test passed at 30 steps on 2026-12-02 in 1,600 s, 2 threads on the idle
 machine, all 64 after-RL predictions those of that job; with the former 20 steps it had passed in 2,910 s, +0.109
 [+0.047, +0.203]).
 The run's tokens depend only on its seeds, so the result repeats on this machine; the interval's margin is about five
 questions (0.078), so float rounding on another CPU that flips an answer or two does not fail it. Also: valid searches
 do not fall by more than 0.05 and the same questions are evaluated before and after. A sign flip in the advantages, a
 loss on the wrong tokens or a dropped update makes the EM fall or stay put, and the test fail. The job's third target
-(F1 above every trivial baseline) is not asserted: no setting meets it on this corpus (README).
+(F1 above every trivial baseline) is not asserted: no setting meets it on this corpus (docs/trials_em.md).
 ``benchmarks/bench_train_local.py`` reports the same figures.
 """
 

@@ -1,9 +1,11 @@
-"""The named flag sets of ``train_local --preset``: what the main job runs is what README and docs/trials_em.md say.
+"""The named flag sets of ``train_local --preset``: what the main job runs is what docs/cpu_job.md and
+docs/trials_em.md say.
 
-The default was chosen on the validation split (docs/trials_em.md, trial T2c) and its held-out figures in README are
-runs of the former default plus seven flags; ``f1_sentences`` is the former default, which README's ablation and
-two-hop figures were measured with. These tests catch a preset that loses one of those flags (the figures would then
-belong to another job), or an ``f1_sentences`` that drifts from ``default`` in more than the seven settings.
+The default was chosen on the validation split (docs/trials_em.md, trial T2c) and its held-out figures (README,
+docs/cpu_job.md) are runs of the former default plus seven flags; ``f1_sentences`` is the former default, with which
+one of docs/cpu_job.md's ablation tables and its "The earlier default" table were measured. These tests catch a preset
+that loses one of those flags (the figures would then belong to another job), or an ``f1_sentences`` that drifts
+from ``default`` in more than the seven settings.
 """
 
 from openrlhf_search.local.args import PRESETS, parse_args
@@ -59,7 +61,7 @@ def test_user_flags_win_over_a_preset():
 
 
 def test_the_last_preset_wins_in_either_spelling():
-    """run_default.sh passes ``--preset default`` and README offers ``--preset tiny`` as an extra flag: the second
+    """run_default.sh passes ``--preset default`` and its header offers ``--preset tiny`` as an extra flag: the second
     must take effect (it was ignored: args.preset said tiny while the flags were the default's), as must
     ``--preset=NAME``, which argparse accepts."""
     import pytest

@@ -387,8 +387,8 @@ def test_kill_and_resume_cli_subprocess(tmp_path, retriever_url, default_data):
 def test_run_default_script_end_to_end(tmp_path):
     """``examples/scripts/run_default.sh``: data, BM25 index, retriever process, warm start, >= 8 RL steps with
     search, evaluation table, retriever stopped, exit 0 (the script's wiring: 8 of the 20 steps, 16 questions, the
-    suffix baseline's validation pass skipped, extra flags passed through as README says; 10-20 minutes on 2 cores;
-    timed by the benchmark, not here; the whole job's learning is test_learning_e2e's)."""
+    suffix baseline's validation pass skipped, extra flags passed through as the script's header says; 10-20 minutes
+    on 2 cores; timed by the benchmark, not here; the whole job's learning is test_learning_e2e's)."""
     env = dict(os.environ, RUN_DIR=str(tmp_path / "default"), OMP_NUM_THREADS="2")
     extra = ["--train.max_steps", "8", "--eval.max_samples", "16", "--eval.suffix_words", "1"]
     res = subprocess.run(["bash", os.path.join(REPO_ROOT, "examples", "scripts", "run_default.sh")] + extra,

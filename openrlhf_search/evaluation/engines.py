@@ -18,8 +18,8 @@
   (one run each, load average 11 on the shared machine). Errors of an in-process engine are also plain exceptions of
   this process, not a child's log.
 - CPU default (``--backend auto``): ``openrlhf_search.local.engine.HFEngine`` over a ``transformers`` causal LM.
-  ``benchmarks/engine_compare.py`` measures both engines on the CPU main job's shapes; see README (evaluation) for
-  why HF stays the CPU default.
+  ``benchmarks/engine_compare.py`` measures both engines on the CPU main job's shapes; docs/evaluation.md ("Engines")
+  says why HF stays the CPU default.
 - ``model="tiny"``: the tiny random Qwen2 of ``local.offline_assets`` (built in memory) on the HF engine only.
 """
 

@@ -46,9 +46,9 @@ SCHEDULE_FLAGS = ("stage2_reward_scheme", "stage2_start_step")
 # with a short span, often not exactly the gold one; "after RL" what 30 RL steps under EM added. One optimiser pass per
 # batch at lr 1e-4. Chosen on the validation split (docs/trials_em.md: trial T2c, then lr 1e-4 by trial T5's rule,
 # then 30 steps instead of 20 by trial T7's).
-# "f1_sentences": the default until 2026-12-01 (README's ablation and two-hop figures were measured with it):
+# "f1_sentences": the default until 2026-12-01 (figures: docs/cpu_job.md, "The earlier default" and "Ablation"):
 # searchr1_short's instruction, sentence answers in the warm start, R1-Searcher's stage-2 reward (answer F1, -2 when
-# the format is wrong, e.g. an answer of more than 10 words), 32 tokens per turn, lr 2e-4 (README's trial table);
+# the format is wrong, e.g. an answer of more than 10 words), 32 tokens per turn, lr 2e-4 (docs/trials_em.md's levers);
 # everything else as "default".
 # "tiny": the former smoke run, a random hidden-128 Qwen2 with the Qwen tokenizer, a 200-step scripted SFT warm start
 # (gold answers included) and the stage-1 reward; a pipeline smoke run in ~2.5 minutes that cannot learn to answer.
@@ -206,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reward.support_bonus_if_answered", type=_bool, default=True,
                    help="true (default): the support bonus is paid only to a trajectory that gives an answer; false: "
                         "to every trajectory (measured: the policy learnt to spend every turn searching and stopped "
-                        "answering, README two-hop section); not a paper setting (neither paper pays the bonus)")
+                        "answering, docs/cpu_job.md, two-hop section); not a paper setting (neither paper pays the "
+                        "bonus)")
     # training
     p.add_argument("--train.max_steps", type=int, default=10, help="RL steps")
     p.add_argument("--train.max_epochs", type=int, default=1, help="optimiser passes over each rollout batch")
