@@ -103,3 +103,23 @@ def test_get_encoder_reports_the_one_line(monkeypatch, tmp_path):
     with pytest.raises(ValueError) as e:
         get_encoder(resolve_encoder(FAKE))
     assert str(e.value).startswith(f"encoder {FAKE!r} is not a local folder") and "\n" not in str(e.value)
+
+
+def _offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+
+
+def test_policy_loader_and_eval_engines_report_the_one_line(monkeypatch, tmp_path):
+    """The HF policy loader (train_local, cli.eval's CPU engine) and cli.eval's vLLM engine check the name first."""
+    from openrlhf_search.evaluation.engines import EngineLoadError, build_engine
+    from openrlhf_search.local.offline_assets import load_hf_policy
+
+    _offline(monkeypatch, tmp_path)
+    with pytest.raises(ValueError, match=f"^model '{FAKE}' is not a local folder and not in the Hugging Face cache"):
+        load_hf_policy(FAKE)
+    with pytest.raises(EngineLoadError, match=f"^model '{FAKE}' is not a local folder"):
+        build_engine(FAKE, backend="vllm")
+    with pytest.raises(ValueError, match=f"^tokenizer '{FAKE}' is not a local folder"):
+        load_hf_policy(str(tmp_path), tokenizer_path=FAKE)
