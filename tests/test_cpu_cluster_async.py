@@ -7,8 +7,8 @@ Fast (``make test``): async GRPO, 2 steps: finite losses, the engine's weights e
 sync, the staleness the queue of 1 implies (the batch of step 0 on the initial weights, the batch of step 1 generated
 while step 0 trained), the time split logged and printed. Slow (``make test-slow``): async PPO with a critic (masked
 GAE), checkpoint and resume, a killed retriever (failed samples out; the run stops past
-``--search.max_failed_fraction``), the reward-stage switch, partial rollouts. 4 to 8 minutes per run on 2 loaded
-cores."""
+``--search.max_failed_fraction``), the reward-stage switch, partial rollouts. Measured on 2 loaded cores: the fast
+test 220 s; partial rollouts and the stage switch 412 s together; PPO with a critic and checkpoint / resume 442 s."""
 
 import math
 import os
