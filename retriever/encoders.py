@@ -138,8 +138,10 @@ def get_encoder(spec: EncoderSpec, device: str | None = None, batch_size: int = 
         try:
             enc = DenseEncoder(spec, device=device, batch_size=batch_size)
         except (OSError, ValueError) as e:  # no such model / path, not a model folder, offline without a cache
-            msg = str(e)
-            raise ValueError(msg if msg.startswith("encoder ") else f"cannot load encoder {spec.model!r}: {msg}") from e
+            msg = str(e)  # retriever.hub's one line already names the encoder
+            if not msg.startswith("cannot load encoder"):
+                msg = f"cannot load encoder {spec.model!r}: {msg}"
+            raise ValueError(msg) from e
         _ENCODERS[key] = enc
     enc.batch_size = batch_size
     return enc

@@ -34,29 +34,32 @@ def resolve_model_path(name: str, what: str = "model", timeout: float = HUB_TIME
     """
     if os.path.isdir(name):
         return name
+    if os.path.exists(name):
+        raise ValueError(f"cannot load {what} {name!r}: a file, not a model folder")
     looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep + os.sep in name
     if looks_like_path:
-        raise ValueError(f"{what} {name!r}: no such folder (relative paths are resolved against {os.getcwd()})")
+        raise ValueError(f"cannot load {what} {name!r}: no such folder (relative paths are resolved against "
+                         f"{os.getcwd()})")
     from huggingface_hub import model_info, snapshot_download
     from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
 
     try:
         return snapshot_download(name, local_files_only=True)
     except HFValidationError as e:
-        raise ValueError(f"{what} {name!r}: not a folder and not a valid hub id ({e})") from None
+        raise ValueError(f"cannot load {what} {name!r}: not a folder and not a valid hub id ({e})") from None
     except OSError:  # LocalEntryNotFoundError: not in the cache
         pass
     fetch_hint = (f"download it where there is network (`hf download {name}`, then copy "
                   f"~/.cache/huggingface/hub or set HF_HOME) or pass a local folder")
     if _hub_offline():
-        raise ValueError(f"{what} {name!r} is not a local folder and not in the Hugging Face cache "
+        raise ValueError(f"cannot load {what} {name!r}: not a local folder and not in the Hugging Face cache "
                          f"(HF_HUB_OFFLINE=1): {fetch_hint}")
     try:
         model_info(name, timeout=timeout)
     except RepositoryNotFoundError:
-        raise ValueError(f"{what} {name!r}: no such model on the Hugging Face hub (or it is private/gated: "
+        raise ValueError(f"cannot load {what} {name!r}: no such model on the Hugging Face hub (or it is private/gated: "
                          f"run `hf auth login`), and not a local folder") from None
     except Exception as e:  # network errors (httpx.ConnectError, timeouts): no hub reachable
-        raise ValueError(f"{what} {name!r} is not a local folder, not in the Hugging Face cache, and the hub "
-                         f"is unreachable ({type(e).__name__}: {e}): {fetch_hint}") from None
+        raise ValueError(f"cannot load {what} {name!r}: not a local folder, not in the Hugging Face cache, and "
+                         f"the hub is unreachable ({type(e).__name__}: {e}): {fetch_hint}") from None
     return name

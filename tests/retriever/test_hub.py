@@ -43,7 +43,7 @@ def test_offline_unknown_hub_name_fails_fast_in_one_line(monkeypatch, tmp_path):
         resolve_model_path(FAKE, "encoder")
     assert time.monotonic() - t0 < 5
     msg = str(e.value)
-    assert "\n" not in msg and FAKE in msg and msg.startswith("encoder ")
+    assert "\n" not in msg and msg.startswith(f"cannot load encoder {FAKE!r}: ")
     assert "HF_HUB_OFFLINE=1" in msg and f"hf download {FAKE}" in msg
 
 
@@ -102,7 +102,7 @@ def test_get_encoder_reports_the_one_line(monkeypatch, tmp_path):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ValueError) as e:
         get_encoder(resolve_encoder(FAKE))
-    assert str(e.value).startswith(f"encoder {FAKE!r} is not a local folder") and "\n" not in str(e.value)
+    assert str(e.value).startswith(f"cannot load encoder {FAKE!r}: not a local folder") and "\n" not in str(e.value)
 
 
 def _offline(monkeypatch, tmp_path):
@@ -117,9 +117,17 @@ def test_policy_loader_and_eval_engines_report_the_one_line(monkeypatch, tmp_pat
     from openrlhf_search.local.offline_assets import load_hf_policy
 
     _offline(monkeypatch, tmp_path)
-    with pytest.raises(ValueError, match=f"^model '{FAKE}' is not a local folder and not in the Hugging Face cache"):
+    with pytest.raises(ValueError,
+                       match=f"^cannot load model '{FAKE}': not a local folder and not in the Hugging Face"):
         load_hf_policy(FAKE)
-    with pytest.raises(EngineLoadError, match=f"^model '{FAKE}' is not a local folder"):
+    with pytest.raises(EngineLoadError, match=f"^cannot load model '{FAKE}': not a local folder"):
         build_engine(FAKE, backend="vllm")
-    with pytest.raises(ValueError, match=f"^tokenizer '{FAKE}' is not a local folder"):
+    with pytest.raises(ValueError, match=f"^cannot load tokenizer '{FAKE}': not a local folder"):
         load_hf_policy(str(tmp_path), tokenizer_path=FAKE)
+
+
+def test_a_file_is_not_a_model_folder(tmp_path):
+    f = tmp_path / "corpus.jsonl"
+    f.write_text("{}\n")
+    with pytest.raises(ValueError, match="a file, not a model folder"):
+        resolve_model_path(str(f), "encoder")
