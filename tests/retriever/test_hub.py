@@ -3,9 +3,10 @@
 Measured on this 2-core machine without network, load ~5, with a made-up encoder name:
 ``python -m retriever.build_index --corpus c.jsonl --index_dir D --encoder nosuchorg/made-up-encoder-xyz``
 (HF_HUB_OFFLINE unset) took 100 s and printed 77 lines (five retries per file request) before the error; with
-``retriever.hub.resolve_model_path`` it takes 35 s (imports; 9 s of CPU) and prints the error as its only line
-after the import warnings. The tests here need no network: the hub is either disabled (HF_HUB_OFFLINE=1) or
-``model_info`` is replaced by one that raises what huggingface_hub raises.
+``retriever.hub.resolve_model_path`` it takes 19 s (10 s of CPU, all of it imports) and prints the error as its only
+line after the import warnings (HF_HUB_OFFLINE=1: 16 s, the same one line naming the model and ``hf download``).
+The tests here need no network: the hub is either disabled (HF_HUB_OFFLINE=1) or ``model_info`` is replaced by one
+that raises what huggingface_hub raises.
 """
 
 from __future__ import annotations
