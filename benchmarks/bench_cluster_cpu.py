@@ -108,7 +108,7 @@ def load_conditions() -> str:
         return "load average unknown"
 
 
-def cluster_steps(n_steps: int, estimator: str, workdir: str, async_args=()) -> dict:
+def cluster_steps(n_steps: int, estimator: str, workdir: str, async_args=(), retriever_latency_ms: float = 0.0) -> dict:
     from openrlhf_search.cluster_probe import read_executor_records, read_jsonl
     from openrlhf_search.cpu_cluster_assets import build_assets, cluster_argv, run_train
     from retriever.launch import ensure_index, start_server_process, stop_server_process
@@ -116,7 +116,8 @@ def cluster_steps(n_steps: int, estimator: str, workdir: str, async_args=()) -> 
     t0 = time.time()
     paths = build_assets(os.path.join(REPO, ".cache", "cpu_cluster"), "searchr1")
     assets_s = time.time() - t0
-    proc, url = start_server_process(ensure_index(paths["corpus"], os.path.join(workdir, "index"), encoder="bm25"))
+    proc, url = start_server_process(ensure_index(paths["corpus"], os.path.join(workdir, "index"), encoder="bm25"),
+                                     extra_args=["--added_latency_ms", str(retriever_latency_ms)])
     extra = ["--algo.kl.init_coef", "0.001", "--algo.kl.use_loss", "--algo.kl.estimator", "k3"]
     n_samples, batch = 4, 2
     if estimator == "gae":
@@ -202,6 +203,8 @@ def main(argv=None) -> int:
     p.add_argument("--queue_size", type=int, default=1, help="--train.async_queue_size (with --async)")
     p.add_argument("--rounds", type=int, default=3, help="engine comparison rounds")
     p.add_argument("--json", default=None, help="also write the figures here")
+    p.add_argument("--retriever_latency_ms", type=float, default=0.0,
+                   help="retriever.server --added_latency_ms: a slow retriever for asynchronous training to hide")
     a = p.parse_args(argv)
     # kept (logs, probe records, engine_compare.json) so that a failed phase can be read afterwards; runs/ is ignored
     os.makedirs(os.path.join(REPO, "runs"), exist_ok=True)
@@ -210,7 +213,7 @@ def main(argv=None) -> int:
     if a.async_mode:
         async_args = ["--train.async_enable", "--train.async_queue_size", str(a.queue_size)]
         async_args += ["--train.partial_rollout_enable"] if a.partial_rollout else []
-    res = cluster_steps(a.steps, a.estimator, workdir, async_args)
+    res = cluster_steps(a.steps, a.estimator, workdir, async_args, retriever_latency_ms=a.retriever_latency_ms)
     print(f"\n== real cluster path on CPU: {a.estimator}, {res['samples_per_step']} trajectories per step, "
           f"tiny Qwen2 policy, BM25 retriever ({res['n_searches']} searches) ==")
     print(f"start-up (driver start -> first rollout: Ray, DeepSpeed, vLLM-CPU): {res['startup_s']:.1f} s; "

@@ -320,11 +320,13 @@ def _document(p: dict) -> dict:
 
 
 def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_batch_queries: int = 512,
-               max_wait_ms: float = 50.0, batching: bool = True):
+               max_wait_ms: float = 50.0, batching: bool = True, added_latency_ms: float = 0.0):
     """The FastAPI application serving ``index`` (anything with ``search(queries, topk)`` and ``info()``).
 
     ``batching=False`` serves each request with its own search (``PerRequestSearcher``) instead of the
-    ``MicroBatcher``; ``window_ms``, ``max_batch_queries`` and ``max_wait_ms`` then have no effect."""
+    ``MicroBatcher``; ``window_ms``, ``max_batch_queries`` and ``max_wait_ms`` then have no effect.
+    ``added_latency_ms``: every ``/retrieve`` answer waits this long first (a benchmark's stand-in for a remote or
+    loaded retriever, so that asynchronous training has retrieval time to hide); 0 in production."""
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI, Request
@@ -416,6 +418,8 @@ def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_
             out = {"result": [[_document(p) for p in hits] for hits in results]}
         if errors is not None:
             out["errors"] = errors
+        if added_latency_ms > 0:
+            await asyncio.sleep(added_latency_ms / 1000.0)
         return out
 
     @app.post("/queries")
@@ -467,6 +471,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ef_search", type=int, default=None, help="HNSW efSearch (overrides the manifest)")
     p.add_argument("--dedup", action="store_true",
                    help="no two passages with the same text (lower-cased, whitespace collapsed) in one result list")
+    p.add_argument("--added_latency_ms", type=float, default=0.0,
+                   help="wait this long before every /retrieve answer, ms (benchmarks: a slow retriever; default 0)")
     p.add_argument("--log_level", default="info")
     a = p.parse_args(argv)
     # limits that would make the server refuse every request (or hold it forever) are refused at start
@@ -475,7 +481,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name} must be >= 1, got {getattr(a, name)}")
     if not 1 <= a.topk <= a.max_topk:
         p.error(f"--topk must be in [1, --max_topk {a.max_topk}], got {a.topk}")
-    for name in ("batch_window_ms", "batch_max_wait_ms"):
+    for name in ("batch_window_ms", "batch_max_wait_ms", "added_latency_ms"):
         if not 0 <= getattr(a, name) < float("inf"):  # NaN fails too
             p.error(f"--{name} must be a finite number >= 0, got {getattr(a, name)}")
     return a
@@ -497,7 +503,8 @@ def main(argv=None) -> int:
     limits = Limits(max_query_chars=a.max_query_chars, max_queries=a.max_queries, max_topk=a.max_topk,
                     default_topk=a.topk)
     app = create_app(index, limits, window_ms=a.batch_window_ms, max_batch_queries=a.max_batch_queries,
-                     max_wait_ms=a.batch_max_wait_ms, batching=not a.no_batching)
+                     max_wait_ms=a.batch_max_wait_ms, batching=not a.no_batching,
+                     added_latency_ms=a.added_latency_ms)
     try:
         sock = bind_socket(a.host, a.port)
     except OSError as e:

@@ -340,6 +340,10 @@ def run(args) -> int:
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    looks_local = args.model not in (None, "tiny") and (os.path.isabs(args.model) or args.model.startswith("."))
+    if looks_local and not os.path.exists(args.model):  # before the retriever check and minutes of model loading
+        print(f"error: cannot load --model {args.model}: no such file or folder", file=sys.stderr)
+        return 2
     from openrlhf_search.retriever_check import RetrieverCheckError, check_retrievers
 
     try:  # as the launchers do: a dead retriever would score every question 0 under a normal-looking table

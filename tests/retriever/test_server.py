@@ -303,3 +303,23 @@ def test_server_started_from_a_worker_thread_outlives_that_thread(bm25_dir):
         assert health(started["url"])["status"] == "ok"
     finally:
         stop_server_process(started["proc"])
+
+
+def test_added_latency_delays_every_answer(bm25_dir, questions):
+    """``--added_latency_ms`` (the asynchronous-training benchmark's slow retriever) holds each /retrieve answer at
+    least that long and changes nothing else. Mutation caught: the flag parsed but not applied."""
+    import time
+
+    proc, url = start_server_process(bm25_dir, extra_args=["--added_latency_ms", "300"])
+    try:
+        body = {"queries": questions[:2], "topk": 3}
+        start = time.monotonic()
+        slow = httpx.post(url + "/retrieve", json=body, timeout=30).json()
+        assert time.monotonic() - start >= 0.3
+    finally:
+        stop_server_process(proc)
+    proc, url = start_server_process(bm25_dir)
+    try:
+        assert httpx.post(url + "/retrieve", json=body, timeout=30).json() == slow
+    finally:
+        stop_server_process(proc)
