@@ -102,8 +102,9 @@ def test_synced_weights_reach_the_engines_compute(two_policies, onednn_off):
     assert synced["load_error"] is None and synced["packed"] == []
     fresh_b = _engine(b, prompts, onednn_off=onednn_off)
     assert synced["tokens"] == fresh_b["tokens"] and synced["logprobs"] == fresh_b["logprobs"]
-    fresh_a = _engine(a, prompts, onednn_off=onednn_off)
-    assert fresh_a["logprobs"] != fresh_b["logprobs"], "A and B must differ for the comparison to mean anything"
+    if not onednn_off:  # once is enough: the two policies' outputs differ, so the equality above is not vacuous
+        fresh_a = _engine(a, prompts)
+        assert fresh_a["logprobs"] != fresh_b["logprobs"], "A and B must differ for the comparison to mean anything"
 
 
 def test_unpatched_onednn_engine_cannot_load_synced_weights(two_policies):
