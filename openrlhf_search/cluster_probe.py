@@ -182,8 +182,12 @@ def _wrap_trainer(module) -> None:
                          # layers computing from a packed copy would ignore the synced weights compared above
                          "packed_layers": ray.get(engine.engine_packed_layers.remote())})
         ranks = [digest(p) for p in per_rank]
+        # where another rank differs from rank 0: parameter -> max |difference| (empty when the ranks agree)
+        rank_diffs = [{n: float((t.float() - policy[n].float()).abs().max()) for n, t in p.items()
+                       if n in policy and (t.shape != policy[n].shape or not bool((t == policy[n]).all()))}
+                      for p in per_rank[1:]]
         _append_jsonl("sync.jsonl", {"call": _next("sync"), "policy_digest": digest(policy), "engines": rows,
-                                     "rank_digests": ranks, "time": time.time()})
+                                     "rank_digests": ranks, "rank_diffs": rank_diffs, "time": time.time()})
         return out
 
     cls.train_step = probed_train_step

@@ -174,14 +174,14 @@ def test_cpu_settings_turn_a_gpu_launcher_into_a_cpu_run():
            "--ds.packing_samples", "--vllm.gpu_memory_utilization", "0.6"]
     flat = cli.build_parser().parse_args(gpu + ["--cpu_cluster"])
     changes = cpu_cluster.apply_cpu_settings(flat)
-    assert not any(c.startswith("--ds.zero_stage") for c in changes)  # ZeRO-3 runs on DeepSpeed's CPU path
+    assert any(c.startswith("--ds.zero_stage 3 -> 2") for c in changes)  # not reliable on DeepSpeed's CPU path
     assert any(c.startswith("--train.colocate_all True -> False") for c in changes)
     args, _ = cli.parse_args(gpu + ["--cpu_cluster"])
     assert args.cpu_cluster is True
     assert (args.actor.num_gpus_per_node, args.ref.num_gpus_per_node, args.vllm.num_engines) == (1, 1, 1)
     assert not args.train.colocate_all and not args.vllm.enable_sleep and not args.ds.enable_sleep
     assert not args.ds.packing_samples and args.ds.attn_implementation == "sdpa"
-    assert args.vllm.sync_backend == "gloo" and args.ds.zero_stage == 3 and args.vllm.enforce_eager
+    assert args.vllm.sync_backend == "gloo" and args.ds.zero_stage == 2 and args.vllm.enforce_eager
     plain, _ = cli.parse_args(gpu)  # without the switch nothing changes
     assert plain.ds.zero_stage == 3 and plain.train.colocate_all
     # 2 to 4 ranks per model and engines are kept (the data-parallel path), and Ray gets a logical GPU for each

@@ -178,7 +178,6 @@ layout_args() {
     if [[ "$CPU_CLUSTER" == "1" ]]; then  # GPUS_PER_NODE DeepSpeed ranks per model and as many vLLM-CPU engines
         LAYOUT_ARGS=(--actor.num_gpus_per_node "$CPU_RANKS" --ref.num_gpus_per_node "$CPU_RANKS"
                      --critic.num_gpus_per_node "$CPU_RANKS" --vllm.num_engines "$CPU_RANKS")
-        (( CPU_RANKS > 1 )) && LAYOUT_ARGS+=(--ds.zero_stage 3)  # partitioned over the ranks, as on GPUs
         return 0
     fi
     local train_bs="$1" train_micro="$2" samples="$3" rollout_micro="$4" critic="${5:-false}" out
