@@ -309,7 +309,7 @@ def test_bad_engine_input_is_one_error_line(case, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     model, extra, expect = {
-        "no_folder": (str(tmp_path / "missing" / "model"), ["--backend", "vllm"], "no model folder"),
+        "no_folder": (str(tmp_path / "missing" / "model"), ["--backend", "vllm"], "no such folder"),
         "no_config": (str(empty), ["--backend", "vllm"], "no config.json"),
         "bad_dtype": (str(empty), ["--backend", "vllm", "--dtype", "int8"], "not a vLLM dtype"),
         "tiny_vllm": ("tiny", ["--backend", "vllm"], "HF engine"),
@@ -351,6 +351,9 @@ def test_backend_choice(monkeypatch):
     monkeypatch.setattr(local_engine, "HFEngine", FakeHF)
     monkeypatch.setattr(offline_assets, "load_hf_policy", lambda model, tok: ("model", "tok"))
     monkeypatch.setattr(engines, "_load_tokenizer", lambda path: "tok")
+    import retriever.hub
+
+    monkeypatch.setattr(retriever.hub, "resolve_model_path", lambda name, what="model": name)  # a made-up hub name
     monkeypatch.setattr(engines, "cuda_available", lambda: True)
     assert engines.build_engine("org/model", "auto")[2] == "vllm" and built["cls"] == "FakeAsync"
     monkeypatch.setattr(engines, "cuda_available", lambda: False)

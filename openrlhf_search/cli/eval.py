@@ -340,19 +340,6 @@ def run(args) -> int:
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    looks_local = args.model not in (None, "tiny") and (os.path.isabs(args.model) or args.model.startswith("."))
-    if looks_local and not os.path.exists(args.model):  # before the retriever check and minutes of model loading
-        print(f"error: cannot load --model {args.model}: no such file or folder", file=sys.stderr)
-        return 2
-    from openrlhf_search.retriever_check import RetrieverCheckError, check_retrievers
-
-    try:  # as the launchers do: a dead retriever would score every question 0 under a normal-looking table
-        for name, st in per_set.items():
-            check_retrievers(list(st.retriever_url))
-    except RetrieverCheckError as e:
-        print(f"error: {name}: {e} (start it with examples/scripts/start_retriever.sh, or pass --retriever_url)",
-              file=sys.stderr)
-        return 2
     where = {}
     for name, st in per_set.items():
         info = _retriever_info(st.retriever_url[0])
@@ -381,6 +368,15 @@ async def _run_async(args, data, per_set, where, topk, max_turns) -> int:
         return 2
     except (OSError, ValueError) as e:  # a model path that is not there, or not a model (transformers' errors)
         print(f"error: cannot load --model {args.model}: {e}", file=sys.stderr)
+        return 2
+    from openrlhf_search.retriever_check import RetrieverCheckError, check_retrievers
+
+    try:  # as the launchers do: a dead retriever would score every question 0 under a normal-looking table
+        for name, st in per_set.items():
+            check_retrievers(list(st.retriever_url))
+    except RetrieverCheckError as e:
+        print(f"error: {name}: {e} (start it with examples/scripts/start_retriever.sh, or pass --retriever_url)",
+              file=sys.stderr)
         return 2
     settings = next(iter(per_set.values()))
     try:  # the prompts are the policy tokenizer's: a rendering error is one line now, not one per question
