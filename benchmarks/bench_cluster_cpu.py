@@ -43,22 +43,6 @@ PHASES = (("generation", "timing/generation"), ("experience", "timing/make_exper
           ("update", "timing/ppo_train"), ("weight sync", "timing/broadcast"), ("step", "timing/step_total"))
 
 
-def _union_seconds(spans, lo: float, hi: float) -> float:
-    """Length of the union of [start, end] spans, clipped to [lo, hi]."""
-    pieces = sorted((max(s, lo), min(e, hi)) for s, e in spans if e > lo and s < hi)
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in pieces:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
-
-
 # (column, logged key): the retrieval figures and async waits the trainer logs every step (step_timing)
 LOGGED = (("retrieval", "step_time/search_in_flight_s"), ("p50 ms", "retrieval/latency_p50_ms"),
           ("p99 ms", "retrieval/latency_p99_ms"), ("qps", "retrieval/qps"), ("retries", "retrieval/retries"),
@@ -71,6 +55,8 @@ def phase_table(steps, retrieval_spans):
     own logged ones (:data:`LOGGED`); a run without them (older logs) gets the retrieval column from the probe's
     spans inside the step's generation window (sync loop only: in async mode generation overlaps the previous step).
     """
+    from openrlhf_search.step_timing import union_seconds
+
     rows = []
     for s in steps:
         st = s["status"]
@@ -80,7 +66,7 @@ def phase_table(steps, retrieval_spans):
         if row["retrieval"] is None:
             end_of_step = s["time"]  # written when fit() logs the step, right after the weight sync
             start = end_of_step - st.get("timing/step_total", 0.0)
-            row["retrieval"] = _union_seconds(retrieval_spans, start, start + st.get("timing/generation", 0.0))
+            row["retrieval"] = union_seconds(retrieval_spans, (start, start + st.get("timing/generation", 0.0)))
         row["step_index"] = s["global_step"]
         rows.append(row)
     return rows

@@ -610,27 +610,17 @@ def apply_cpu_settings(flat: argparse.Namespace) -> List[str]:
     return changes
 
 
-def logical_gpus(flat_or_args) -> int:
-    """Logical GPUs the private Ray needs: one per DeepSpeed rank of each model and one per vLLM engine (nothing is
-    colocated in CPU mode). Accepts OpenRLHF's flat or hierarchical args."""
-    def get(key, default=0):
-        if hasattr(flat_or_args, key):
-            return getattr(flat_or_args, key)
-        obj = flat_or_args
-        for part in key.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
-                return default
-        return obj
-
-    total = int(get("actor.num_gpus_per_node", 1)) + int(get("vllm.num_engines", 1))
-    if get("algo.kl.init_coef", 0) or get("algo.kl.use_loss", False):
-        total += int(get("ref.num_gpus_per_node", 1))
-    if get("critic.model_name_or_path", None):
-        total += int(get("critic.num_gpus_per_node", 1))
+def logical_gpus(args) -> int:
+    """Logical GPUs the private Ray needs for OpenRLHF's parsed ``args``: one per DeepSpeed rank of each model that
+    is built and one per vLLM engine (nothing is colocated in CPU mode)."""
+    total = args.actor.num_gpus_per_node + args.vllm.num_engines
+    if args.algo.kl.init_coef or args.algo.kl.use_loss:  # OpenRLHF builds the reference model only then
+        total += args.ref.num_gpus_per_node
+    if args.critic.model_name_or_path:
+        total += args.critic.num_gpus_per_node
     # a remote reward model is not used by the search path (reward functions run in the engines), but count it
-    if get("reward.model_name_or_path", None):
-        total += int(get("reward.num_gpus_per_node", 1))
+    if getattr(args.reward, "model_name_or_path", None):
+        total += args.reward.num_gpus_per_node
     return max(total, LOGICAL_GPUS)
 
 
@@ -771,6 +761,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def new_unmapped_segments(before, exclude: Tuple[int, ...] = ()) -> List[str]:
+    """``psm_*`` segments not in ``before`` (a :func:`_shm_segments` snapshot) that no live process, ``exclude``
+    aside, maps: what a run that started after the snapshot left behind."""
+    mapped = _mapped_shm_segments(exclude)
+    return sorted(n for n in _shm_segments() if n not in before and n not in mapped)
+
+
 def last_worker_traceback(log_dir: str) -> Optional[Dict[str, str]]:
     """The newest Python traceback in the Ray worker logs under ``log_dir`` (``session_*/logs/worker-*.err|out``).
 
@@ -843,8 +840,7 @@ class PrivateRay:
 
     def leaked_shm_segments(self, exclude: Tuple[int, ...] = ()) -> List[str]:
         """``psm_*`` segments created during this run that no live process (``exclude`` aside) maps."""
-        mapped = _mapped_shm_segments(exclude)
-        return sorted(n for n in _shm_segments() if n not in self._shm_before and n not in mapped)
+        return new_unmapped_segments(self._shm_before, exclude)
 
     def terminate(self, exit_code: int = 143) -> None:
         """Stop this run now, from a signal handler: SIGKILL every descendant process of this driver (the local Ray's

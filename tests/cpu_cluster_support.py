@@ -78,7 +78,7 @@ class Run:
         segments created during the run that no live process maps (vLLM's ring buffers of dead engines)."""
         import re
 
-        from openrlhf_search.cpu_cluster import SHM_DIR, _mapped_shm_segments, _shm_segments
+        from openrlhf_search.cpu_cluster import SHM_DIR, new_unmapped_segments
 
         out = []
         m = re.search(r"\[cpu_cluster\] private Ray folder (\S+)", self.log)
@@ -86,8 +86,7 @@ class Run:
             out.append("(no private Ray folder named in the log)")
         elif os.path.exists(m.group(1)):
             out.append(m.group(1))
-        mapped = _mapped_shm_segments()
-        out += [os.path.join(SHM_DIR, n) for n in _shm_segments() if n not in self.shm_before and n not in mapped]
+        out += [os.path.join(SHM_DIR, n) for n in new_unmapped_segments(self.shm_before)]
         return out
 
     def describe(self) -> str:

@@ -4,16 +4,17 @@ step time and OpenRLHF's ``timing/step_total``."""
 
 import pytest
 
-from benchmarks.bench_cluster_cpu import _union_seconds, format_engine_rows, format_table, phase_table
+from benchmarks.bench_cluster_cpu import format_engine_rows, format_table, phase_table
+from openrlhf_search.step_timing import union_seconds
 
 
 def test_overlapping_searches_count_once_and_are_clipped_to_the_window():
     """Catches: concurrent searches summed instead of united (8 trajectories searching at once would report up to
     8x the wall time), spans outside the rollout window counted, a gap between spans filled in."""
     spans = [(1.0, 3.0), (2.0, 4.0), (2.5, 3.5), (6.0, 7.0), (9.0, 12.0), (-5.0, -4.0)]
-    assert _union_seconds(spans, 0.0, 10.0) == pytest.approx(3.0 + 1.0 + 1.0)
-    assert _union_seconds(spans, 3.0, 6.5) == pytest.approx(1.0 + 0.5)
-    assert _union_seconds([], 0.0, 10.0) == 0.0
+    assert union_seconds(spans, (0.0, 10.0)) == pytest.approx(3.0 + 1.0 + 1.0)
+    assert union_seconds(spans, (3.0, 6.5)) == pytest.approx(1.0 + 0.5)
+    assert union_seconds([], (0.0, 10.0)) == 0.0
 
 
 def test_phase_table_reads_each_step_window_from_its_end_time():

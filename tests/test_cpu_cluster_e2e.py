@@ -414,7 +414,7 @@ def test_sigterm_mid_rollout_removes_the_private_ray_and_vllm_segments(sr1, sr1_
     SIGTERM handler or the cleanup dropped (before: a 160 MiB psm_* segment and the folder stayed per run)."""
     import re
 
-    from openrlhf_search.cpu_cluster import _mapped_shm_segments, _shm_segments
+    from openrlhf_search.cpu_cluster import _shm_segments, new_unmapped_segments
     from openrlhf_search.cpu_cluster_assets import _session_pids, cluster_argv, kill_session
 
     shm_before = _shm_segments()
@@ -441,6 +441,5 @@ def test_sigterm_mid_rollout_removes_the_private_ray_and_vllm_segments(sr1, sr1_
     assert rc == 143, f"rc={rc}\n{text[-1500:]}"
     folder = re.search(r"\[cpu_cluster\] private Ray folder (\S+)", text).group(1)
     assert not os.path.exists(folder)
-    mapped = _mapped_shm_segments()
-    assert [n for n in _shm_segments() if n not in shm_before and n not in mapped] == []
+    assert new_unmapped_segments(shm_before) == []
     assert left == [], f"processes of the run still alive after its exit: {left}"
