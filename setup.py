@@ -27,7 +27,7 @@ setup(
         "matplotlib",
         "pyarrow",
         "countryinfo",
-        "wrapt",  # post-import hooks of the CPU cluster mode (openrlhf_search/cpu_cluster.py)
+        "wrapt",  # post-import hooks of the CPU cluster mode (openrlhf_search/cpu/cluster_mode/runtime.py)
     ],
     extras_require={
         # Clusters: flash-attn compiled against CUDA and faiss on GPUs (fp16, sharded indexes).
@@ -40,7 +40,7 @@ setup(
     entry_points={
         "console_scripts": [
             "openrlhf-search-train=openrlhf_search.cli.train:main",
-            "openrlhf-search-train-local=openrlhf_search.cli.train_local:main",
+            "openrlhf-search-train-local=openrlhf_search.cpu.main_job.train:main",
             "openrlhf-search-eval=openrlhf_search.cli.eval:main",
         ]
     },

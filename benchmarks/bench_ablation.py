@@ -1,6 +1,6 @@
 """Ablations of the CPU main job in one table, each arm with the main arm's warm start:
 
-- main: the preset as is (``train_local --preset default``: GRPO ``group_norm``, retrieved-token masking on, search
+- main: the preset as is (``main_job.train --preset default``: GRPO ``group_norm``, retrieved-token masking on, search
   on);
 - (a) masking off (Search-R1, arXiv 2503.09516 sec. 5.3 / table 4): the same RL with loss, KL and advantages also on
   the retrieved passages (``--train.mask_retrieved_tokens false``);
@@ -21,7 +21,7 @@
   estimator and the critic, on equal rollout compute (with 4 trajectories per step, 20 steps would hold 80 trajectories
   in all).
 
-Every arm is ``train_local --preset P`` (``--preset``, default ``default``; docs/cpu_job.md's "Ablation" has a
+Every arm is ``main_job.train --preset P`` (``--preset``, default ``default``; docs/cpu_job.md's "Ablation" has a
 table for each of ``default`` and ``f1_sentences``, the former default) with the same seed, data, warm start and
 evaluated questions (``--split``, passed as ``--eval.split``: settings such as ``--critic_lr`` are chosen on
 ``validation``, docs/cpu_job.md
@@ -54,14 +54,14 @@ CRITIC_ACTOR_LR_RATIO = 10.0  # Search-R1's train_ppo.sh: critic 1e-5 (line 61) 
 
 def critic_lr_of(preset: str) -> float:
     """Arm (c)'s default critic lr: ``CRITIC_ACTOR_LR_RATIO`` x the preset's ``--actor.adam.lr`` (1e-4 -> 1e-3)."""
-    from openrlhf_search.local.args import parse_args
+    from openrlhf_search.cpu.main_job.args import parse_args
 
     return CRITIC_ACTOR_LR_RATIO * parse_args(["--preset", preset]).actor.adam.lr
 
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """One arm: its short name (``--arms``), the table label and the train_local flags added to the preset."""
+    """One arm: its short name (``--arms``), the table label and the main_job.train flags added to the preset."""
 
     name: str
     label: str
@@ -83,7 +83,7 @@ def build_arms(critic_lr: float = DEFAULT_CRITIC_LR) -> Dict[str, Arm]:
 def arm_argv(arm: Arm, train_path: str, eval_path: str, url: str, run_dir: str, split: str,
              steps: Optional[int] = None, seed: Optional[int] = None, preset: str = "default",
              extra: Sequence[str] = ()) -> List[str]:
-    """The ``python -m openrlhf_search.cli.train_local`` arguments of ``arm`` (the preset first, the arm's flags
+    """The ``python -m openrlhf_search.cpu.main_job.train`` arguments of ``arm`` (the preset first, the arm's flags
     after it so that they win; ``extra``, given to every arm, last)."""
     argv = ["--preset", preset, "--train_data", train_path, "--eval_data", eval_path,
             "--search.retriever_urls", url, "--ckpt.output_dir", run_dir, "--ckpt.no_load",
@@ -108,7 +108,7 @@ def run_arm(arm: Arm, argv: List[str], out: str) -> dict:
     t0 = time.perf_counter()
     print(f"== {arm.label}: {' '.join(arm.flags) or '(preset as is)'}", flush=True)
     with open(os.path.join(out, f"arm_{arm.name}.log"), "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "openrlhf_search.cli.train_local"] + argv, cwd=REPO, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "openrlhf_search.cpu.main_job.train"] + argv, cwd=REPO, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
         rc = os.waitstatus_to_exitcode(status)
@@ -144,7 +144,7 @@ def run_steps(run_dir: str) -> Optional[int]:
 
 def arm_steps(preset: str, steps: Optional[int], extra: Sequence[str]) -> int:
     """RL steps each arm run by this invocation trains: ``--steps``, else the preset's (with ``extra``'s flags)."""
-    from openrlhf_search.local.args import parse_args
+    from openrlhf_search.cpu.main_job.args import parse_args
     argv = ["--preset", preset] + (["--train.max_steps", str(steps)] if steps is not None else []) + list(extra)
     return parse_args(argv).train.max_steps
 
@@ -265,7 +265,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     p.add_argument("--encoder", default="bm25", choices=["minilm", "bm25"])
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_ablation"))
     p.add_argument("--preset", default="default", choices=["default", "f1_sentences", "tiny"],
-                   help="train_local preset of every arm (f1_sentences: the former default; tiny: a "
+                   help="main_job.train preset of every arm (f1_sentences: the former default; tiny: a "
                         "pipeline smoke that cannot learn)")
     p.add_argument("--reuse_main", default=None, metavar="RUN_DIR",
                    help="take the main arm from a finished run of the same preset, seed, steps and split (e.g. the "
@@ -274,7 +274,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     p.add_argument("--reuse", action="append", default=[], metavar="ARM=RUN_DIR",
                    help="take any arm from a finished run folder (repeatable; e.g. arms run by earlier invocations "
                         "in parallel: --reuse a=runs/bench_ablation_a/arm_a); --reuse_main D is --reuse main=D")
-    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="further train_local flags for every arm, "
+    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="further main_job.train flags for every arm, "
                                                                          "last")
     a = p.parse_args(argv)
     if a.critic_lr is None:
@@ -295,7 +295,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     for name, run_dir in reuse.items():  # before any data, index or retriever is built
         missing = [f for f in ("eval_before.json", "eval.json") if not os.path.isfile(os.path.join(run_dir, f))]
         if missing:
-            raise SystemExit(f"reused arm {name} ({run_dir}): no {', '.join(missing)} (a finished train_local run "
+            raise SystemExit(f"reused arm {name} ({run_dir}): no {', '.join(missing)} (a finished main_job.train run "
                              "folder, e.g. runs/bench_train_local/train)")
     if reuse:  # a table of arms trained for different numbers of steps compares nothing (the default's changed)
         want = arm_steps(a.preset, a.steps, a.extra)
@@ -305,7 +305,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 raise SystemExit(f"reused arm {name} ({run_dir}) trained {got} RL steps, this table's arms {want}: "
                                  f"pass --steps {got} (or reuse runs of {want} steps)")
 
-    from openrlhf_search.data.default_dataset import build_default_dataset
+    from openrlhf_search.cpu.data.default_dataset import build_default_dataset
     from retriever.launch import ensure_index, start_server_process, stop_server_process
 
     os.makedirs(a.out, exist_ok=True)

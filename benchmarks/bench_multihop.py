@@ -1,7 +1,7 @@
 """Two-hop search on the CPU main job: does RL teach SmolLM2-135M-Instruct to search twice?
 
 Search-R1 (arXiv 2503.09516, sec. 5.4 and fig. 2 (d)) reports the number of valid searches per trajectory rising
-during training; R1-Searcher (arXiv 2503.05592) evaluates on multi-hop sets. Here the main job (``train_local
+during training; R1-Searcher (arXiv 2503.05592) evaluates on multi-hop sets. Here the main job (``main_job.train
 --preset default``, with which docs/cpu_job.md's two-hop figures were measured; ``--preset f1_sentences``, the
 former default) trains on the embedded
 default's 1- and 2-hop questions (``--data.max_hops 2``: ``capital``, ``currency``, ``currency_of_capital``,
@@ -16,7 +16,8 @@ default's 1- and 2-hop questions (``--data.max_hops 2``: ``capital``, ``currency
 - the per-step valid search count of the training rollouts (Search-R1's panel (d)) in ``valid_searches.png``.
 
 The warm start's 2-hop trajectories search more than once (``--hop_searches chain`` = ``--warmstart.hop_searches
-chain``, :func:`openrlhf_search.local.warmstart.follow_up_query`): the keyword query, then, when its top passage is
+chain``, :func:`openrlhf_search.cpu.main_job.warmstart.follow_up_query`): the keyword query, then, when its top passage
+is
 about the question's own anchor, the query without it (the other anchor), then the asked attribute of the entity
 found ("currency Turkmenistan"), the answer read from the last passage; ``--hop_searches one`` scripts one search per
 question, as for 1-hop rows (the "one" columns of docs/cpu_job.md's two-hop table: the policy searches once and
@@ -74,7 +75,7 @@ def summarise(before: dict, after: dict, bridges: dict) -> dict:
     """Paired before/after figures over the questions both evaluations scored.
 
     Args:
-        before, after: ``eval_before.json`` / ``eval.json`` of ``train_local`` (each with ``records``).
+        before, after: ``eval_before.json`` / ``eval.json`` of ``main_job.train`` (each with ``records``).
         bridges: question -> bridge entity.
     Returns:
         {metric: {"before": mean, "after": mean, "diff": paired difference with interval}} for ``em``, ``f1``,
@@ -128,7 +129,7 @@ def main(argv=None) -> dict:
     p.add_argument("--eval_n", type=int, default=64, help="held-out 2-hop questions evaluated")
     p.add_argument("--encoder", default="bm25", choices=["minilm", "bm25"])
     p.add_argument("--preset", default="default", choices=["default", "f1_sentences", "tiny"],
-                   help="train_local preset (f1_sentences: the former default; tiny: a pipeline "
+                   help="main_job.train preset (f1_sentences: the former default; tiny: a pipeline "
                         "smoke, cannot learn)")
     p.add_argument("--hop_searches", default="chain", choices=["one", "chain"],
                    help="--warmstart.hop_searches: 'chain' (default: the warm start's 2-hop trajectories search a "
@@ -136,14 +137,14 @@ def main(argv=None) -> dict:
                         "for 1-hop rows: the 'one' columns of docs/cpu_job.md's two-hop table)")
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_multihop"))
     p.add_argument("--resume", action="store_true",
-                   help="continue <out>/train from its last checkpoint (a run stopped by a fault; train_local refuses "
+                   help="continue <out>/train from its last checkpoint (a run stopped by a fault; main_job.train refuses "
                         "a checkpoint of other settings); the job time is then the resumed part's")
     p.add_argument("--summarise_only", action="store_true",
                    help="no training: re-read <out>/train of an earlier run and write its table again")
-    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="further train_local flags, last")
+    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="further main_job.train flags, last")
     a = p.parse_args(argv)
 
-    from openrlhf_search.data.default_dataset import build_default_dataset
+    from openrlhf_search.cpu.data.default_dataset import build_default_dataset
     from retriever.launch import ensure_index, start_server_process, stop_server_process
 
     os.makedirs(a.out, exist_ok=True)
@@ -161,7 +162,7 @@ def main(argv=None) -> dict:
         return summarise_run(a, run_dir, bridges, len(two_hop))
     index_dir = ensure_index(ds.corpus_path, os.path.join(a.out, "index"), encoder=a.encoder)
     server, url = start_server_process(index_dir, log_path=os.path.join(a.out, "retriever.log"))
-    cmd = [sys.executable, "-m", "openrlhf_search.cli.train_local", "--preset", a.preset,
+    cmd = [sys.executable, "-m", "openrlhf_search.cpu.main_job.train", "--preset", a.preset,
            "--train_data", ds.train_path, "--eval_data", eval_path, "--search.retriever_urls", url,
            "--data.max_hops", "2", "--search.max_turns", str(a.max_turns), "--eval.max_samples", str(len(two_hop)),
            "--warmstart.hop_searches", a.hop_searches, "--ckpt.output_dir", run_dir]
@@ -182,12 +183,12 @@ def main(argv=None) -> dict:
         stop_server_process(server)
     wall = time.perf_counter() - t0
     if rc != 0:
-        raise SystemExit(f"train_local failed (exit {rc}); see {run_dir}")
+        raise SystemExit(f"main_job.train failed (exit {rc}); see {run_dir}")
     return summarise_run(a, run_dir, bridges, len(two_hop), wall=wall, cmd=cmd)
 
 
 def _flag(cmd: Optional[list], name: str, default):
-    """The value of flag ``name`` in a train_local command line (its last occurrence), else ``default``."""
+    """The value of flag ``name`` in a main_job.train command line (its last occurrence), else ``default``."""
     cmd = cmd or []
     idx = [i for i, c in enumerate(cmd[:-1]) if c == name]
     return cmd[idx[-1] + 1] if idx else default

@@ -1,6 +1,6 @@
 """Benchmark of the CPU main job on the embedded default: does RL teach, how long, how much memory.
 
-Runs exactly what ``examples/scripts/run_default.sh`` runs (``train_local --preset default``: SmolLM2-135M-Instruct,
+Runs exactly what ``examples/scripts/run_default.sh`` runs (``main_job.train --preset default``: SmolLM2-135M-Instruct,
 warm start, greedy evaluation of the held-out questions before RL, RL with search, the same evaluation after RL)
 against a real retriever service started here, then reads the job's outputs:
 
@@ -59,7 +59,7 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=None, help="RL steps (default: the preset's)")
     p.add_argument("--seed", type=int, default=None, help="--train.seed of the job (default: the preset's)")
     p.add_argument("--preset", default="default", choices=["default", "f1_sentences", "tiny"],
-                   help="train_local preset: 'default' (the main job, EM reward) or 'f1_sentences' (the former "
+                   help="main_job.train preset: 'default' (the main job, EM reward) or 'f1_sentences' (the former "
                         "default: F1 reward, sentence answers; docs/cpu_job.md, 'The earlier default')")
     p.add_argument("--sft_steps", type=int, default=None, help="warm-start SFT steps (default: the preset's)")
     p.add_argument("--encoder", default="bm25", choices=["minilm", "bm25"])
@@ -68,7 +68,7 @@ def main(argv=None) -> dict:
     p.add_argument("--split", default="heldout", choices=["heldout", "validation"],
                    help="--eval.split of the job: 'validation' for trials (choosing settings), 'heldout' for the "
                         "reported run")
-    p.add_argument("--job_args", default="", help="more train_local flags, one string, appended after the preset "
+    p.add_argument("--job_args", default="", help="more main_job.train flags, one string, appended after the preset "
                                                    "(e.g. \"--actor.adam.lr 2e-4 --train.max_epochs 1\")")
     a = p.parse_args(argv)
     try:  # before any work: a bad --job_args string is one line, not a traceback after the index is built
@@ -80,7 +80,7 @@ def main(argv=None) -> dict:
     if owned:  # the JSON records --preset / --split / --seed: a copy inside --job_args would silently win
         p.error(f"--job_args: {owned} are set by this script's own options (--preset, --split, --seed, --out)")
 
-    from openrlhf_search.data.default_dataset import build_default_dataset
+    from openrlhf_search.cpu.data.default_dataset import build_default_dataset
     from retriever.launch import ensure_index, start_server_process, stop_server_process
 
     os.makedirs(a.out, exist_ok=True)
@@ -92,7 +92,7 @@ def main(argv=None) -> dict:
     server_peak, stop = {}, threading.Event()
     threading.Thread(target=_sample_rss, args=(server.pid, server_peak, stop), daemon=True).start()
     run_dir = os.path.join(a.out, "train")
-    cmd = [sys.executable, "-m", "openrlhf_search.cli.train_local", "--preset", a.preset,
+    cmd = [sys.executable, "-m", "openrlhf_search.cpu.main_job.train", "--preset", a.preset,
            "--train_data", ds.train_path, "--eval_data", ds.eval_path, "--search.retriever_urls", url,
            "--ckpt.output_dir", run_dir, "--ckpt.no_load"]
     if a.steps is not None:

@@ -7,7 +7,7 @@ the run (the machine is shared) does not favour one of them. Prints and returns 
 vLLM / HF, and, for greedy decoding, whether the two engines' outputs are identical token for token.
 
 Shapes of the CPU main job as it was when the engine figures of docs/evaluation.md ("Engines") were measured
-(``train_local --preset f1_sentences``, the default until 2026-12-01; the default now renders ``searchr1_bare``, a
+(``main_job.train --preset f1_sentences``, the default until 2026-12-01; the default now renders ``searchr1_bare``, a
 longer instruction, and allows 48 tokens per turn): SmolLM2-135M-Instruct, Search-R1's short tags under the ChatML
 template (``searchr1_short``), 1-hop questions of the embedded default, 32 tokens per turn:
 
@@ -52,8 +52,8 @@ def main_job_prompts(tokenizer, n_rollout_questions: int = 4, n_samples: int = 4
     ``n_samples`` times (a GRPO group shares its prompt); ``eval``: the first ``n_eval`` 1-hop held-out questions.
     Rendered as the trainer renders them (``Protocol.build_prompt`` of ``searchr1_short``, chat template on).
     """
-    from openrlhf_search.data.default_dataset import build_default_dataset
-    from openrlhf_search.data.qa import load_qa_jsonl
+    from openrlhf_search.cpu.data.default_dataset import build_default_dataset
+    from openrlhf_search.cpu.data.qa import load_qa_jsonl
     from openrlhf_search.protocol import get_protocol
 
     proto = get_protocol("searchr1_short")
@@ -145,8 +145,8 @@ def build_engines(model_path: str, seed: int = 0, max_model_len: int = 2048, loa
     """``{"hf": HFEngine, "vllm": VLLMInProcessEngine}`` over the same float32 checkpoint (the HF engine as the CPU
     trainer builds it: ``max_batch_size`` 32). ``load_s`` (when given) receives each engine's load seconds."""
     from openrlhf_search.evaluation.engines import VLLMInProcessEngine, vllm_engine_kwargs
-    from openrlhf_search.local.engine import HFEngine
-    from openrlhf_search.local.offline_assets import load_hf_policy
+    from openrlhf_search.cpu.main_job.engine import HFEngine
+    from openrlhf_search.cpu.main_job.offline_assets import load_hf_policy
 
     load_s = load_s if load_s is not None else {}
     t0 = time.perf_counter()
@@ -182,7 +182,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--max_tokens", type=int, default=32)
     p.add_argument("--out", default=None, help="also write the results JSON here")
     args = p.parse_args(argv)
-    from openrlhf_search.local.offline_assets import smollm2_checkpoint
+    from openrlhf_search.cpu.main_job.offline_assets import smollm2_checkpoint
 
     model_path = args.model or smollm2_checkpoint()
     print(f"engine_compare: {model_path}; {_load_conditions()} at start", flush=True)

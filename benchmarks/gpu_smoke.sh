@@ -9,17 +9,17 @@
 #   env          the GPU, torch / CUDA, vLLM, OpenRLHF and DeepSpeed versions; stops here (exit 2) without CUDA
 #   cpu_vs_cuda  tests/test_device_cuda.py: the CPU main job's warm start, experience, update and greedy decoding give
 #                on the GPU the numbers they give on the CPU
-#   train        the CPU main job on the GPU (train_local --preset default --train.device cuda, STEPS RL steps, BM25
+#   train        the CPU main job on the GPU (main_job.train --preset default --train.device cuda, STEPS RL steps, BM25
 #                retriever over the embedded default's corpus): step time, tokens/s and the before/after table
 #                (benchmarks/gpu_smoke_report.py)
 #   launcher     one training step of examples/scripts/searchr1.sh (GRPO) at GPUS_PER_NODE=1: OpenRLHF's Ray loop,
 #                DeepSpeed, the vLLM engine and the search agent against a BM25 retriever, with the tiny policy,
-#                prompts and corpus built offline (python -m openrlhf_search.cpu_cluster_assets), small batches and
+#                prompts and corpus built offline (python -m openrlhf_search.cpu.cluster_mode.assets), small batches and
 #                a retriever on a free port
 #
 # Usage:   bash benchmarks/gpu_smoke.sh [--dry-run]
 # Settings (environment): PYTHON (default python3: the interpreter with the GPU extras), STEPS=20 RL steps of the
-#   timed job, PHASES="cpu_vs_cuda train launcher" (any subset), TRAIN_ARGS (more train_local flags),
+#   timed job, PHASES="cpu_vs_cuda train launcher" (any subset), TRAIN_ARGS (more main_job.train flags),
 #   OUT_DIR=runs/gpu_smoke (emptied first), TIMEOUT_S=1800 per phase.
 # Outputs in OUT_DIR: summary.json, metrics.jsonl, eval_before.json, eval.json, eval_compare.json, train.log,
 #   pytest.log, launcher.log, phases.tsv; the job's work folders under OUT_DIR/work.
@@ -59,7 +59,7 @@ command -v "$PYTHON" >/dev/null 2>&1 || die "no Python '$PYTHON': set PYTHON to 
 export TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 TQDM_MININTERVAL=10
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
-# train_local's flags: examples/scripts/run_default.sh's job (data seed 0, BM25 retriever) on a device
+# main_job.train's flags: examples/scripts/run_default.sh's job (data seed 0, BM25 retriever) on a device
 train_argv() {  # DEVICE
   # shellcheck disable=SC2086  # TRAIN_ARGS: words on purpose
   printf '%s\n' --train_data "$WORK/data/train.jsonl" --eval_data "$WORK/data/eval.jsonl" \
@@ -78,13 +78,13 @@ if [ "$DRY_RUN" = 1 ]; then
   mapfile -t ARGV < <(train_argv auto)
   "$PYTHON" - "${ARGV[@]}" <<'EOF'
 import sys
-from openrlhf_search.local.args import parse_args
+from openrlhf_search.cpu.main_job.args import parse_args
 a = parse_args(sys.argv[1:])
 print(f"   ok: {a.actor.model_name_or_path}, {a.train.max_steps} RL steps, device {a.train.device}, "
       f"retriever {a.retriever.encoder}, protocol {a.search_config.protocol}")
 EOF
   mapfile -t ARGV < <(train_argv cuda)
-  echo "== would run: $PYTHON -m openrlhf_search.cli.train_local ${ARGV[*]}"
+  echo "== would run: $PYTHON -m openrlhf_search.cpu.main_job.train ${ARGV[*]}"
   echo "== would run: GPUS_PER_NODE=1 bash examples/scripts/searchr1.sh grpo qwen2.5-3b base ${LAUNCHER_ARGS[*]}"
   echo "== DRY RUN passed"
   exit 0
@@ -133,9 +133,9 @@ has cpu_vs_cuda && { phase cpu_vs_cuda "$OUT_DIR/pytest.log" "$PYTHON" -m pytest
   -p no:cacheprovider || true; }
 
 if has train; then
-  phase data "$OUT_DIR/train.log" "$PYTHON" -m openrlhf_search.data.default_dataset --out "$WORK/data" --seed 0 \
+  phase data "$OUT_DIR/train.log" "$PYTHON" -m openrlhf_search.cpu.data.default_dataset --out "$WORK/data" --seed 0 \
     && { mapfile -t ARGV < <(train_argv cuda)
-         phase train "$OUT_DIR/train.log" "$PYTHON" -m openrlhf_search.cli.train_local "${ARGV[@]}" || true; } || true
+         phase train "$OUT_DIR/train.log" "$PYTHON" -m openrlhf_search.cpu.main_job.train "${ARGV[@]}" || true; } || true
   for f in metrics.jsonl eval_before.json eval.json eval_compare.json; do
     [ -f "$WORK/train/$f" ] && cp "$WORK/train/$f" "$OUT_DIR/" || true
   done
@@ -143,7 +143,7 @@ fi
 
 if has launcher; then
   assets="$OUT_DIR/assets.txt"
-  if phase launcher_assets "$OUT_DIR/launcher.log" bash -c '"$0" -m openrlhf_search.cpu_cluster_assets --out "$1" \
+  if phase launcher_assets "$OUT_DIR/launcher.log" bash -c '"$0" -m openrlhf_search.cpu.cluster_mode.assets --out "$1" \
       --protocol searchr1 --chat true >"$2"' "$PYTHON" "$WORK/assets" "$assets"; then
     get() { sed -n "s/^$1=//p" "$assets"; }
     port="$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"

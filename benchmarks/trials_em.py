@@ -42,7 +42,7 @@ TRIALS = os.path.join(ROOT, "trials")
 # ---------------------------------------------------------------------------------------------------- the split
 def make_split(n_val: int = 64, val_seed: int = 17) -> dict:
     """Write ``split/train.jsonl`` (1-hop training rows minus the validation ones) and ``split/val.jsonl``."""
-    from openrlhf_search.data.default_dataset import build_default_dataset
+    from openrlhf_search.cpu.data.default_dataset import build_default_dataset
 
     ds = build_default_dataset(DATA, seed=0)
     rows = [json.loads(line) for line in open(ds.train_path) if line.strip()]
@@ -73,8 +73,8 @@ def _record(protocol, row: dict, out: dict) -> dict:
 
 def _job(argv) -> int:
     """train_local.main with per-question records added to every evaluation."""
-    from openrlhf_search.cli import train_local
-    from openrlhf_search.local.trainer import LocalSearchTrainer
+    from openrlhf_search.cpu.main_job import train as train_local
+    from openrlhf_search.cpu.main_job.trainer import LocalSearchTrainer
 
     orig_rollout, orig_eval = LocalSearchTrainer.rollout, LocalSearchTrainer.evaluate
 
@@ -150,7 +150,7 @@ def run_trial(name: str, flags, resume: bool = False, warmstart_from: str = "") 
 # ---------------------------------------------------------------------------------------------------- analysis
 def entity_lists() -> dict:
     """{question type: entity strings of that type}: every capital, every currency code of the dataset."""
-    from openrlhf_search.data.countries import load_country_facts
+    from openrlhf_search.cpu.data.countries import load_country_facts
 
     facts = load_country_facts()
     return {"capital": sorted({f.capital for f in facts}, key=len, reverse=True),

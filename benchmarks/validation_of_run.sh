@@ -8,7 +8,7 @@
 # held-out run for the baselines) as the "before", and evaluates the final policy on the validation questions: the
 # before/after table, baselines and decomposition on validation, as `bench_train_local.py --split validation` prints.
 #
-#   bash benchmarks/validation_of_run.sh RUN SEED OUT [more train_local flags]
+#   bash benchmarks/validation_of_run.sh RUN SEED OUT [more main_job.train flags]
 #   bash benchmarks/validation_of_run.sh runs/em_heldout/seed7 7 runs/em_val/seed7
 # The run's preset and --job_args are read from RUN/bench_train_local.json (PRESET=NAME overrides the preset: a run
 # written before the JSON recorded it, with empty job_args, ran the default of its day), SEED must be the run's.
@@ -86,7 +86,7 @@ json.dump({"seed": int(seed), "split": split, "preset": preset, "job_args": job_
            "job_wall_s": None, "omp_threads": None}, open(os.path.join(out, "bench_train_local.json"), "w"), indent=1)
 PYEOF
 }
-"$PY" -m openrlhf_search.cli.train_local --preset "${PRESET:-$RUN_PRESET}" \
+"$PY" -m openrlhf_search.cpu.main_job.train --preset "${PRESET:-$RUN_PRESET}" \
   --train_data "$SRC/data/train.jsonl" --eval_data "$SRC/data/eval.jsonl" --corpus "$SRC/data/corpus.jsonl" \
   --retriever.encoder bm25 --train.seed "$SEED" --eval.split "$SPLIT" --ckpt.output_dir "$OUT/train" \
   --train.max_steps "$ckpt_steps" "$@"

@@ -19,7 +19,7 @@ can sample::
     L_max = --search.max_turns x --search.max_new_tokens_per_turn
 
 and ``--rollout.max_new_tokens`` is not read by the penalty. The cluster path (``experience_maker``, through
-OpenRLHF's own ``apply_length_penalties``) and the CPU job (``local/trainer.py``, through OpenRLHF's
+OpenRLHF's own ``apply_length_penalties``) and the CPU job (``cpu/main_job/trainer.py``, through OpenRLHF's
 ``apply_overlong_penalty``) both use this budget, so the same trajectory gets the same reward on either. The context
 limit (``--data.max_len``, prompt and documents included) can end a trajectory before it samples ``L_max`` tokens;
 that is a ``context_full`` stop, not an overlong response.

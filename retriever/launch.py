@@ -1,5 +1,5 @@
 """Run the retriever service as a child process: build (once) an index, start ``python -m retriever.server``, wait for
-``GET /health``, stop it. Used by ``python -m openrlhf_search.cli.train_local --corpus``, the benchmarks, and the
+``GET /health``, stop it. Used by ``python -m openrlhf_search.cpu.main_job.train --corpus``, the benchmarks, and the
 tests of other modules:
 
     from retriever.launch import running_retriever

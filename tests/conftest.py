@@ -25,14 +25,14 @@ def shared_path(*parts: str) -> str:
 
 @pytest.fixture(scope="session")
 def qwen_tokenizer():
-    from openrlhf_search.local.offline_assets import load_qwen_tokenizer
+    from openrlhf_search.cpu.main_job.offline_assets import load_qwen_tokenizer
 
     return load_qwen_tokenizer()
 
 
 @pytest.fixture(scope="session")
 def tiny_policy(qwen_tokenizer):
-    from openrlhf_search.local.offline_assets import build_tiny_qwen2
+    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
 
     return build_tiny_qwen2(qwen_tokenizer)
 
@@ -50,7 +50,7 @@ def hotpotqa_bm25_index(tmp_path_factory):
 @pytest.fixture(scope="session")
 def default_data(tmp_path_factory):
     """The embedded default (corpus, train and eval questions), built once per session with seed 0."""
-    from openrlhf_search.data.default_dataset import build_default_dataset
+    from openrlhf_search.cpu.data.default_dataset import build_default_dataset
 
     return build_default_dataset(str(tmp_path_factory.mktemp("default_data")), seed=0)
 

@@ -1,6 +1,6 @@
 """Helpers of the real-path tests (tests/test_cpu_cluster_smoke.py, tests/test_cpu_cluster_e2e.py): the tiny assets,
 a BM25 retriever.server over their corpus, one ``cli.train --cpu_cluster`` run in its own session with the recording
-probe (openrlhf_search/cluster_probe.py), and readers of what the probe wrote."""
+probe (openrlhf_search/cpu/cluster_mode/probe.py), and readers of what the probe wrote."""
 
 import contextlib
 import os
@@ -10,8 +10,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from openrlhf_search.cluster_probe import read_executor_records, read_jsonl
-from openrlhf_search.cpu_cluster_assets import build_assets, cluster_argv, run_train
+from openrlhf_search.cpu.cluster_mode.probe import read_executor_records, read_jsonl
+from openrlhf_search.cpu.cluster_mode.assets import build_assets, cluster_argv, run_train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Reused between sessions on a developer machine; CI's fresh clone builds it (about a minute on 2 cores).
@@ -78,7 +78,7 @@ class Run:
         segments created during the run that no live process maps (vLLM's ring buffers of dead engines)."""
         import re
 
-        from openrlhf_search.cpu_cluster import SHM_DIR, new_unmapped_segments
+        from openrlhf_search.cpu.cluster_mode.runtime import SHM_DIR, new_unmapped_segments
 
         out = []
         m = re.search(r"\[cpu_cluster\] private Ray folder (\S+)", self.log)
@@ -99,7 +99,7 @@ def run(tmp_dir: str, paths: Dict[str, str], url: str, timeout_s: float = 1500, 
 
     os.makedirs(tmp_dir, exist_ok=True)
     out_dir, probe = os.path.join(tmp_dir, "run"), os.path.join(tmp_dir, "probe")
-    from openrlhf_search.cpu_cluster import _shm_segments
+    from openrlhf_search.cpu.cluster_mode.runtime import _shm_segments
 
     argv = cluster_argv(paths, url, out_dir, **kwargs)
     shm_before = _shm_segments()

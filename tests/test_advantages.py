@@ -268,7 +268,7 @@ def test_masked_whiten_constant_batch_is_exactly_zero(scale):
 def test_both_training_paths_give_zero_advantage_to_equal_groups():
     """The cluster experience maker and the CPU job's RLUpdater both go through group_baseline_rewards."""
     from openrlhf_search.experience_maker import SearchExperienceMaker
-    from openrlhf_search.local.rl_step import RLSettings, RLUpdater
+    from openrlhf_search.cpu.main_job.rl_step import RLSettings, RLUpdater
     from tests.test_cluster_wiring import _contiguous_masks, _experiences, _maker, _parse
 
     rewards = [0.8] * 8 + [1.0, 0.0] * 4

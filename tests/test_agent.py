@@ -21,7 +21,7 @@ import openrlhf_search._cpu_compat  # noqa: F401
 from openrlhf.utils.agent import AgentExecutorBase, MultiTurnAgentExecutor  # noqa: F401
 from openrlhf_search.agent import ROLLOUT_LOG_KEYS, AgentExecutor, SearchAgentExecutor
 from openrlhf_search.config import ENV_VAR, SearchConfig
-from openrlhf_search.local.engine import HFEngine
+from openrlhf_search.cpu.main_job.engine import HFEngine
 from openrlhf_search.protocol import get_protocol
 from openrlhf_search.retrieval_client import passage_from_document
 from openrlhf_search.rewards import compute_reward

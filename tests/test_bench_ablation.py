@@ -1,4 +1,4 @@
-"""bench_ablation's arms and table: every arm's command parses with train_local's real parser and
+"""bench_ablation's arms and table: every arm's command parses with main_job.train's real parser and
 does what its label says; the table's differences are paired and signed, rows keep their arm's label, and the
 warm-start line says "no" when before-RL predictions differ. No model runs here."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.bench_ablation import (ablation_table, arm_argv, build_arms, parse_arms, warm_start_check,
                                        warm_start_line)
-from openrlhf_search.local.args import parse_args
+from openrlhf_search.cpu.main_job.args import parse_args
 
 
 def _args(name, split="validation", critic_lr=3e-3):

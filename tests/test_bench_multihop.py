@@ -6,7 +6,7 @@ import json
 import pytest
 
 from benchmarks.bench_multihop import bridge_entity, follow_up_names_bridge, names_bridge, summarise
-from openrlhf_search.data.default_dataset import build_default_dataset
+from openrlhf_search.cpu.data.default_dataset import build_default_dataset
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,13 @@ import os
 import pytest
 import torch
 
-from openrlhf_search.local import checkpoint as ckpt
+from openrlhf_search.cpu.main_job import checkpoint as ckpt
 
 
 @pytest.fixture()
 def saved(tmp_path, qwen_tokenizer):
-    from openrlhf_search.local.offline_assets import build_tiny_qwen2
-    from openrlhf_search.local.optim import make_adamw
+    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
+    from openrlhf_search.cpu.main_job.optim import make_adamw
 
     model = build_tiny_qwen2(qwen_tokenizer, hidden_size=16, num_layers=1, num_heads=2)
     opt = make_adamw(list(model.parameters()), lr=1e-3)

@@ -45,9 +45,9 @@ def test_eval_cli_refuses_a_max_length_above_the_models_context(tmp_path, capsys
 
 
 def test_cpu_trainer_refuses_a_max_len_above_the_policys_context(tmp_path):
-    """The tiny policy's context is 8192 tokens (openrlhf_search/local/offline_assets.py build_tiny_qwen2)."""
-    from openrlhf_search.local.args import parse_args
-    from openrlhf_search.local.trainer import LocalSearchTrainer, TrainingError
+    """The tiny policy's context is 8192 tokens (openrlhf_search/cpu/main_job/offline_assets.py build_tiny_qwen2)."""
+    from openrlhf_search.cpu.main_job.args import parse_args
+    from openrlhf_search.cpu.main_job.trainer import LocalSearchTrainer, TrainingError
     from tests.test_train_local import FAST
 
     args = parse_args(FAST + ["--search.retriever_urls", "http://127.0.0.1:9", "--ckpt.output_dir",

@@ -1,11 +1,11 @@
 """What a CPU-cluster run leaves on the machine and what its console ends with, without starting Ray
-(openrlhf_search/cpu_cluster.py ``PrivateRay``, ``last_worker_traceback``). The end-to-end checks are in
+(openrlhf_search/cpu/cluster_mode/runtime.py ``PrivateRay``, ``last_worker_traceback``). The end-to-end checks are in
 tests/test_cpu_cluster_smoke.py (normal exit) and tests/test_cpu_cluster_e2e.py (SIGTERM)."""
 
 import os
 from multiprocessing import shared_memory
 
-from openrlhf_search.cpu_cluster import SHM_DIR, PrivateRay, last_worker_traceback
+from openrlhf_search.cpu.cluster_mode.runtime import SHM_DIR, PrivateRay, last_worker_traceback
 
 # A vLLM engine failure as Ray writes it to the rollout actor's worker-*.err (shape of a real log; paths shortened)
 WORKER_ERR = """\
@@ -16,7 +16,7 @@ Traceback (most recent call last):
     engine_core.run_busy_loop()
   File "/venv/site-packages/vllm/v1/worker/worker_base.py", line 267, in execute_method
     return func(*args, **kwargs)
-  File "/work/main/openrlhf_search/cpu_cluster.py", line 421, in update_weight
+  File "/work/main/openrlhf_search/cpu/cluster_mode/runtime.py", line 421, in update_weight
     self.model_runner.model.load_weights(weights=[(name, weight)])
   File "/venv/site-packages/vllm/model_executor/models/qwen2.py", line 398, in load_weights
     weight_loader = param.weight_loader
@@ -92,7 +92,7 @@ def test_cleanup_removes_the_runs_unmapped_segments_only(tmp_path):
 _DRIVER = r'''
 import os, signal, subprocess, sys, time
 from multiprocessing import shared_memory
-from openrlhf_search.cpu_cluster import PrivateRay
+from openrlhf_search.cpu.cluster_mode.runtime import PrivateRay
 
 private = PrivateRay(temp_root=sys.argv[1])
 # a process tree like the local Ray's (a child with a grandchild), and a segment an engine process maps
@@ -119,7 +119,7 @@ def test_sigterm_ends_the_process_tree_and_removes_what_it_left(tmp_path):
                             env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO)
     folder, seg, child = proc.stdout.readline().split()
     time.sleep(1.0)  # the grandchild has started
-    from openrlhf_search.cpu_cluster import _descendants
+    from openrlhf_search.cpu.cluster_mode.runtime import _descendants
 
     tree = _descendants(proc.pid)
     assert len(tree) >= 2

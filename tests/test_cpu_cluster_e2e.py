@@ -1,7 +1,7 @@
 """The real cluster path end to end on CPU (``make test-slow``): OpenRLHF 0.11.2's ``train_ppo_ray.train()`` with our
 classes, DeepSpeed CPU actors, the real vLLM-CPU engine actor running ``SearchAgentExecutor`` against a real BM25
-``retriever.server`` (openrlhf_search/cpu_cluster.py), observed through the recording probe
-(openrlhf_search/cluster_probe.py):
+``retriever.server`` (openrlhf_search/cpu/cluster_mode/runtime.py), observed through the recording probe
+(openrlhf_search/cpu/cluster_mode/probe.py):
 
 * Search-R1 PPO with a critic (GAE over action tokens, KL in the reward) and GRPO: finite losses, the policy's
   weights change, after every weight sync the vLLM engine's weights equal the trainer's, retrieved tokens get
@@ -10,7 +10,7 @@ classes, DeepSpeed CPU actors, the real vLLM-CPU engine actor running ``SearchAg
   with the stage-1 scheme and step 1 with the stage-2 scheme;
 * checkpoint at step 1 and resume: the resumed run starts at step 2 with the prompts the uninterrupted run trained
   on at step 2, and the engine gets the checkpoint's weights;
-* the cluster path and the CPU main job's twin (openrlhf_search/local/rl_step.py) give the same advantages,
+* the cluster path and the CPU main job's twin (openrlhf_search/cpu/main_job/rl_step.py) give the same advantages,
   returns and policy loss for the trajectories the cluster trained on (GAE, group_norm, reinforce_baseline);
 * a retriever killed mid-rollout: failed samples are left out of training and of every logged training statistic
   (OpenRLHF's own actor statistics would average them in), nothing crashes; with too many, the run stops with one
@@ -116,13 +116,13 @@ def test_searchr1_grpo(grpo_run, sr1):
 # ------------------------------------------------------------------ the CPU main job's twin on the same trajectories
 def twin_matches_cluster(result, paths, step):
     """Feed the trajectories, log-probs and values the cluster trained on at ``step`` to the twin's
-    ``RLUpdater.make_experience`` / ``update`` (openrlhf_search/local/rl_step.py) and compare advantages, returns
+    ``RLUpdater.make_experience`` / ``update`` (openrlhf_search/cpu/main_job/rl_step.py) and compare advantages, returns
     and the policy loss. Only the model forwards are replaced (by the cluster's numbers); every formula is the
     twin's own code."""
     from transformers import AutoModelForCausalLM
 
-    from openrlhf_search.local import rl_step
-    from openrlhf_search.local.experience import Trajectory
+    from openrlhf_search.cpu.main_job import rl_step
+    from openrlhf_search.cpu.main_job.experience import Trajectory
 
     record = result.experiences(step)
     st = record["settings"]
@@ -398,7 +398,7 @@ def test_launcher_runs_two_steps_in_cpu_cluster_mode(script, tmp_path):
         try:
             rc = proc.wait(timeout=3000)
         finally:
-            from openrlhf_search.cpu_cluster_assets import kill_session
+            from openrlhf_search.cpu.cluster_mode.assets import kill_session
 
             kill_session(proc.pid)
     text = log_path.read_text(errors="replace")
@@ -414,8 +414,8 @@ def test_sigterm_mid_rollout_removes_the_private_ray_and_vllm_segments(sr1, sr1_
     SIGTERM handler or the cleanup dropped (before: a 160 MiB psm_* segment and the folder stayed per run)."""
     import re
 
-    from openrlhf_search.cpu_cluster import _shm_segments, new_unmapped_segments
-    from openrlhf_search.cpu_cluster_assets import _session_pids, cluster_argv, kill_session
+    from openrlhf_search.cpu.cluster_mode.runtime import _shm_segments, new_unmapped_segments
+    from openrlhf_search.cpu.cluster_mode.assets import _session_pids, cluster_argv, kill_session
 
     shm_before = _shm_segments()
     argv = cluster_argv(sr1, sr1_retriever, str(tmp_path / "run"), steps=50, estimator="group_norm", n_samples=2,

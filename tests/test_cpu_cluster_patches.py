@@ -1,4 +1,5 @@
-"""The CPU cluster mode's patches (openrlhf_search/cpu_cluster.py) without Ray: every patch point and cited line still
+"""The CPU cluster mode's patches (openrlhf_search/cpu/cluster_mode/runtime.py) without Ray: every patch point and
+cited line still
 exists in the installed OpenRLHF / DeepSpeed / vLLM (an upgrade fails here at once), the patches take effect in a
 fresh process (no DeepSpeed JIT build, gloo all-reduce, torch AdamW, CPU devices), the gloo weight-sync group
 broadcasts bf16 weights between two processes, the CPU settings, the weight comparison of the sync probe, and the
@@ -16,8 +17,8 @@ import pytest
 import torch
 
 import openrlhf_search._cpu_compat  # noqa: F401
-from openrlhf_search import cpu_cluster
-from openrlhf_search.cluster_probe import compare_weights, vllm_view
+from openrlhf_search.cpu.cluster_mode import runtime as cpu_cluster
+from openrlhf_search.cpu.cluster_mode.probe import compare_weights, vllm_view
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,7 +42,7 @@ def test_the_line_check_reports_a_moved_line(monkeypatch):
 
 PATCH_CHECK = r'''
 import json, os, sys
-from openrlhf_search import cpu_cluster
+from openrlhf_search.cpu.cluster_mode import runtime as cpu_cluster
 cpu_cluster.install()
 import torch
 out = {}
@@ -132,7 +133,7 @@ def test_a_jit_refusal_names_a_stale_build_lock_and_how_to_clear_it(tmp_path):
 
 
 def _sync_peer(rank, port, queue):
-    from openrlhf_search.cpu_cluster import gloo_stateless_init_process_group
+    from openrlhf_search.cpu.cluster_mode.runtime import gloo_stateless_init_process_group
 
     group = gloo_stateless_init_process_group("127.0.0.1", port, rank, 2)
     for dtype in (torch.bfloat16, torch.float32):
@@ -194,7 +195,7 @@ def test_cpu_settings_turn_a_gpu_launcher_into_a_cpu_run():
 def test_cpu_runtime_env_installs_the_setup_hook_and_keeps_the_jobs_values(monkeypatch):
     monkeypatch.setenv("OPENRLHF_SEARCH_PROBE_DIR", "/tmp/probe")
     env = cpu_cluster.cpu_runtime_env({"env_vars": {"OMP_NUM_THREADS": "2", "X": "1"}})
-    assert env["worker_process_setup_hook"] == "openrlhf_search.cpu_cluster.setup_worker"
+    assert env["worker_process_setup_hook"] == "openrlhf_search.cpu.cluster_mode.runtime.setup_worker"
     assert env["env_vars"]["OMP_NUM_THREADS"] == "2" and env["env_vars"]["X"] == "1"
     assert env["env_vars"]["OPENRLHF_SEARCH_CPU_CLUSTER"] == "1"
     assert env["env_vars"]["OPENRLHF_SEARCH_PROBE_DIR"] == "/tmp/probe"
@@ -238,12 +239,13 @@ class _StubActor(torch.nn.Module):
 
 @pytest.fixture
 def cpu_replay_buffer(monkeypatch):
-    """The replay buffer as the CPU cluster's workers have it (patch 7 of openrlhf_search/cpu_cluster.py: OpenRLHF
+    """The replay buffer as the CPU cluster's workers have it (patch 7 of openrlhf_search/cpu/cluster_mode/runtime.py:
+    OpenRLHF
     builds ``cuda:{current_device()}``, which is ``cuda:cpu`` once ``current_device`` returns "cpu"); undone after
     the test."""
     import openrlhf.trainer.ppo_utils.replay_buffer as rb
 
-    from openrlhf_search import cpu_cluster
+    from openrlhf_search.cpu.cluster_mode import runtime as cpu_cluster
 
     monkeypatch.setattr(rb.NaiveReplayBuffer, "__init__", rb.NaiveReplayBuffer.__init__)
     monkeypatch.setattr(rb.NaiveReplayBuffer, "_openrlhf_search_cpu", False, raising=False)

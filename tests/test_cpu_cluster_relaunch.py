@@ -21,7 +21,7 @@ RUN = "searchr1_grpo_qwen2.5-3b_base"
 
 
 def _launch(env, log_path, stop_when=None, timeout_s=2400):
-    from openrlhf_search.cpu_cluster_assets import kill_session
+    from openrlhf_search.cpu.cluster_mode.assets import kill_session
 
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(["bash", os.path.join(REPO, "examples", "scripts", SCRIPT), "--ckpt.save_steps", "1"],

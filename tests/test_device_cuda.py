@@ -15,11 +15,11 @@ import os
 import pytest
 import torch
 
-from openrlhf_search.local.experience import Trajectory
-from openrlhf_search.local.freeze import freeze_lower_layers
-from openrlhf_search.local.offline_assets import build_tiny_qwen2
-from openrlhf_search.local.rl_step import RLSettings, RLUpdater
-from openrlhf_search.local.warmstart import sft_warmstart
+from openrlhf_search.cpu.main_job.experience import Trajectory
+from openrlhf_search.cpu.main_job.freeze import freeze_lower_layers
+from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
+from openrlhf_search.cpu.main_job.rl_step import RLSettings, RLUpdater
+from openrlhf_search.cpu.main_job.warmstart import sft_warmstart
 
 DEVICE = os.environ.get("OPENRLHF_SEARCH_TEST_DEVICE", "cuda")
 pytestmark = pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -91,7 +91,7 @@ def test_warm_start_matches_the_cpu(qwen_tokenizer):
 def test_engine_greedy_tokens_match_the_cpu(qwen_tokenizer):
     from vllm import SamplingParams
 
-    from openrlhf_search.local.engine import HFEngine
+    from openrlhf_search.cpu.main_job.engine import HFEngine
 
     cpu, gpu = _pair(qwen_tokenizer)
     ids = qwen_tokenizer("Question: what is the capital of France?\nAnswer:", add_special_tokens=False).input_ids

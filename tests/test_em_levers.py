@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from openrlhf_search.config import SearchConfig
-from openrlhf_search.local.args import parse_args
+from openrlhf_search.cpu.main_job.args import parse_args
 from openrlhf_search.protocol import get_protocol
 from openrlhf_search.reward_schedule import RewardSchedule
 
@@ -39,7 +39,7 @@ def test_bare_protocol_asks_for_the_bare_span_and_keeps_searchr1_short_parsing(q
 def test_answer_span_drops_the_restated_question_only():
     """The 'span' form keeps the reply's own answer words: catches dropping answer words that are not in the question
     (e.g. a multi-word capital cut to one word), keeping the restatement, or an empty answer block."""
-    from openrlhf_search.local.warmstart import answer_span
+    from openrlhf_search.cpu.main_job.warmstart import answer_span
 
     assert answer_span("The capital of Tonga is Nuku'alofa.", "What is the capital of Tonga?") == "Nuku'alofa"
     assert answer_span("Asmara is the capital of Eritrea.", "What is the capital of Eritrea?") == "Asmara"
@@ -70,7 +70,7 @@ def test_self_answers_prompt_flag_and_answer_block_forms(qwen_tokenizer):
     """--warmstart.self_prompt picks the chat request, --warmstart.self_form what the answer turn holds; catches a
     flag that is parsed but not passed through (the default request / first sentence whatever the flag), a
     think_span that loses its reasoning or puts the sentence in the answer, and unknown names accepted."""
-    from openrlhf_search.local.warmstart import SELF_ANSWER_PROMPTS, answer_blocks, self_answers
+    from openrlhf_search.cpu.main_job.warmstart import SELF_ANSWER_PROMPTS, answer_blocks, self_answers
     from openrlhf_search.types import Passage
 
     qs = ["What is the capital of France?"]
@@ -108,7 +108,7 @@ def test_think_span_trajectory_is_well_formed_and_trains_on_both_blocks(qwen_tok
     prompt shapes (Search-R1: the turn opens <think>; R1-Searcher: the prompt already opened it); the response passes
     R1-Searcher's format rule and the answer extracted is the span. Catches the reasoning dropped, written into the
     answer block, or an unbalanced think block (a -2 format penalty on every scripted trajectory)."""
-    from openrlhf_search.local.warmstart import scripted_trajectory
+    from openrlhf_search.cpu.main_job.warmstart import scripted_trajectory
     from openrlhf_search.rewards import check_format
     from openrlhf_search.types import Passage
 
@@ -152,7 +152,7 @@ def test_reward_curriculum_flags_build_the_cluster_schedule():
 def test_trainer_switches_the_executor_scheme_at_the_start_step():
     """The rollout of step k (k finished steps) is scored by stage 2 exactly from k = stage2_start_step: catches an
     off-by-one (> instead of >=) and a switch that changes the trainer's config instead of the executor's."""
-    from openrlhf_search.local.trainer import LocalSearchTrainer
+    from openrlhf_search.cpu.main_job.trainer import LocalSearchTrainer
 
     cfg = SearchConfig(reward_scheme="r1searcher_stage2")
     fake = SimpleNamespace(args=SimpleNamespace(reward_schedule=RewardSchedule("r1searcher_stage2", "searchr1_em", 2)),
@@ -174,8 +174,8 @@ def test_curriculum_scores_real_steps_with_each_stage(tmp_path, default_bm25_url
     """Two real RL steps (tiny policy, real retriever): step 1 scored by R1-Searcher's stage 2 (F1, -2 format
     penalty), step 2 by Search-R1's EM; the reward of step 2 is then exactly its mean EM. Catches the schedule not
     reaching the executor (step 2 would still carry the -2 penalties of the untrained policy)."""
-    from openrlhf_search.data.qa import load_qa_jsonl
-    from openrlhf_search.local.trainer import LocalSearchTrainer
+    from openrlhf_search.cpu.data.qa import load_qa_jsonl
+    from openrlhf_search.cpu.main_job.trainer import LocalSearchTrainer
     from tests.test_train_local import FAST
 
     args = parse_args(FAST + ["--search.retriever_urls", default_bm25_url, "--ckpt.output_dir", str(tmp_path / "r"),

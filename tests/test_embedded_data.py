@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from openrlhf_search.data.default_dataset import build_corpus, build_default_dataset, build_questions
-from openrlhf_search.data.countries import load_country_facts
-from openrlhf_search.data.qa import QADataError, load_qa_jsonl
+from openrlhf_search.cpu.data.default_dataset import build_corpus, build_default_dataset, build_questions
+from openrlhf_search.cpu.data.countries import load_country_facts
+from openrlhf_search.cpu.data.qa import QADataError, load_qa_jsonl
 from tests.conftest import shared_path
 
 

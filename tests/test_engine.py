@@ -12,7 +12,7 @@ import torch
 from vllm import SamplingParams
 from vllm.outputs import RequestOutput
 
-from openrlhf_search.local.engine import EngineInputError, HFEngine
+from openrlhf_search.cpu.main_job.engine import EngineInputError, HFEngine
 
 PROMPT = "Question: which river flows through the capital of France?\nAnswer:"
 
@@ -176,7 +176,7 @@ def test_batched_requests_of_different_lengths_match_one_at_a_time(qwen_tokenize
 
 
 def test_shares_the_model_object_weight_updates_are_seen(qwen_tokenizer, prompt_ids):
-    from openrlhf_search.local.offline_assets import build_tiny_qwen2
+    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
 
     model = build_tiny_qwen2(qwen_tokenizer, seed=1)
     eng = HFEngine(model, qwen_tokenizer)
@@ -192,7 +192,7 @@ def test_shares_the_model_object_weight_updates_are_seen(qwen_tokenizer, prompt_
 
 
 def test_training_mode_is_restored(qwen_tokenizer, prompt_ids):
-    from openrlhf_search.local.offline_assets import build_tiny_qwen2
+    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
 
     model = build_tiny_qwen2(qwen_tokenizer, seed=2).train()
     eng = HFEngine(model, qwen_tokenizer)
@@ -214,7 +214,7 @@ def test_bad_requests_raise_clear_errors(engine, prompt_ids):
 def test_exponential_race_sampler_follows_the_distribution():
     """vLLM's exponential race (argmax probs / Exp(1)) draws each token with its probability; zero-probability tokens
     never. Mutation caught: a race over the wrong scores (e.g. probs * q) skews the frequencies."""
-    from openrlhf_search.local.engine import _sample_from
+    from openrlhf_search.cpu.main_job.engine import _sample_from
 
     probs = torch.zeros(4_000)
     probs[[7, 1000, 3_999]] = torch.tensor([0.5, 0.3, 0.2])
@@ -264,7 +264,7 @@ def test_shutdown_joins_the_engine_thread_and_fails_every_waiter(qwen_tokenizer,
     import threading
     import time
 
-    from openrlhf_search.local.engine import EngineShutdown
+    from openrlhf_search.cpu.main_job.engine import EngineShutdown
 
     eng = HFEngine(tiny_policy, qwen_tokenizer, max_batch_size=4)
     results = {}
@@ -325,7 +325,7 @@ def test_last_position_logits_shortcut_is_exact(tiny_policy, qwen_tokenizer):
 
     from vllm import SamplingParams
 
-    from openrlhf_search.local.engine import HFEngine
+    from openrlhf_search.cpu.main_job.engine import HFEngine
 
     ids = qwen_tokenizer("Who was president of the United States in the year that Citibank was founded? " * 8)[
         "input_ids"]
@@ -395,7 +395,7 @@ def test_prefix_cache_prefills_a_shared_prompt_once(qwen_tokenizer, tiny_policy,
 
 def test_prefix_cache_is_dropped_when_weights_change(qwen_tokenizer, prompt_ids):
     """After an optimizer step the cached states are stale: the next turn must equal a fresh engine's."""
-    from openrlhf_search.local.offline_assets import build_tiny_qwen2
+    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
 
     model = build_tiny_qwen2(qwen_tokenizer, seed=3)
     eng = HFEngine(model, qwen_tokenizer)
@@ -419,8 +419,8 @@ def test_captured_trunk_states_equal_a_trunk_pass_over_the_whole_trajectory(qwen
     """--actor.trainable_layers: the states after the frozen trunk that the rollout computed (prefill with cache hits,
     a shared prompt, decode steps) are what trunk_hidden computes over the finished two-turn sequence; the last
     (never fed) token's row is zeros; after a weight update nothing stale is handed out."""
-    from openrlhf_search.local.freeze import freeze_lower_layers, trunk_hidden
-    from openrlhf_search.local.offline_assets import build_tiny_qwen2
+    from openrlhf_search.cpu.main_job.freeze import freeze_lower_layers, trunk_hidden
+    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
 
     model = build_tiny_qwen2(qwen_tokenizer, seed=4, num_layers=3)
     boundary = freeze_lower_layers(model, 1)["boundary"]  # trunk: the lower 2 of 3 layers
@@ -458,8 +458,8 @@ def test_continuous_batching_rows_join_and_leave_a_running_batch(qwen_tokenizer)
     (one busy period, no second batch). Every row's log-probs equal a full forward pass over its own tokens, the
     short rows sample what they sample alone, and the trunk states handed to the trainer are right for rows that
     joined and left (the cache, mask, positions and captured states are re-batched consistently)."""
-    from openrlhf_search.local.freeze import freeze_lower_layers, trunk_hidden
-    from openrlhf_search.local.offline_assets import build_tiny_qwen2
+    from openrlhf_search.cpu.main_job.freeze import freeze_lower_layers, trunk_hidden
+    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
 
     model = build_tiny_qwen2(qwen_tokenizer, seed=5, num_layers=3)
     boundary = freeze_lower_layers(model, 1)["boundary"]

@@ -149,9 +149,9 @@ def test_validation_split_is_deterministic_disjoint_and_never_trained_on(default
     """The CLI's data: validation carved from the training questions by the data seed, disjoint from held-out and
     from the rows trained on (the warm start samples those too); another data seed gives another split. Mutation
     caught: validation drawn from the held-out file, or left in the training rows."""
-    from openrlhf_search.cli.train_local import _resolve_data
-    from openrlhf_search.data.default_dataset import validation_split
-    from openrlhf_search.local.args import parse_args
+    from openrlhf_search.cpu.main_job.train import _resolve_data
+    from openrlhf_search.cpu.data.default_dataset import validation_split
+    from openrlhf_search.cpu.main_job.args import parse_args
 
     def data(*extra):
         args = parse_args(["--train_data", default_data.train_path, "--eval_data", default_data.eval_path,
@@ -176,7 +176,7 @@ def test_validation_split_is_deterministic_disjoint_and_never_trained_on(default
 
 
 def test_entity_vocabulary_lists_answers_of_every_type(default_data):
-    from openrlhf_search.data.default_dataset import ANSWER_ENTITY_TYPE, entity_vocabulary
+    from openrlhf_search.cpu.data.default_dataset import ANSWER_ENTITY_TYPE, entity_vocabulary
 
     vocab = entity_vocabulary()
     assert "Paris" in vocab["capital"] and "EUR" in vocab["currency"] and "France" in vocab["country"]

@@ -55,7 +55,7 @@ def save_scripted_qwen2(out_dir: str, seed: int = 0, num_heads: int = 2, head_st
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from openrlhf_search.local.offline_assets import load_qwen_tokenizer
+    from openrlhf_search.cpu.main_job.offline_assets import load_qwen_tokenizer
 
     tok = load_qwen_tokenizer()
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=256, num_hidden_layers=2,
@@ -91,6 +91,7 @@ def _driver(model_dir: str, bad_dirs: list, retriever_url: str, data_dir: str, o
 
     from openrlhf_search.agent import SearchAgentExecutor
     from openrlhf_search.cli.eval import main as eval_main
+    from openrlhf_search.cpu.main_job.eval_engines import CPU_ENGINES
     from openrlhf_search.evaluation.engines import EngineLoadError, build_engine
     from openrlhf_search.evaluation.loaders import load_eval_dataset
     from openrlhf_search.evaluation.runner import EvalSettings, run_eval
@@ -125,7 +126,7 @@ def _driver(model_dir: str, bad_dirs: list, retriever_url: str, data_dir: str, o
     proto = get_protocol("searchr1")
 
     async def run(backend):
-        engine, tok, name = build_engine(model_dir, backend, max_model_len=1024)
+        engine, tok, name = build_engine(model_dir, backend, max_model_len=1024, cpu_engines=CPU_ENGINES)
         try:
             client = RetrievalClient.from_config(settings.search_config())
             Recorder.outputs = {}
@@ -269,7 +270,7 @@ def test_action_ranges_are_the_sampled_turns(runs):
     """Action ranges start at the prompt's end, are ordered and disjoint, the first is the scripted turn's tokens,
     and what lies between two ranges is exactly one documents block (catches: ranges off by one, a range that swallows
     the documents, a prompt cut by the engine)."""
-    from openrlhf_search.local.offline_assets import load_qwen_tokenizer
+    from openrlhf_search.cpu.main_job.offline_assets import load_qwen_tokenizer
 
     tok = load_qwen_tokenizer()
     d = runs["driver"]["vllm"]
@@ -340,8 +341,8 @@ def test_backend_choice(monkeypatch):
     class FakeInProcess(Fake):
         pass
 
-    import openrlhf_search.local.engine as local_engine
-    import openrlhf_search.local.offline_assets as offline_assets
+    import openrlhf_search.cpu.main_job.engine as local_engine
+    import openrlhf_search.cpu.main_job.offline_assets as offline_assets
 
     class FakeHF(Fake):
         pass
@@ -357,7 +358,11 @@ def test_backend_choice(monkeypatch):
     monkeypatch.setattr(engines, "cuda_available", lambda: True)
     assert engines.build_engine("org/model", "auto")[2] == "vllm" and built["cls"] == "FakeAsync"
     monkeypatch.setattr(engines, "cuda_available", lambda: False)
-    assert engines.build_engine("org/model", "auto")[2] == "hf" and built["cls"] == "FakeHF"
+    from openrlhf_search.cpu.main_job.eval_engines import CPU_ENGINES
+
+    assert engines.build_engine("org/model", "auto", cpu_engines=CPU_ENGINES)[2] == "hf" and built["cls"] == "FakeHF"
+    with pytest.raises(engines.EngineLoadError, match="HF engine .* is the CPU main job's"):
+        engines.build_engine("org/model", "auto")  # the evaluation package alone has no HF engine
     engine, tok, name = engines.build_engine("org/model", "vllm", max_model_len=512)
     assert name == "vllm" and built["cls"] == "FakeInProcess"
     kw = built["kwargs"]

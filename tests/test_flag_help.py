@@ -14,7 +14,7 @@ import pytest
 
 from openrlhf_search.cli import train as cluster_cli
 from openrlhf_search.config import REWARD_FLAG_HELP, SearchConfig, flag_help
-from openrlhf_search.local import args as local_args
+from openrlhf_search.cpu.main_job import args as local_args
 
 PAPER = re.compile(r"paper|Search-R1|R1-Searcher")
 UNITS = re.compile(r"\b(tokens?|passages?|seconds|milliseconds|characters|words|calls|retries|queries|step count|"

@@ -7,11 +7,11 @@ import copy
 import pytest
 import torch
 
-from openrlhf_search.local.experience import Trajectory, action_log_probs, batched_trunk, collate
-from openrlhf_search.local.freeze import (FreezeError, freeze_lower_layers, top_hidden, trunk_boundary,
+from openrlhf_search.cpu.main_job.experience import Trajectory, action_log_probs, batched_trunk, collate
+from openrlhf_search.cpu.main_job.freeze import (FreezeError, freeze_lower_layers, top_hidden, trunk_boundary,
                                           trunk_hidden)
-from openrlhf_search.local.offline_assets import build_tiny_qwen2
-from openrlhf_search.local.rl_step import RLSettings, RLUpdater
+from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
+from openrlhf_search.cpu.main_job.rl_step import RLSettings, RLUpdater
 
 
 def _model(tok, layers=3):

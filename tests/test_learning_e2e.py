@@ -33,11 +33,11 @@ pytest.importorskip("gguf", reason="SmolLM2 is read from its GGUF file (scripts/
 @pytest.mark.slow
 @pytest.mark.timeout(7200)  # pytest.ini's 600 s would stop the job (50-60 minutes loaded) in its warm start
 def test_rl_improves_held_out_em_of_smollm2(tmp_path):
-    from openrlhf_search.data.default_dataset import build_default_dataset
+    from openrlhf_search.cpu.data.default_dataset import build_default_dataset
 
     ds = build_default_dataset(str(tmp_path / "data"), seed=0)
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "openrlhf_search.cli.train_local", "--preset", "default",
+    cmd = [sys.executable, "-m", "openrlhf_search.cpu.main_job.train", "--preset", "default",
            "--train_data", ds.train_path, "--eval_data", ds.eval_path, "--corpus", ds.corpus_path,
            "--retriever.encoder", "bm25", "--ckpt.output_dir", str(out), "--ckpt.no_load"]
     env = dict(os.environ, PYTHONPATH=REPO_ROOT, TOKENIZERS_PARALLELISM="false")

@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from openrlhf_search.local.experience import Trajectory, action_log_probs, collate
-from openrlhf_search.local.rl_step import RLSettings, RLUpdater
+from openrlhf_search.cpu.main_job.experience import Trajectory, action_log_probs, collate
+from openrlhf_search.cpu.main_job.rl_step import RLSettings, RLUpdater
 
 VOCAB = 16
 PAD = 0

@@ -8,7 +8,7 @@ from openrlhf_search.config import ConfigError
 from openrlhf_search.experience_maker import SearchExperienceMaker
 from openrlhf_search.length_penalty import (args_with_overlong_budget, check_overlong_args, overlong_budget,
                                             overlong_penalized, overlong_penalized_from_args)
-from openrlhf_search.local.args import parse_args as parse_local_args
+from openrlhf_search.cpu.main_job.args import parse_args as parse_local_args
 from tests.test_cluster_wiring import _maker, _parse
 from tests.test_rl_core import _generator, _response
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from openrlhf_search.data.qa import load_qa_jsonl
-from openrlhf_search.local.args import parse_args
+from openrlhf_search.cpu.data.qa import load_qa_jsonl
+from openrlhf_search.cpu.main_job.args import parse_args
 
 SMALL = ["--preset", "tiny", "--actor.tiny.hidden_size", "32", "--actor.tiny.num_layers", "1",
          "--actor.tiny.num_heads", "2", "--rollout.batch_size", "1", "--rollout.n_samples_per_prompt", "2",
@@ -32,8 +32,8 @@ class ScriptedEngine:
 
 
 def _trainer(out, url, data, extra=()):
-    from openrlhf_search.cli.train_local import make_warmstart
-    from openrlhf_search.local.trainer import LocalSearchTrainer
+    from openrlhf_search.cpu.main_job.train import make_warmstart
+    from openrlhf_search.cpu.main_job.trainer import LocalSearchTrainer
 
     args = parse_args(SMALL + ["--search.retriever_urls", url, "--ckpt.output_dir", str(out)] + list(extra))
     t = LocalSearchTrainer(args, load_qa_jsonl(data.train_path, limit=40), load_qa_jsonl(data.eval_path, limit=2),
@@ -56,7 +56,7 @@ def _rl_searches(t):
 
 
 def _warmstart_passages(monkeypatch):
-    from openrlhf_search.local import warmstart
+    from openrlhf_search.cpu.main_job import warmstart
 
     got = []
     scripted = warmstart.scripted_trajectory

@@ -17,9 +17,9 @@ import pytest
 import torch
 from vllm import SamplingParams
 
-from openrlhf_search.data.qa import load_qa_jsonl
-from openrlhf_search.local import optim
-from openrlhf_search.local.args import parse_args
+from openrlhf_search.cpu.data.qa import load_qa_jsonl
+from openrlhf_search.cpu.main_job import optim
+from openrlhf_search.cpu.main_job.args import parse_args
 
 FAST = ["--actor.model_name_or_path", "tiny", "--search.max_new_tokens_per_turn", "8", "--search.max_turns", "2",
         "--search.topk", "1", "--search.max_obs_tokens", "60", "--data.max_len", "300", "--rollout.batch_size", "1",
@@ -55,9 +55,9 @@ def _generate(engine, ids):
                                          ("warm_start", True), ("warm_start", False)])
 def test_generation_after_a_weight_change_equals_a_fresh_engines(tmp_path, default_bm25_url, default_data,
                                                                  monkeypatch, path, fused):
-    from openrlhf_search.cli.train_local import make_warmstart
-    from openrlhf_search.local.engine import HFEngine
-    from openrlhf_search.local.trainer import LocalSearchTrainer
+    from openrlhf_search.cpu.main_job.train import make_warmstart
+    from openrlhf_search.cpu.main_job.engine import HFEngine
+    from openrlhf_search.cpu.main_job.trainer import LocalSearchTrainer
 
     monkeypatch.setattr(optim, "FUSED", fused)
     extra = ["--algo.advantage.estimator", "gae" if path == "rl_actor_and_critic" else "reinforce_baseline"]

@@ -1,4 +1,4 @@
-"""The named flag sets of ``train_local --preset``: what the main job runs is what docs/cpu_job.md and
+"""The named flag sets of ``main_job.train --preset``: what the main job runs is what docs/cpu_job.md and
 docs/trials_em.md say.
 
 The default was chosen on the validation split (docs/trials_em.md, trial T2c) and its held-out figures (README,
@@ -8,7 +8,7 @@ that loses one of those flags (the figures would then belong to another job), or
 from ``default`` in more than the seven settings.
 """
 
-from openrlhf_search.local.args import PRESETS, parse_args
+from openrlhf_search.cpu.main_job.args import PRESETS, parse_args
 
 # trial T2c's flags (docs/trials_em.md) and the former default's values of the same settings
 T2C = {"search.protocol": "searchr1_bare", "search.reward_scheme": "searchr1_em",
@@ -20,7 +20,7 @@ FORMER = {"search.protocol": "searchr1_short", "search.reward_scheme": "r1search
 
 
 def _flat(obj, prefix="") -> dict:
-    """Parsed train_local args -> {"group.sub.field": value}: namespaces and dataclasses (SearchConfig,
+    """Parsed main_job.train args -> {"group.sub.field": value}: namespaces and dataclasses (SearchConfig,
     RewardSchedule) flattened recursively; every other value a leaf."""
     fields = vars(obj) if hasattr(obj, "__dict__") and not isinstance(obj, (str, int, float, list, tuple)) else None
     if fields is None:

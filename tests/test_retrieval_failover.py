@@ -16,7 +16,7 @@ from vllm import SamplingParams
 
 from openrlhf_search.agent import SearchAgentExecutor
 from openrlhf_search.config import SearchConfig
-from openrlhf_search.local.engine import HFEngine
+from openrlhf_search.cpu.main_job.engine import HFEngine
 from openrlhf_search.protocol import get_protocol
 from openrlhf_search.retrieval_client import RetrievalClient, RetrievalError, start_retrieval_trace
 from tests.test_retrieval_client import _WholeRequestServer

@@ -238,7 +238,7 @@ def _actor_ppo_train(monkeypatch, empties, safe):
     from openrlhf.models import Actor
     from openrlhf.trainer.ppo_utils import NaiveReplayBuffer
 
-    from openrlhf_search.local.offline_assets import build_tiny_qwen2, load_qwen_tokenizer
+    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2, load_qwen_tokenizer
     from openrlhf_search.loss import install_into_openrlhf
 
     for name in ("PolicyLoss", "aggregate_loss", "masked_mean", "ActorPPOTrainer"):
@@ -305,9 +305,9 @@ def test_cpu_updater_micro_batch_without_action_tokens_logs_no_nan():
     """The CPU trainer's update with micro_batch_size 1: a trajectory whose actions were all cut by max_len."""
     import math
 
-    from openrlhf_search.local.experience import Trajectory
-    from openrlhf_search.local.offline_assets import build_tiny_qwen2, load_qwen_tokenizer
-    from openrlhf_search.local.rl_step import RLSettings, RLUpdater
+    from openrlhf_search.cpu.main_job.experience import Trajectory
+    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2, load_qwen_tokenizer
+    from openrlhf_search.cpu.main_job.rl_step import RLSettings, RLUpdater
 
     torch.manual_seed(0)
     actor = build_tiny_qwen2(load_qwen_tokenizer(), hidden_size=32, num_layers=1, num_heads=2)
@@ -367,8 +367,8 @@ def test_cluster_reward_to_go_with_gamma_below_one_discounts_per_action_token():
 def _cpu_updater(estimator, gamma=1.0, kl_coef=0.0, kl_use_loss=False, seed=0, perturb=0.0):
     import copy
 
-    from openrlhf_search.local.offline_assets import build_tiny_qwen2, load_qwen_tokenizer
-    from openrlhf_search.local.rl_step import RLSettings, RLUpdater
+    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2, load_qwen_tokenizer
+    from openrlhf_search.cpu.main_job.rl_step import RLSettings, RLUpdater
 
     torch.manual_seed(seed)
     actor = build_tiny_qwen2(load_qwen_tokenizer(), hidden_size=32, num_layers=1, num_heads=2)
@@ -383,7 +383,7 @@ def _cpu_updater(estimator, gamma=1.0, kl_coef=0.0, kl_use_loss=False, seed=0, p
 
 
 def _doc_trajectories():
-    from openrlhf_search.local.experience import Trajectory
+    from openrlhf_search.cpu.main_job.experience import Trajectory
 
     # tokens 0..11; actions at 3-4 and 8-9 (a documents block 5-7 in between); mask index = token index - 1
     return [Trajectory(tokens=list(range(20, 32)), action_ranges=[(3, 5), (8, 10)], reward=1.0, group=0),
@@ -439,11 +439,11 @@ class _PairingExecutor:
 
 
 def test_cpu_trainer_pairs_shaped_rewards_with_their_trajectories_after_exclusion(tmp_path, monkeypatch):
-    from openrlhf_search.data.default_dataset import build_default_dataset
-    from openrlhf_search.data.qa import load_qa_jsonl
-    from openrlhf_search.local.args import parse_args
-    from openrlhf_search.local.trainer import LocalSearchTrainer
-    from openrlhf_search.local.rl_step import RLUpdater
+    from openrlhf_search.cpu.data.default_dataset import build_default_dataset
+    from openrlhf_search.cpu.data.qa import load_qa_jsonl
+    from openrlhf_search.cpu.main_job.args import parse_args
+    from openrlhf_search.cpu.main_job.trainer import LocalSearchTrainer
+    from openrlhf_search.cpu.main_job.rl_step import RLUpdater
 
     data = build_default_dataset(str(tmp_path / "data"), seed=0)
     args = parse_args(["--search.retriever_urls", "http://127.0.0.1:9", "--ckpt.output_dir", str(tmp_path / "run"),

@@ -1,4 +1,4 @@
-"""A scheduler's SIGTERM ends ``train_local`` with exit code 143, the retriever child gone and the
+"""A scheduler's SIGTERM ends ``main_job.train`` with exit code 143, the retriever child gone and the
 last checkpoint intact, wherever the signal lands (start-up, rollout, update, checkpoint, evaluation).
 
 Before the fix one SIGTERM during a rollout ended with "terminate called without an active exception" (exit -6):
@@ -36,7 +36,7 @@ SMALL_MODEL = ["--actor.tiny.hidden_size", "32", "--actor.tiny.num_layers", "1",
 
 
 def _start(out, data, extra=()):
-    cmd = [sys.executable, "-m", "openrlhf_search.cli.train_local", "--preset", "tiny"] + SHORT + list(extra) + [
+    cmd = [sys.executable, "-m", "openrlhf_search.cpu.main_job.train", "--preset", "tiny"] + SHORT + list(extra) + [
         "--train_data", data.train_path, "--eval_data", data.eval_path, "--corpus", data.corpus_path,
         "--retriever.encoder", "bm25", "--ckpt.output_dir", str(out)]
     env = dict(os.environ, PYTHONPATH=REPO_ROOT, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
@@ -65,7 +65,7 @@ def _gone(pid, timeout_s=20.0):
 
 
 def _check_after_sigterm(proc, stderr_path, out, label):
-    from openrlhf_search.local import checkpoint as ckpt
+    from openrlhf_search.cpu.main_job import checkpoint as ckpt
 
     try:
         rc = proc.wait(timeout=300)
@@ -132,9 +132,9 @@ def test_sigterm_at_random_points_of_several_runs(tmp_path, default_data):
 
 @pytest.fixture
 def sigterm_handler():
-    """Installs local/shutdown's SIGTERM handler in this (main) thread and puts the previous one and the module's
+    """Installs cpu/main_job/shutdown's SIGTERM handler in this (main) thread and puts the previous one and the module's
     state back afterwards, so that no later test inherits a handler that raises SystemExit."""
-    from openrlhf_search.local import shutdown
+    from openrlhf_search.cpu.main_job import shutdown
 
     previous = signal.getsignal(signal.SIGTERM)
     saved = dict(shutdown._state)
@@ -186,7 +186,7 @@ def test_a_signal_inside_a_critical_block_exits_when_the_outermost_block_ends(si
 
 def test_critical_without_a_signal_or_without_install_changes_nothing():
     """The trainer's ``save`` runs inside ``critical`` in tests and library use too, where nothing was installed."""
-    from openrlhf_search.local import shutdown
+    from openrlhf_search.cpu.main_job import shutdown
 
     saved = dict(shutdown._state)
     try:

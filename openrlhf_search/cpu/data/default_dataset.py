@@ -18,7 +18,7 @@ links a capital to a currency needs two passages (multi-hop, as in HotpotQA-styl
 Rows are written in both R1-Searcher (``question, answer``) and FlashRAG (``id, question, golden_answers``) form,
 plus ``hops``, ``type`` and ``supporting_ids`` (the passages a perfect searcher would read, in order; the last one
 holds the answer).
-Everything is deterministic given ``seed``. Run ``python -m openrlhf_search.data.default_dataset --out DIR``.
+Everything is deterministic given ``seed``. Run ``python -m openrlhf_search.cpu.data.default_dataset --out DIR``.
 
 Splits: ``split_questions`` holds out 20% of the questions (``eval.jsonl``, reported once, at the end); the CPU job
 carves a validation split out of the training questions with :func:`validation_split` (never trained on, used for
@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from openrlhf_search.data.countries import CountryFacts, load_country_facts
+from openrlhf_search.cpu.data.countries import CountryFacts, load_country_facts
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -3,7 +3,8 @@
 One RL step (``docs/design.md``, "Data flow of one step"), all in this process:
 
 1. rollout: ``rollout.batch_size`` prompts x ``rollout.n_samples_per_prompt`` trajectories, one asyncio task each,
-   through :class:`~openrlhf_search.agent.SearchAgentExecutor` with :class:`~openrlhf_search.local.engine.HFEngine`
+   through :class:`~openrlhf_search.agent.SearchAgentExecutor` with
+   :class:`~openrlhf_search.cpu.main_job.engine.HFEngine`
    holding the very policy object being trained (weight sync is free) and the real retriever service;
 2. reward: the executor's reward scheme (timed inside the executor);
 3. experience: log-probs of the actor and of the frozen reference on action tokens, critic values (``gae``), and the
@@ -17,11 +18,11 @@ One RL step (``docs/design.md``, "Data flow of one step"), all in this process:
 
 Samples marked ``extra_logs["retrieval_failed"]`` are left out of the update and of the metrics (their count is
 logged). Metrics go to ``<output_dir>/metrics.jsonl`` (one row per step); checkpoints are HF folders plus optimiser,
-data position and RNG (:mod:`openrlhf_search.local.checkpoint`), and a restarted job resumes from the newest one
+data position and RNG (:mod:`openrlhf_search.cpu.main_job.checkpoint`), and a restarted job resumes from the newest one
 with the same step count and data position.
 
 Determinism: every sampled generation call carries its own seed, a function of (run seed, step, prompt index, sample
-index, turn) (:mod:`openrlhf_search.local.seeding`), which the engine honours as vLLM does (its own generator per
+index, turn) (:mod:`openrlhf_search.cpu.main_job.seeding`), which the engine honours as vLLM does (its own generator per
 seeded request), so a run's tokens do not depend on retrieval timing, batch order or thread count, and a resumed run
 samples the next step as the uninterrupted run would. After every weight change (the warm start, each optimiser
 step) the trainer drops the engine's prefix cache (``reset_prefix_cache``, as OpenRLHF does on its vLLM engines after
@@ -39,7 +40,8 @@ end of the run writes ``eval_analysis.json`` (per question type, trivial baselin
 :func:`openrlhf_search.evaluation.compare.analyse`).
 
 ``--train.device cuda`` (or ``auto`` on a machine with a GPU) runs the same job with the policy, the reference, the
-critic and every tensor of the update on the GPU (:mod:`openrlhf_search.local.device`); checkpoints load on either
+critic and every tensor of the update on the GPU (:mod:`openrlhf_search.cpu.main_job.device`); checkpoints load on
+either
 device.
 """
 
@@ -64,16 +66,16 @@ from openrlhf_search.agent import SearchAgentExecutor
 from openrlhf_search.config import SearchConfig
 from openrlhf_search.evaluation.records import question_record
 from openrlhf_search.length_penalty import overlong_penalized_from_args
-from openrlhf_search.local import checkpoint as ckpt
-from openrlhf_search.local import shutdown
-from openrlhf_search.local.critic import ValueCritic
-from openrlhf_search.local.device import describe_device
-from openrlhf_search.local.engine import HFEngine
-from openrlhf_search.local.experience import Trajectory
-from openrlhf_search.local.freeze import freeze_lower_layers, trunk_boundary
-from openrlhf_search.local.rl_step import RLSettings, RLUpdater
-from openrlhf_search.local.seeding import SeededSample
-from openrlhf_search.local.timing import BusyTimer, TimedEngine, TimedRetrievalClient
+from openrlhf_search.cpu.main_job import checkpoint as ckpt
+from openrlhf_search.cpu.main_job import shutdown
+from openrlhf_search.cpu.main_job.critic import ValueCritic
+from openrlhf_search.cpu.main_job.device import describe_device
+from openrlhf_search.cpu.main_job.engine import HFEngine
+from openrlhf_search.cpu.main_job.experience import Trajectory
+from openrlhf_search.cpu.main_job.freeze import freeze_lower_layers, trunk_boundary
+from openrlhf_search.cpu.main_job.rl_step import RLSettings, RLUpdater
+from openrlhf_search.cpu.main_job.seeding import SeededSample
+from openrlhf_search.cpu.main_job.timing import BusyTimer, TimedEngine, TimedRetrievalClient
 from openrlhf_search.protocol import get_protocol
 from openrlhf_search.retrieval_client import RetrievalClient
 from openrlhf_search.rewards import support_recall
@@ -208,8 +210,8 @@ def load_policy(args, tokenizer=None):
     use); 'tiny' = a random Qwen2 with the Qwen tokenizer; anything else is an HF folder or hub name. The weights are
     built or read on the CPU (the same initial values on every device), then moved.
     """
-    from openrlhf_search.local.freeze import freeze_lower_layers
-    from openrlhf_search.local.offline_assets import build_tiny_qwen2, load_hf_policy, load_qwen_tokenizer
+    from openrlhf_search.cpu.main_job.freeze import freeze_lower_layers
+    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2, load_hf_policy, load_qwen_tokenizer
 
     name = args.actor.model_name_or_path
     if name == "tiny":
@@ -232,9 +234,10 @@ class LocalSearchTrainer:
     """Single-process RL trainer of a search agent (the CPU main job).
 
     Args:
-        args: nested namespace from :func:`openrlhf_search.local.args.parse_args` (``args.search_config`` holds the
+        args: nested namespace from :func:`openrlhf_search.cpu.main_job.args.parse_args` (``args.search_config`` holds
+        the
             :class:`SearchConfig`, whose ``retriever_urls`` must point at a running retriever).
-        train_rows: QA rows ``{"question", "golden_answers"}`` (see :func:`openrlhf_search.data.qa.load_qa_jsonl`).
+        train_rows: QA rows ``{"question", "golden_answers"}`` (see :func:`openrlhf_search.cpu.data.qa.load_qa_jsonl`).
         eval_rows: held-out rows (may be empty).
         warmstart_fn: optional ``fn(trainer) -> None`` run once before RL on a fresh start (never on resume).
         validation_rows: the validation split (from the training questions, never trained on; may be empty).
@@ -339,7 +342,8 @@ class LocalSearchTrainer:
     def weights_changed(self) -> None:
         """Tell the engine the policy's weights changed (after the warm start and every optimiser step): it drops its
         prefix cache, as OpenRLHF calls ``reset_prefix_cache`` on its vLLM engines after a weight sync. Not left to
-        the engine's version-counter check, which a fused AdamW (what ``local/optim.py`` builds) never triggers."""
+        the engine's version-counter check, which a fused AdamW (what ``cpu/main_job/optim.py`` builds) never
+        triggers."""
         self.engine.reset_prefix_cache()
 
     def _resume(self, path: str) -> None:
@@ -386,7 +390,7 @@ class LocalSearchTrainer:
                            "--ckpt.no_load or another --ckpt.output_dir if it was trained with other flags", path)
             return
         now = training_config(self.args)
-        from openrlhf_search.local.args import build_parser
+        from openrlhf_search.cpu.main_job.args import build_parser
 
         # a flag added after the checkpoint was written counts as its default there (the behaviour it had then)
         defaults = build_parser()
@@ -408,7 +412,7 @@ class LocalSearchTrainer:
             fh.writelines(rows)
 
     def save(self) -> str:
-        """Write a checkpoint of the current step (see :mod:`openrlhf_search.local.checkpoint`)."""
+        """Write a checkpoint of the current step (see :mod:`openrlhf_search.cpu.main_job.checkpoint`)."""
         opts = self.updater.optimizers()
         state = {"data": self.cursor.state(), "excluded_total": self.excluded_total,
                  "estimator": self.estimator, "max_steps": self.args.train.max_steps,
@@ -433,7 +437,7 @@ class LocalSearchTrainer:
         ``self.eval_executor``, which searches the real retriever also under ``--train.no_search``).
 
         Sampled (not greedy) trajectories get per-call seeds from (``--train.seed``, ``step``, row index, sample index,
-        turn) (:class:`~openrlhf_search.local.seeding.SeededSample`); ``step`` defaults to the step being trained
+        turn) (:class:`~openrlhf_search.cpu.main_job.seeding.SeededSample`); ``step`` defaults to the step being trained
         (``self.step + 1``). ``desc``: label of a tqdm bar counting finished trajectories (with an ETA); None for no
         bar."""
         params = self.sampling_params(greedy)
@@ -782,7 +786,7 @@ class LocalSearchTrainer:
         """Baseline 3 (:mod:`openrlhf_search.evaluation.baselines`): the first entity of the asked type in the top-1
         passage of a search with the question text (the run's retriever); None when no question has a type the
         embedded default knows, or the retriever fails."""
-        from openrlhf_search.data.default_dataset import ANSWER_ENTITY_TYPE, entity_vocabulary
+        from openrlhf_search.cpu.data.default_dataset import ANSWER_ENTITY_TYPE, entity_vocabulary
         from openrlhf_search.evaluation.baselines import EntityMatcher, first_entity_predictions
         from openrlhf_search.retrieval_client import RetrievalError
 

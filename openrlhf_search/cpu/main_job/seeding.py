@@ -4,7 +4,7 @@ The rollouts of one RL step run concurrently and meet in the engine's continuous
 retrievals return. Drawing every row from one shared generator in batch order would make the tokens depend on that
 order (retrieval latency, thread count, machine load). Instead every generation call carries its own
 ``SamplingParams.seed``, as a vLLM request with a seed does (vLLM then gives it its own generator;
-:class:`~openrlhf_search.local.engine.HFEngine` does the same), derived from what identifies the call in the run:
+:class:`~openrlhf_search.cpu.main_job.engine.HFEngine` does the same), derived from what identifies the call in the run:
 
     seed = H(run seed, step, prompt index in the step's batch, sample index in its group, turn)
 

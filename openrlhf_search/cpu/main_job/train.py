@@ -1,23 +1,23 @@
-"""``python -m openrlhf_search.cli.train_local``: the CPU main job (single process, real retriever service).
+"""``python -m openrlhf_search.cpu.main_job.train``: the CPU main job (single process, real retriever service).
 
 With no data flags it builds the embedded country-facts default (corpus + 1-/2-hop questions) under
 ``<output_dir>/data``. With no ``--search.retriever_urls`` it indexes ``--corpus`` (default: that corpus) and starts
 ``python -m retriever.server`` for the run, stopping it at the end. Examples::
 
     # the embedded default, MiniLM index, 10 RL steps after a 60-step scripted warm start
-    python -m openrlhf_search.cli.train_local --warmstart.sft_steps 60 --train.max_steps 10
+    python -m openrlhf_search.cpu.main_job.train --warmstart.sft_steps 60 --train.max_steps 10
 
     # real data: R1-Searcher stage-1 questions over HotpotQA paragraphs (BM25), a few steps
-    python -m openrlhf_search.cli.train_local --train_data ../shared/data/qa/r1searcher/stage_1.jsonl \\
+    python -m openrlhf_search.cpu.main_job.train --train_data ../shared/data/qa/r1searcher/stage_1.jsonl \\
         --corpus ../shared/data/wiki/hotpotqa_dev500_paragraphs.jsonl --retriever.encoder bm25 --train.max_steps 2
 
     # the same job on a GPU (policy, reference, critic, batches and the retriever's encoder): --train.device cuda
-    python -m openrlhf_search.cli.train_local --preset default --retriever.encoder bm25 --train.device cuda
+    python -m openrlhf_search.cpu.main_job.train --preset default --retriever.encoder bm25 --train.device cuda
 
     # against a retriever that is already running
-    python -m openrlhf_search.cli.train_local --search.retriever_urls http://127.0.0.1:8000 ...
+    python -m openrlhf_search.cpu.main_job.train --search.retriever_urls http://127.0.0.1:8000 ...
 
-Flags: ``--help`` (OpenRLHF names where they exist; see :mod:`openrlhf_search.local.args`).
+Flags: ``--help`` (OpenRLHF names where they exist; see :mod:`openrlhf_search.cpu.main_job.args`).
 Outputs in ``--ckpt.output_dir``: ``metrics.jsonl``, ``warmstart.jsonl``, ``checkpoints/``, ``final/`` (HF model),
 ``eval.json``. Exit code 0 on success, 1 on a training error, 2 on bad flags.
 """
@@ -31,7 +31,7 @@ import sys
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 
-from openrlhf_search.local.args import parse_args
+from openrlhf_search.cpu.main_job.args import parse_args
 
 logger = logging.getLogger("train_local")
 
@@ -42,7 +42,7 @@ def _max_hops(rows, max_hops):
     Raises:
         QADataError: the filter leaves no row.
     """
-    from openrlhf_search.data.qa import QADataError
+    from openrlhf_search.cpu.data.qa import QADataError
 
     if max_hops is None:
         return rows
@@ -58,8 +58,8 @@ def _resolve_data(args):
     The validation split is carved from the training questions (after ``--data.max_hops``, before
     ``--data.max_samples``) by ``--data.seed``: ``--data.validation_size`` questions, at most a fifth of them.
     """
-    from openrlhf_search.data.default_dataset import build_default_dataset, validation_split
-    from openrlhf_search.data.qa import load_qa_jsonl
+    from openrlhf_search.cpu.data.default_dataset import build_default_dataset, validation_split
+    from openrlhf_search.cpu.data.qa import load_qa_jsonl
 
     out = args.ckpt.output_dir
     default = None
@@ -81,8 +81,8 @@ def _resolve_data(args):
 
 def make_warmstart(args):
     """The warm-start hook: scripted trajectories (real retrieval) + SFT, logged to ``warmstart.jsonl``."""
-    from openrlhf_search.local.warmstart import (answer_blocks, follow_up_query, scripted_query, scripted_trajectory,
-                                                 self_answers, sft_warmstart)
+    from openrlhf_search.cpu.main_job.warmstart import (answer_blocks, follow_up_query, scripted_query,
+                                                        scripted_trajectory, self_answers, sft_warmstart)
 
     def run(trainer):
         w = args.warmstart
@@ -178,13 +178,13 @@ def main(argv=None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args = parse_args(argv)
     # SIGTERM (a scheduler stopping the job) unwinds through `finally` (engine thread joined, retriever stopped) and
-    # exits 143; a checkpoint being written is finished first (openrlhf_search/local/shutdown.py).
-    from openrlhf_search.local import shutdown
+    # exits 143; a checkpoint being written is finished first (openrlhf_search/cpu/main_job/shutdown.py).
+    from openrlhf_search.cpu.main_job import shutdown
 
     shutdown.install()
-    from openrlhf_search.data.qa import QADataError
-    from openrlhf_search.local.checkpoint import CheckpointError
-    from openrlhf_search.local.trainer import LocalSearchTrainer, TrainingError
+    from openrlhf_search.cpu.data.qa import QADataError
+    from openrlhf_search.cpu.main_job.checkpoint import CheckpointError
+    from openrlhf_search.cpu.main_job.trainer import LocalSearchTrainer, TrainingError
     from openrlhf_search.retrieval_client import RetrievalError
 
     os.makedirs(args.ckpt.output_dir, exist_ok=True)
@@ -242,7 +242,7 @@ def _run_cli() -> None:
     signal the process ends with ``os._exit`` (output flushed first): the interpreter's teardown would otherwise run
     C++ destructors of libraries (torch's thread pools) that may still be in use by threads nobody owns, which is
     what aborted a SIGTERMed job with "terminate called without an active exception" (exit -6)."""
-    from openrlhf_search.local import shutdown
+    from openrlhf_search.cpu.main_job import shutdown
 
     try:
         code = main()

@@ -1,7 +1,7 @@
 """Recording hooks on the real cluster path, for its end-to-end tests and ``benchmarks/bench_cluster_cpu.py``.
 
 Off unless ``OPENRLHF_SEARCH_PROBE_DIR`` names a folder; then :func:`install` (called by the CPU cluster's Ray setup
-hook in every worker, :mod:`openrlhf_search.cpu_cluster`) wraps, without changing what they compute:
+hook in every worker, :mod:`openrlhf_search.cpu.cluster_mode.runtime`) wraps, without changing what they compute:
 
 * ``BasePPOTrainer.train_step`` / ``save_logs_and_checkpoints`` (trainer actor): one line of ``steps.jsonl`` per
   training step: the status dict OpenRLHF logs (every metric, ``timing/*`` included), the prompts and labels it

@@ -1,7 +1,7 @@
 """A tiny policy, prompt files and corpus for the CPU cluster mode (``--cpu_cluster``), built offline in seconds.
 
 What a launcher's ``CPU_CLUSTER=1`` run and the real-path tests train: the embedded default (country facts: corpus
-and 1-/2-hop questions, :mod:`openrlhf_search.data.default_dataset`), prompts rendered for the protocol by
+and 1-/2-hop questions, :mod:`openrlhf_search.cpu.data.default_dataset`), prompts rendered for the protocol by
 :mod:`openrlhf_search.cli.prepare_data`, and a tiny Qwen2-architecture policy:
 
 * its tokenizer is a byte-level BPE of :data:`VOCAB_SIZE` tokens trained on that corpus, the questions and both
@@ -9,7 +9,7 @@ and 1-/2-hop questions, :mod:`openrlhf_search.data.default_dataset`), prompts re
   every logit / log-softmax (vLLM, DeepSpeed actors, reference, critic) ~40x cheaper, which is what lets a step of
   the real path run in seconds on two cores;
 * the model (hidden 128, 2 layers, 2 heads of 64: vLLM-CPU's attention kernels take head sizes 32..256) is warm
-  started with :func:`openrlhf_search.local.warmstart.sft_warmstart` on scripted trajectories of the protocol's
+  started with :func:`openrlhf_search.cpu.main_job.warmstart.sft_warmstart` on scripted trajectories of the protocol's
   shape (a search call, the supporting passage as the documents block, the gold answer), so that its rollouts search
   and answer: the retriever, the documents mask and the reward all get exercised. Every scripted question is taught
   twice, its answer turn once after a closed reasoning block and once without one (:func:`answer_turn`); every reward
@@ -17,7 +17,7 @@ and 1-/2-hop questions, :mod:`openrlhf_search.data.default_dataset`), prompts re
   stage 1 1.0 / 0.5, stage 2 0 / -2), so rollout groups have reward spread from the first step although the tiny
   policy rarely answers correctly.
 
-    python -m openrlhf_search.cpu_cluster_assets --out .cache/cpu_cluster --protocol searchr1 --chat true
+    python -m openrlhf_search.cpu.cluster_mode.assets --out .cache/cpu_cluster --protocol searchr1 --chat true
 
 prints ``KEY=VALUE`` lines (MODEL, TRAIN_DATA, EVAL_DATA, CORPUS) that ``examples/scripts/common.sh`` reads. A
 complete build in ``--out`` with the same recipe is reused (``manifest.json``).
@@ -44,7 +44,7 @@ def _recipe(protocol: str, chat: bool, n_train: int, n_eval: int, seed: int) -> 
 
 
 def _qwen_chat_template() -> str:
-    from openrlhf_search.local.offline_assets import load_qwen_tokenizer
+    from openrlhf_search.cpu.main_job.offline_assets import load_qwen_tokenizer
 
     return load_qwen_tokenizer().chat_template
 
@@ -117,7 +117,7 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
     import torch
 
     from openrlhf_search.cli.prepare_data import main as prepare_main
-    from openrlhf_search.data.default_dataset import build_default_dataset
+    from openrlhf_search.cpu.data.default_dataset import build_default_dataset
     from openrlhf_search.protocol import get_protocol
 
     proto = get_protocol(protocol)
@@ -164,8 +164,8 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
 
     from openrlhf_search.agent import SearchAgentExecutor
     from openrlhf_search.config import SearchConfig
-    from openrlhf_search.local.experience import Trajectory
-    from openrlhf_search.local.warmstart import scripted_turns, sft_warmstart
+    from openrlhf_search.cpu.main_job.experience import Trajectory
+    from openrlhf_search.cpu.main_job.warmstart import scripted_turns, sft_warmstart
 
     config = Qwen2Config(vocab_size=len(tokenizer), max_position_embeddings=4096, tie_word_embeddings=True,
                          bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
@@ -269,7 +269,7 @@ def run_train(argv: List[str], log_path: str, timeout_s: float, probe_dir: Optio
     full_env.setdefault("TOKENIZERS_PARALLELISM", "false")
     full_env.setdefault("RAY_DEDUP_LOGS", "0")
     if probe_dir:
-        from openrlhf_search.cluster_probe import ENV_DIR
+        from openrlhf_search.cpu.cluster_mode.probe import ENV_DIR
 
         full_env[ENV_DIR] = probe_dir
     with open(log_path, "wb") as log:

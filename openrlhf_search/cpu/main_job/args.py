@@ -1,4 +1,4 @@
-"""Command-line options of the CPU main job (``python -m openrlhf_search.cli.train_local``).
+"""Command-line options of the CPU main job (``python -m openrlhf_search.cpu.main_job.train``).
 
 Flags reuse OpenRLHF 0.11.2's dotted names where OpenRLHF has the same knob (``--algo.advantage.estimator``,
 ``--rollout.n_samples_per_prompt``, ``--actor.adam.lr``, ``--algo.kl.init_coef``, ``--ckpt.save_steps`` ...), and
@@ -28,7 +28,7 @@ from openrlhf.utils.config import hierarchize
 
 from openrlhf_search.config import ConfigError, SearchConfig, flag_help
 from openrlhf_search.length_penalty import OVERLONG_BUFFER_HELP, OVERLONG_FACTOR_HELP, check_overlong_args
-from openrlhf_search.local.device import DEVICE_CHOICES, DeviceError, resolve_device
+from openrlhf_search.cpu.main_job.device import DEVICE_CHOICES, DeviceError, resolve_device
 
 ESTIMATORS = ("gae", "group_norm", "reinforce_baseline", "rloo", "reinforce")
 # --search.* flags that are not SearchConfig fields: the reward schedule (args.reward_schedule)
@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser (all defaults sized for a 2-core CPU and a tiny policy)."""
     # allow_abbrev=False: "--pres tiny" would set args.preset without the preset's flags (parse_args expands only
     # the full name), and a prefix that matches one flag today may match two after the next flag is added
-    p = argparse.ArgumentParser(prog="python -m openrlhf_search.cli.train_local", allow_abbrev=False,
+    p = argparse.ArgumentParser(prog="python -m openrlhf_search.cpu.main_job.train", allow_abbrev=False,
                                 description="Single-process CPU RL training of a search agent (R1-Searcher / "
                                             "Search-R1 protocols) against a real retriever service.")
     # data
@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep only questions with a 'hops' field <= N, in training and evaluation (the embedded "
                         "default has 1-hop and 2-hop questions; rows without the field are kept)")
     p.add_argument("--data.seed", type=int, default=0,
-                   help="data seed: the embedded default's held-out split (when train_local builds it) and the "
+                   help="data seed: the embedded default's held-out split (when main_job.train builds it) and the "
                         "validation split carved from the training questions")
     p.add_argument("--data.validation_size", type=int, default=64,
                    help="training questions set aside as the validation split (never trained on, the warm start "
@@ -240,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmstart.self_prompt", default="few_words", choices=["few_words", "bare"],
                    help="with --warmstart.answers self: the request that ends the plain chat turn of a self answer: "
                         "'few_words' (default: \"Answer in a few words.\") or 'bare' (only the name or code as the "
-                        "text writes it); openrlhf_search.local.warmstart.SELF_ANSWER_PROMPTS")
+                        "text writes it); openrlhf_search.cpu.main_job.warmstart.SELF_ANSWER_PROMPTS")
     p.add_argument("--warmstart.self_form", default="sentence", choices=["sentence", "span", "think_span"],
                    help="with --warmstart.answers self: what the scripted answer turn holds of the reply: 'sentence' "
                         "(default: its first sentence as the answer), 'span' (that sentence without the words that "

@@ -10,7 +10,7 @@ before the LM head, so a 151k-token vocabulary never materialises logits for pro
 (R1-Searcher / Search-R1 observations are most of a trajectory).
 
 Device: :func:`collate` builds a batch on the host and moves it once to ``device``; every tensor made here follows
-its inputs' device (``--train.device``, :mod:`openrlhf_search.local.device`).
+its inputs' device (``--train.device``, :mod:`openrlhf_search.cpu.main_job.device`).
 """
 
 from dataclasses import dataclass, field
@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from openrlhf_search.local.freeze import decoder_hidden, trunk_boundary, trunk_hidden
+from openrlhf_search.cpu.main_job.freeze import decoder_hidden, trunk_boundary, trunk_hidden
 
 
 @dataclass
@@ -131,7 +131,8 @@ def action_log_probs(model, batch: Batch, temperature: float = 1.0, with_entropy
         batch: the padded batch.
         temperature: logits are divided by it (the rollout temperature, as OpenRLHF's actor does).
         with_entropy: also return the policy entropy at action positions.
-        trunk: [B, T, H] frozen-trunk hidden states of this batch (:func:`openrlhf_search.local.freeze.trunk_hidden`);
+        trunk: [B, T, H] frozen-trunk hidden states of this batch
+        (:func:`openrlhf_search.cpu.main_job.freeze.trunk_hidden`);
             when given and the model has a frozen trunk, only its top layers run.
 
     Returns:
@@ -176,7 +177,8 @@ def pad_trunk_states(states: Sequence[torch.Tensor], length: int, device=None) -
     sequence is cut to ``length``, as :func:`collate` cuts its tokens), on ``device`` (default: the states').
 
     Args:
-        states: B tensors [T_i, H] (from :func:`openrlhf_search.local.freeze.trunk_hidden` or the rollout engine).
+        states: B tensors [T_i, H] (from :func:`openrlhf_search.cpu.main_job.freeze.trunk_hidden` or the rollout
+        engine).
     Raises:
         ValueError: no states.
     """
@@ -194,7 +196,7 @@ def pad_trunk_states(states: Sequence[torch.Tensor], length: int, device=None) -
 def batched_trunk(model, batch: Batch, micro_batch_size: int) -> Optional[torch.Tensor]:
     """[B, T, H] frozen-trunk hidden states of a whole batch, in micro-batches; None when the model has no frozen
     trunk (``--actor.trainable_layers 0``). Computed once per rollout batch and shared by the policy, the reference
-    and every update pass (:mod:`openrlhf_search.local.freeze`)."""
+    and every update pass (:mod:`openrlhf_search.cpu.main_job.freeze`)."""
     if trunk_boundary(model) == 0:
         return None
     out = None

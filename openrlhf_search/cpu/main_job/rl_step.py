@@ -1,7 +1,7 @@
 """One RL update on a batch of search trajectories: experience, advantages and the masked policy/value update.
 
 Kept apart from the rollout loop so that it can be driven by any trajectory source (the search executor in
-:mod:`openrlhf_search.local.trainer`, a scripted toy environment in the learning-signal test).
+:mod:`openrlhf_search.cpu.main_job.trainer`, a scripted toy environment in the learning-signal test).
 
 - rewards -> per-sample shaped rewards: :func:`~openrlhf_search.advantages.group_baseline_rewards`
   (``group_norm`` = GRPO, DeepSeekMath eq. 3; ``reinforce_baseline`` = REINFORCE++ baseline, arXiv 2501.03262;
@@ -28,12 +28,12 @@ import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 from openrlhf.models.utils import compute_approx_kl, compute_reward as kl_shaped_rewards, masked_mean
 
 from openrlhf_search.advantages import group_baseline_rewards, masked_gae, masked_whiten
-from openrlhf_search.local.critic import ValueCritic
-from openrlhf_search.local.device import model_device
-from openrlhf_search.local.experience import (Batch, Trajectory, action_log_probs, batched_action_log_probs,
+from openrlhf_search.cpu.main_job.critic import ValueCritic
+from openrlhf_search.cpu.main_job.device import model_device
+from openrlhf_search.cpu.main_job.experience import (Batch, Trajectory, action_log_probs, batched_action_log_probs,
                                               batched_trunk, collate, pad_trunk_states)
-from openrlhf_search.local.freeze import trunk_boundary
-from openrlhf_search.local.optim import make_adamw
+from openrlhf_search.cpu.main_job.freeze import trunk_boundary
+from openrlhf_search.cpu.main_job.optim import make_adamw
 from openrlhf_search.loss import MaskedPolicyLoss, MaskedValueLoss
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class RLSettings:
 
     @classmethod
     def from_args(cls, args) -> "RLSettings":
-        """From the nested namespace of :func:`openrlhf_search.local.args.parse_args`."""
+        """From the nested namespace of :func:`openrlhf_search.cpu.main_job.args.parse_args`."""
         return cls(estimator=args.algo.advantage.estimator, n_samples_per_prompt=args.rollout.n_samples_per_prompt,
                    gamma=args.algo.advantage.gamma, lambd=args.algo.advantage.lambd,
                    no_std_norm=args.algo.advantage.no_std_norm, kl_coef=args.algo.kl.init_coef,
