@@ -16,12 +16,18 @@
 # dies. Ray is the project's own: "$PYTHON -m ray.scripts.scripts" (PYTHON: the checkout's .venv if present).
 # DRY_RUN=1 prints the commands instead of running them.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env_help.sh"
+help_init "$@"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [[ -z "${PYTHON:-}" ]]; then  # the checkout's .venv (make setup) when present, else the active python3
     if [[ -x "$HERE/../../.venv/bin/python" ]]; then PYTHON="$HERE/../../.venv/bin/python"; else PYTHON=python3; fi
 fi
 RETRIEVER_PORT="${RETRIEVER_PORT:-8000}"
 DRY_RUN="${DRY_RUN:-0}"
+if [[ "$LAUNCHER_HELP" == 1 ]]; then
+    launcher_help cluster_node_setup.sh "examples/scripts/start_retriever.sh" "as its flags"
+    exit 0
+fi
 # Ray's workers on this node run $PYTHON: one whose torch has no CUDA (the CPU stack of `make setup` in .venv) would
 # train on CPU, so it is refused in one line (CPU_CLUSTER=1 starts anyway).
 if [[ "$DRY_RUN" == "0" && "${CPU_CLUSTER:-0}" != "1" ]]; then

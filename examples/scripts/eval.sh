@@ -10,29 +10,17 @@
 # FlashRAG sets, top-3, EM (paper Table 2), one wiki-18 retriever. Greedy decoding; vLLM on GPU, the CPU engine
 # otherwise (MODEL=tiny for a smoke run).
 #
-# Environment (all optional):
-#   r1searcher, each corpus either used or started here:
-#   HOTPOTQA_RETRIEVER_URL  a running retriever over the HotpotQA abstracts (python -m retriever.prepare_corpus
-#                           --format hotpotqa_abstracts), or HOTPOTQA_CORPUS (its passage jsonl) to start one on
-#                           HOTPOTQA_PORT (default 8001)
-#   KILT_RETRIEVER_URL      a running retriever over KILT 100-word passages, or KILT_CORPUS to start one on
-#                           KILT_PORT (default 8002)
-#                           (started ones: examples/scripts/start_retriever.sh with RETRIEVER_ENCODER, default
-#                           bge-large-en-v1.5, R1-Searcher's; they stop when this script ends; RETRIEVER_WAIT_S
-#                           seconds to come up, default 3600: index building)
-#   RETRIEVER_URLS          one retriever for every set (searchr1; r1searcher when neither corpus is given, with a
-#                           warning: the released eval uses two corpora). Default http://127.0.0.1:8000
-#   DATASETS        space-separated names or paths (default: the paper's sets for the protocol)
-#   DATA_DIR        shared data folder for dataset names (default ../shared/data)
-#   OUT_DIR         output folder (default ./eval_out/<model name>_<protocol>)
-#   TOPK            passages per query (default 5 r1searcher, 3 searchr1)
-#   JUDGE_URL       OpenAI-compatible endpoint for judge accuracy (e.g. a local `vllm serve` on :8001)
-#   JUDGE_MODEL     judge model name (default gpt-4o-mini); OPENAI_API_KEY is read for hosted endpoints
-#   PYTHON          interpreter (default: the checkout's .venv/bin/python if present, else python3)
-#   DRY_RUN=1       print what would be started and the eval command, run nothing
+# Environment (all optional): `bash examples/scripts/eval.sh --help` lists every variable with its default (the
+# table in env_help.sh). For R1-Searcher each corpus is either a running retriever (HOTPOTQA_RETRIEVER_URL,
+# KILT_RETRIEVER_URL) or started here from its passage jsonl (HOTPOTQA_CORPUS, KILT_CORPUS) with
+# start_retriever.sh and RETRIEVER_ENCODER (R1-Searcher's bge-large-en-v1.5), stopped when this script ends;
+# RETRIEVER_URLS alone serves every set (with a warning for r1searcher: the released eval uses two corpora).
 
 set -euo pipefail
 USAGE="usage: eval.sh MODEL r1searcher|searchr1 [flags]"
+source "$(dirname "${BASH_SOURCE[0]}")/env_help.sh"
+help_init "$@"
+[[ "$LAUNCHER_HELP" == 1 && "${1:-}" == -* ]] && set -- MODEL r1searcher --help  # --help alone: R1-Searcher's
 MODEL="${1:?$USAGE}"
 PROTOCOL="${2:?$USAGE}"
 shift 2
@@ -43,6 +31,7 @@ if [[ -z "${PYTHON:-}" ]]; then  # the checkout's .venv (make setup) when presen
 fi
 export PYTHON
 DRY_RUN="${DRY_RUN:-0}"
+RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-bge-large-en-v1.5}"  # of the retrievers started here (R1-Searcher's)
 log() { echo "[eval.sh] $*" >&2; }
 
 case "$PROTOCOL" in
@@ -52,6 +41,11 @@ case "$PROTOCOL" in
 esac
 read -r -a SETS <<< "${DATASETS:-$DEFAULT_SETS}"
 OUT_DIR="${OUT_DIR:-eval_out/$(basename "$MODEL")_${PROTOCOL}}"
+ROUTES="${RETRIEVER_URLS:-http://127.0.0.1:8000}"
+if [[ "$LAUNCHER_HELP" == 1 ]]; then
+    launcher_help "eval.sh $MODEL $PROTOCOL" "python -m openrlhf_search.cli.eval" "after the script's own flags"
+    exit 0
+fi
 
 PIDS=()
 cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; }
@@ -62,12 +56,12 @@ start_retriever() {
     local name="$1" corpus="$2" port="$3" url="http://127.0.0.1:$3"
     [[ -f "$corpus" ]] || { log "error: ${name} corpus $corpus does not exist"; exit 2; }
     if [[ "$DRY_RUN" != "0" ]]; then
-        log "dry run: would start RETRIEVER_ENCODER=${RETRIEVER_ENCODER:-bge-large-en-v1.5} bash $SCRIPT_DIR/start_retriever.sh --corpus $corpus --port $port"
+        log "dry run: would start RETRIEVER_ENCODER=$RETRIEVER_ENCODER bash $SCRIPT_DIR/start_retriever.sh --corpus $corpus --port $port"
         return 0
     fi
     mkdir -p "$OUT_DIR"
     local logfile="$OUT_DIR/retriever_${name}.log"
-    RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-bge-large-en-v1.5}" \
+    RETRIEVER_ENCODER="$RETRIEVER_ENCODER" \
         bash "$SCRIPT_DIR/start_retriever.sh" --corpus "$corpus" --port "$port" > "$logfile" 2>&1 &
     PIDS+=($!)
     log "${name} retriever starting on $url (pid $!, log $logfile)"
@@ -93,7 +87,6 @@ sys.exit(1)
 PY
 }
 
-ROUTES="${RETRIEVER_URLS:-http://127.0.0.1:8000}"
 if [[ "$PROTOCOL" == "r1searcher" ]]; then
     HOTPOTQA_URL="${HOTPOTQA_RETRIEVER_URL:-}"
     KILT_URL="${KILT_RETRIEVER_URL:-}"

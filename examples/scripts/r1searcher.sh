@@ -48,6 +48,10 @@
 #   GPUS_PER_NODE=7 ACTOR_GPUS_PER_NODE=5 VLLM_TP=2 bash examples/scripts/r1searcher_llama8b_instruct_stage1.sh
 
 USAGE="usage: r1searcher.sh qwen7b-base|llama8b-instruct 1|2|single [flags]"
+source "$(dirname "${BASH_SOURCE[0]}")/env_help.sh"
+help_init "$@"
+# --help alone: the defaults of one configuration (the arguments change MODEL, SETTING, data, batch sizes)
+[[ "$LAUNCHER_HELP" == 1 && "${1:-}" == -* ]] && set -- qwen7b-base single --help
 MODEL_KEY="${1:?$USAGE}"
 STAGE="${2:?$USAGE}"
 shift 2

@@ -14,6 +14,13 @@
 # .venv at the same path on the head node). Before train() the driver checks, on every GPU node, that the node's
 # retriever answers and that all serve one index; otherwise the job exits 1 without training.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env_help.sh"
+help_init "$@"
+if [[ "$LAUNCHER_HELP" == 1 && ( $# -lt 2 || "${1:-}" == -* ) ]]; then  # with a script, its own --help (SUBMIT=1)
+    launcher_help ray_job_submit.sh SCRIPT "after its own flags" \
+        "Every variable is the training script's: bash examples/scripts/ray_job_submit.sh SCRIPT --help lists them."
+    exit 0
+fi
 SCRIPT="${1:?usage: ray_job_submit.sh TRAINING_SCRIPT [trainer flags]}"
 shift
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -15,12 +15,18 @@
 # A killed run resumes from its last checkpoint when started again; delete $RUN_DIR or pass --ckpt.no_load to start
 # over.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env_help.sh"
+help_init "$@"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 RUN_DIR="${RUN_DIR:-runs/default}"
 ENCODER="${ENCODER:-bm25}"
+if [[ "$LAUNCHER_HELP" == 1 ]]; then
+    launcher_help run_default.sh "python -m openrlhf_search.cpu.main_job.train" "after the preset and paths"
+    exit 0
+fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1

@@ -26,6 +26,10 @@
 # e5-base-v2 Flat over wiki-18: RETRIEVER_CORPUS=wiki-18.jsonl (required; no default) or RETRIEVER_URLS.
 
 USAGE="usage: searchr1.sh ppo|grpo qwen2.5-3b|qwen2.5-7b base|instruct [flags]"
+source "$(dirname "${BASH_SOURCE[0]}")/env_help.sh"
+help_init "$@"
+# --help alone: the defaults of one configuration (the arguments change MODEL, TRAIN_DATA, EVAL_DATA, batch sizes)
+[[ "$LAUNCHER_HELP" == 1 && "${1:-}" == -* ]] && set -- ppo qwen2.5-7b base --help
 ALGO="${1:?$USAGE}"
 SIZE="${2:?$USAGE}"
 VARIANT="${3:?$USAGE}"

@@ -9,18 +9,10 @@
 # --print_config prints what would be served (corpus=, index_dir=, index_state=built|to_build, encoder=,
 # index_type=, url=, one per line) after checking that the corpus (or its source) exists, and exits.
 #
-# Every flag has an environment variable (flags win):
-#   RETRIEVER_SOURCE      raw dump (KILT pages / wiki-18 / {id,title,text}); when given and CORPUS is missing,
-#                         python -m retriever.prepare_corpus writes CORPUS from it (KILT -> 100-word passages)
-#   RETRIEVER_CORPUS      passage jsonl ({id,contents} or {id,title,text}); required unless --index_dir names a
-#                         built index (no default: a corpus taken from eval data would leak the answers)
-#   RETRIEVER_ENCODER     default bm25 (CPU-friendly); the Search-R1 setup is e5-base-v2 with flat (GPU advised)
-#   RETRIEVER_INDEX_TYPE  default: bm25 for the bm25 encoder, else flat
-#   RETRIEVER_INDEX_DIR   default: runs/retriever/<corpus name>_<encoder>_<index type>
-#   RETRIEVER_HOST        default 127.0.0.1 (loopback only; set 0.0.0.0 to serve other machines)
-#   RETRIEVER_PORT        default 8000
-#   RETRIEVER_LIMIT       index only the first N passages (quick trials)
-#   PYTHON                interpreter (default: .venv/bin/python if present, else python)
+# Every flag has an environment variable (flags win): RETRIEVER_SOURCE, RETRIEVER_CORPUS, RETRIEVER_ENCODER,
+# RETRIEVER_INDEX_TYPE, RETRIEVER_INDEX_DIR, RETRIEVER_HOST, RETRIEVER_PORT, RETRIEVER_LIMIT; --help lists them with
+# their defaults and meanings (the table in env_help.sh). There is no default corpus: one taken from eval data would
+# leak the answers.
 #
 # Examples:
 #   examples/scripts/start_retriever.sh --encoder minilm --index_type hnsw --port 8001
@@ -28,6 +20,8 @@
 #     RETRIEVER_ENCODER=e5-base-v2 examples/scripts/start_retriever.sh
 #   curl -s localhost:8000/retrieve -d '{"queries":["who wrote hamlet"],"topk":3,"return_scores":true}'
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env_help.sh"
+help_init "$@"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CALLER_PWD="$PWD"  # relative paths given are the caller's (resolved below), not the repo root's
@@ -55,7 +49,7 @@ while [[ $# -gt 0 ]]; do
     --port) PORT="$2"; shift 2 ;;
     --limit) LIMIT="$2"; shift 2 ;;
     --print_config) PRINT_CONFIG=1; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) launcher_help start_retriever.sh "python -m retriever.server" "after --"; exit 0 ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "start_retriever.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac

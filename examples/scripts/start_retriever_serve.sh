@@ -11,22 +11,17 @@
 #       [--port 8000] [--limit N] [--ray_build] [-- extra retriever.serve / server flags]
 #
 # Every flag has an environment variable (flags win); the corpus / index ones are start_retriever.sh's, so both
-# scripts find the same index:
-#   RETRIEVER_CORPUS, RETRIEVER_ENCODER, RETRIEVER_INDEX_TYPE, RETRIEVER_INDEX_DIR, RETRIEVER_LIMIT, RETRIEVER_PORT
-#   RETRIEVER_HOST          default 0.0.0.0: Serve's proxies answer other machines (the head's IP is the URL)
-#   RETRIEVER_REPLICAS      default 2
-#   RETRIEVER_REPLICA_GPUS  default 0 (set 1 for a dense index served from GPU: faiss + the query encoder)
-#   RETRIEVER_REPLICA_CPUS  default 1
-#   RETRIEVER_RAY_BUILD     1 = build a missing dense index with Ray Data (--ray_build)
-#   RAY_CLUSTER             Ray address for the driver (default auto: the cluster this node belongs to; "local"
-#                           starts a private Ray for a single-machine trial)
-#   PYTHON                  interpreter (default: .venv/bin/python if present, else python)
+# scripts find the same index: RETRIEVER_CORPUS, RETRIEVER_ENCODER, RETRIEVER_INDEX_TYPE, RETRIEVER_INDEX_DIR,
+# RETRIEVER_LIMIT, RETRIEVER_HOST, RETRIEVER_PORT, RETRIEVER_REPLICAS, RETRIEVER_REPLICA_GPUS, RETRIEVER_REPLICA_CPUS,
+# RETRIEVER_RAY_BUILD, RAY_CLUSTER; --help lists them with their defaults and meanings (the table in env_help.sh).
 #
 # Example (head node of a running cluster, e5 Flat on 4 GPU replicas):
 #   RETRIEVER_CORPUS=data/kilt_100w.jsonl RETRIEVER_ENCODER=e5-base-v2 \
 #     examples/scripts/start_retriever_serve.sh --replicas 4 --replica_gpus 1 --ray_build
 #   curl -s http://HEAD_IP:8000/retrieve -d '{"queries":["who wrote hamlet"],"topk":3}'
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env_help.sh"
+help_init "$@"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -59,7 +54,7 @@ while [[ $# -gt 0 ]]; do
     --replica_cpus) REPLICA_CPUS="$2"; shift 2 ;;
     --address) CLUSTER="$2"; shift 2 ;;
     --ray_build) RAY_BUILD=1; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) launcher_help start_retriever_serve.sh "python -m retriever.serve" "after --"; exit 0 ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "start_retriever_serve.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
