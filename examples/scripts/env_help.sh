@@ -12,12 +12,12 @@
 # "(set)", and one line naming the command the extra arguments go to. It starts and builds nothing.
 #
 # Table rows: group|variable|default|meaning|read by. The default is a bash word evaluated in the launcher after it
-# resolved its settings (so "${MODEL-}" is that launcher's model); it must be `set -u` safe and hold no quote
-# (an apostrophe inside ${VAR:-...} opens a quoted string in bash). "read by": the files of this folder that read the variable (common.sh passes GPU_MEM_GB and
-# PLACEMENT_WAIT_S on to cli.train, eval.sh passes OPENAI_API_KEY on to cli.eval); a launcher prints the rows read
-# by one of its files. tests/test_launcher_help.py checks that every variable a launcher's files read with
-# ${VAR:-...}, ${VAR-...}, ${VAR:+...} or ${VAR:?...} is printed by its --help, except these internal ones (set by
-# the scripts themselves, never by the caller):
+# resolved its settings (so "${MODEL-}" is that launcher's model); it must be `set -u` safe and hold no quote (an
+# apostrophe inside ${VAR:-...} opens a quoted string in bash). "read by": the files of this folder that read the
+# variable (common.sh passes GPU_MEM_GB and PLACEMENT_WAIT_S on to cli.train, eval.sh passes OPENAI_API_KEY on to
+# cli.eval); a launcher prints the rows read by one of its files. tests/test_launcher_help.py checks that every
+# variable a launcher's files read with ${VAR:-...}, ${VAR-...}, ${VAR:+...} or ${VAR:?...} is printed by its
+# --help, except these internal ones (set by the scripts themselves, never by the caller):
 LAUNCHER_INTERNAL_VARS="LAUNCHER_HELP EVAL_DATA_FILE LAYOUT_DESC RETRIEVER_PORT_SET STAGE1_FROM ESTIMATOR_ENV LIMIT"
 
 HELP_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -125,11 +125,11 @@ launcher_files() {
 
 # launcher_help TITLE COMMAND [WHERE] [SUMMARY]: the --help of the running launcher ($0): its header up to the
 # second blank comment line, SUMMARY, the table's rows read by its files, grouped, and the line naming COMMAND, which
-# the extra arguments go to (WHERE: default "after the launcher's own flags"). Prints to stdout; starts nothing.
+# the extra arguments go to (WHERE, default: after the launcher flags). Prints to stdout; starts nothing.
 launcher_help() {
     local title="$1" command="$2" where="${3:-after the launcher flags (the last value wins)}" summary="${4:-}"
-    local script files group var default meaning readers reader value
-    local groups=() rows=() line last="" shown=0
+    local script files group var default meaning readers reader value i
+    local groups=() g=() v=() d=() m=() shown=0 seen=""
     script="$(basename "$0")"
     files=" $(launcher_files "$script") "
     awk 'NR == 1 { next } !/^#/ { exit } $0 == "#" { if (++blank == 2) exit } { sub(/^# ?/, ""); print }' \
@@ -137,29 +137,30 @@ launcher_help() {
     echo
     echo "Environment of $title: each variable with this launcher's default, or the value you set, marked (set)."
     [[ -n "$summary" ]] && printf '%s\n' "$summary"
-    while IFS='|' read -r group var default meaning readers; do
+    while IFS='|' read -r group var default meaning readers; do  # the rows read by one of the launcher's files
         for reader in $readers; do
-            if [[ "$files" == *" $reader "* ]]; then rows+=("$group|$var|$default|$meaning"); break; fi
+            if [[ "$files" == *" $reader "* ]]; then
+                g+=("$group"); v+=("$var"); d+=("$default"); m+=("$meaning")
+                [[ "$seen" == *"|$group|"* ]] || { groups+=("$group"); seen+="|$group|"; }  # in the table's order
+                break
+            fi
         done
     done < <(launcher_env_table)
-    for line in "${rows[@]}"; do  # groups in the table's order
-        group="${line%%|*}"
-        [[ " ${groups[*]} " == *" ${group// /_} "* ]] || groups+=("${group// /_}")
-    done
     for group in "${groups[@]}"; do
-        for line in "${rows[@]}"; do
-            IFS='|' read -r _g var default meaning <<< "$line"
-            [[ "${_g// /_}" == "$group" ]] || continue
-            if [[ "$last" != "$group" ]]; then echo; echo "${group//_/ }"; last="$group"; fi
+        echo
+        echo "$group"
+        for i in "${!v[@]}"; do
+            [[ "${g[$i]}" == "$group" ]] || continue
+            var="${v[$i]}"
             if [[ -n "${HELP_ENV[$var]+x}" ]]; then
                 value="${HELP_ENV[$var]} (set)"
             else
-                eval "value=\"$default\""
+                eval "value=\"${d[$i]}\""
             fi
             if (( ${#var} + ${#value} < 36 )); then
-                printf '  %-36s %s\n' "$var=$value" "$meaning"
+                printf '  %-36s %s\n' "$var=$value" "${m[$i]}"
             else  # a long value (a path): the meaning on the next line
-                printf '  %s\n  %-36s %s\n' "$var=$value" "" "$meaning"
+                printf '  %s\n  %-36s %s\n' "$var=$value" "" "${m[$i]}"
             fi
             shown=$(( shown + 1 ))
         done
