@@ -20,7 +20,7 @@ Cheap forms, in the order README gives the commands (later ones use what earlier
 - launchers: ``DRY_RUN=1`` as written (the policy's tokenizer in place of the hub model, ``ALLOW_SHORT=1`` because
   the sample is shorter than the LR warm-up); a launcher line without it (a real training run) under
   ``DRY_RUN=argv``, which resolves every flag and exits; ``eval.sh`` and ``benchmarks/gpu_smoke.sh`` under
-  ``DRY_RUN=1``.
+  ``DRY_RUN=1``; a launcher's ``--help`` as written (it must print the environment table).
 
 Relative ``data/`` and ``indexes/`` paths are moved into a temporary folder; port 8000 becomes a free port.
 """
@@ -293,6 +293,11 @@ class Runner:
             res = self.run(line, ["bash", script, *words[2:]], env=env, cwd=REPO)
             if res.returncode == 0 and "DRY RUN passed" not in res.stdout + res.stderr:
                 self.fail(line, "the dry run did not pass")
+            return
+        if "--help" in words[2:] or "-h" in words[2:]:  # the launcher's environment, grouped; it starts nothing
+            res = self.run(line, ["bash", script, *words[2:]], env=env, cwd=REPO)
+            if res.returncode == 0 and "Environment of " not in res.stdout:
+                self.fail(line, "--help printed no environment table")
             return
         env.update(MODEL=QWEN, ALLOW_SHORT="1", DATA_DIR=os.path.join(self.tmp, "data"))
         if "CPU_CLUSTER" not in env:
