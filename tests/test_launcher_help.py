@@ -186,6 +186,17 @@ def test_ray_job_submit_help_passes_to_the_script_with_submit_set(clean_env):
     assert _rows(res.stdout)[0]["SUBMIT"][1] == "1 (set)"
 
 
+def test_a_help_flag_after_double_dash_belongs_to_the_next_program(clean_env):
+    """``cluster_node_setup.sh -- --help`` hands --help on to the retriever server (mutation: help_init scanning past
+    --, which would print the node script's help instead of its commands)."""
+    env, _, _ = clean_env
+    res = subprocess.run(["bash", os.path.join(SCRIPTS, "cluster_node_setup.sh"), "--", "--help"],
+                         env=dict(env, PYTHON=sys.executable, DRY_RUN="1", HEAD="1"), capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0 and "Environment of" not in res.stdout, res.stdout + res.stderr
+    assert "start_retriever.sh --port 8000 -- --help &" in res.stdout, res.stdout
+
+
 def test_the_regex_and_the_closure_see_what_a_new_read_would_add(tmp_path, monkeypatch):
     """The checks above are only as good as the scan: a planted read in a file the launcher runs is found, a read in
     a comment or an internal variable is not."""

@@ -91,13 +91,14 @@ Environment|OMP_NUM_THREADS|2|threads of each CPU math library (run_default.sh)|
 EOF
 }
 
-# help_init "$@": LAUNCHER_HELP=1 when an argument is -h or --help, and the table's variables the caller set
-# (HELP_ENV: name -> value as given), read before the launcher changes any of them.
+# help_init "$@": LAUNCHER_HELP=1 when an argument before any -- is -h or --help, and the table's variables the
+# caller set (HELP_ENV: name -> value as given), read before the launcher changes any of them.
 help_init() {
     LAUNCHER_HELP=0
     declare -gA HELP_ENV=()
     local arg var
     for arg in "$@"; do
+        [[ "$arg" == -- ]] && break  # what follows goes to another program (start_retriever.sh -- server flags)
         if [[ "$arg" == -h || "$arg" == --help ]]; then LAUNCHER_HELP=1; fi
     done
     [[ "$LAUNCHER_HELP" == 1 ]] || return 0
