@@ -40,7 +40,7 @@ def _last(argv, flag):
 def test_every_launcher_resolves_its_cpu_cluster_settings(script):
     """Catches: a launcher that ignores CPU_CLUSTER (no --cpu_cluster, the 7B model, 512-prompt batches), a stage-2
     launcher still pointing at a stage-1 checkpoint, MAX_STEPS not reaching the trainer, a paper encoder for the
-    retriever."""
+    retriever, a CPU layout without the GPU layouts' prefix caching (the cache reset after each sync never runs)."""
     argv, retriever, log = _argv(script, MAX_STEPS="3")
     assert "--cpu_cluster" in argv
     protocol = _last(argv, "--search.protocol")
@@ -56,6 +56,7 @@ def test_every_launcher_resolves_its_cpu_cluster_settings(script):
     assert "CPU cluster:" in log
     flat = cli.build_parser().parse_args(argv)  # every flag is one OpenRLHF's parser (plus ours) knows
     assert flat.cpu_cluster
+    assert getattr(flat, "vllm.enable_prefix_caching", None) is True
 
 
 def test_user_flags_still_win_over_the_cpu_cluster_sizes():

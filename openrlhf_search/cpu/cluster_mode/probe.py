@@ -16,7 +16,12 @@ hook in every worker, :mod:`openrlhf_search.cpu.cluster_mode.runtime`) wraps, wi
   ``ppo_train`` returns -> ``actor_status.jsonl``;
 * the ``SearchAgentExecutor`` inside each vLLM actor (:func:`wrap_executor`): prompt, response text, reward, the reward
   scheme the executor scored with and the process id -> ``executor_<pid>.jsonl``; and the wall-clock span of every
-  search request -> ``retrieval_<pid>.jsonl``.
+  search request -> ``retrieval_<pid>.jsonl``;
+* the vLLM actor's ``generate`` (:func:`wrap_engine`): per request its prompt tokens and the tokens vLLM served from
+  its prefix cache (``RequestOutput.num_cached_tokens``) -> ``prefill_<pid>.jsonl``; and every prefix-cache reset
+  after a weight sync with its result -> ``cache_reset_<pid>.jsonl``;
+* the prompt loader's position after each step (``data_loader_state_dict``, the state OpenRLHF checkpoints) ->
+  ``loader_state_<step>.pt``.
 
 Files are written by the process that records them (one Ray node: one shared folder).
 """
@@ -159,6 +164,8 @@ def _wrap_trainer(module) -> None:
         # fit() calls this once per step with the full status (timing/generation and step_total included)
         row = {k: v for k, v in (logs_dict or {}).items() if k != "generated_samples"}
         states = {k: v for k, v in (client_states or {}).items() if k != "data_loader_state_dict"}
+        if (client_states or {}).get("data_loader_state_dict"):  # where the data resumes after this step
+            _save(f"loader_state_{global_step}.pt", client_states["data_loader_state_dict"])
         _append_jsonl("steps.jsonl", {"global_step": global_step, "prompts": getattr(self, "_probe_prompts", []),
                                       "labels": getattr(self, "_probe_labels", []), "status": row,
                                       "client_states": states, "time": time.time(), "pid": os.getpid()})
@@ -334,6 +341,33 @@ def wrap_executor(executor) -> None:
     executor._probe_installed = True
 
 
+def wrap_engine(actor) -> None:
+    """Record, per request of the vLLM actor ``actor`` (``RolloutRayActor.generate``, what the executor calls every
+    turn), the prompt tokens and how many of them vLLM took from its prefix cache -> ``prefill_<pid>.jsonl`` rows
+    ``{"prompt_tokens", "cached_tokens", "output_tokens", "start", "end"}`` (read by :func:`prefill_summary`).
+    A no-op without ``OPENRLHF_SEARCH_PROBE_DIR``."""
+    if not probe_dir() or actor is None or getattr(actor, "_probe_engine_installed", False):
+        return
+    generate = actor.generate
+
+    async def probed_generate(prompt_token_ids, sampling_params, multi_modal_data=None):
+        t0 = time.time()
+        out = await generate(prompt_token_ids, sampling_params, multi_modal_data)
+        _append_jsonl(f"prefill_{os.getpid()}.jsonl",
+                      {"prompt_tokens": len(prompt_token_ids), "cached_tokens": int(out.num_cached_tokens or 0),
+                       "output_tokens": sum(len(o.token_ids) for o in out.outputs), "start": t0, "end": time.time()})
+        return out
+
+    actor.generate = probed_generate
+    actor._probe_engine_installed = True
+
+
+def record_cache_reset(ok: bool) -> None:
+    """One ``cache_reset_<pid>.jsonl`` row per prefix-cache reset after a weight sync (no-op without the probe)."""
+    if probe_dir():
+        _append_jsonl(f"cache_reset_{os.getpid()}.jsonl", {"ok": bool(ok), "time": time.time()})
+
+
 HOOKS = (
     ("openrlhf.trainer.ppo_trainer", _wrap_trainer),
     ("openrlhf_search.experience_maker", _wrap_experience_maker),
@@ -368,3 +402,36 @@ def read_executor_records(folder: str, prefix: str = "executor_") -> List[Dict[s
         if name.startswith(prefix) and name.endswith(".jsonl"):
             rows += read_jsonl(os.path.join(folder, name))
     return sorted(rows, key=lambda r: r.get("time", r.get("start", 0.0)))
+
+
+def prefill_summary(records: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Prefill work of a set of vLLM requests from :func:`wrap_engine`'s rows.
+
+    Each row's ``prompt_tokens`` (what the request sent, the whole context so far in a multi-turn rollout) and
+    ``cached_tokens`` (vLLM's ``RequestOutput.num_cached_tokens``: prompt tokens whose KV came from the prefix cache,
+    never computed). Returns ``{"requests", "prompt_tokens", "cached_tokens", "computed_tokens",
+    "computed_fraction"}``: computed = prompt - cached, the prefill the engine actually ran; the fraction is
+    computed / prompt (1.0 without caching; None for no prompt tokens). Raises ValueError for a row with negative
+    counts or more cached tokens than prompt tokens (a miscounted row would fake a saving).
+    """
+    prompt = cached = 0
+    for r in records:
+        p, c = int(r["prompt_tokens"]), int(r.get("cached_tokens") or 0)
+        if p < 0 or c < 0 or c > p:
+            raise ValueError(f"prefill record with prompt_tokens={p} cached_tokens={c}")
+        prompt, cached = prompt + p, cached + c
+    return {"requests": len(records), "prompt_tokens": prompt, "cached_tokens": cached,
+            "computed_tokens": prompt - cached, "computed_fraction": (prompt - cached) / prompt if prompt else None}
+
+
+def split_by_step(records: List[Dict[str, Any]], step_ends: List[float]) -> List[List[Dict[str, Any]]]:
+    """Requests per training step of a synchronous run: the rows whose ``end`` falls after the previous step's end
+    and by this one's (``step_ends``: the probe's ``steps.jsonl`` ``time`` of each step, ascending; a step's rollout
+    finishes before the step is logged). Rows after the last step (none in a finished run) are left out."""
+    out: List[List[Dict[str, Any]]] = [[] for _ in step_ends]
+    for r in records:
+        for i, end in enumerate(step_ends):
+            if r["end"] <= end and (i == 0 or r["end"] > step_ends[i - 1]):
+                out[i].append(r)
+                break
+    return out

