@@ -95,7 +95,10 @@ def load_conditions() -> str:
         return "load average unknown"
 
 
-def cluster_steps(n_steps: int, estimator: str, workdir: str, async_args=(), retriever_latency_ms: float = 0.0) -> dict:
+def cluster_steps(n_steps: int, estimator: str, workdir: str, async_args=(), retriever_latency_ms: float = 0.0,
+                  extra_args=()) -> dict:
+    """One CPU cluster-mode run of ``n_steps`` on the tiny assets with the probe on (``extra_args``: more trainer
+    flags, the last value wins). Returns its phase rows, wall / start-up / assets seconds, the probe folder."""
     from openrlhf_search.cpu.cluster_mode.probe import read_executor_records, read_jsonl
     from openrlhf_search.cpu.cluster_mode.assets import build_assets, cluster_argv, run_train
     from retriever.launch import ensure_index, start_server_process, stop_server_process
@@ -113,7 +116,8 @@ def cluster_steps(n_steps: int, estimator: str, workdir: str, async_args=(), ret
         n_samples, batch = 1, 4
     probe = os.path.join(workdir, "probe")
     argv = cluster_argv(paths, url, os.path.join(workdir, "run"), estimator=estimator, steps=n_steps,
-                        n_samples=n_samples, rollout_batch=batch, extra=extra + list(async_args))
+                        n_samples=n_samples, rollout_batch=batch,
+                        extra=extra + list(async_args) + list(extra_args))
     print(f"[bench_cluster_cpu] {n_steps} {estimator} steps on the real path ({load_conditions()}); "
           f"log {workdir}/log.txt", flush=True)
     start = time.time()
@@ -129,7 +133,8 @@ def cluster_steps(n_steps: int, estimator: str, workdir: str, async_args=(), ret
     rows = phase_table(steps, spans)
     first_start = steps[0]["time"] - steps[0]["status"]["timing/step_total"]
     return {"rows": rows, "wall_s": wall, "startup_s": first_start - start, "assets_s": assets_s,
-            "samples_per_step": n_samples * batch, "estimator": estimator, "n_searches": len(spans)}
+            "samples_per_step": n_samples * batch, "estimator": estimator, "n_searches": len(spans), "probe": probe,
+            "step_ends": [s["time"] for s in steps]}
 
 
 def engine_comparison(rounds: int, workdir: str, timeout_s: int = 1800) -> dict:

