@@ -137,7 +137,7 @@ def main(argv=None) -> dict:
                         "for 1-hop rows: the 'one' columns of docs/cpu_job.md's two-hop table)")
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench_multihop"))
     p.add_argument("--resume", action="store_true",
-                   help="continue <out>/train from its last checkpoint (a run stopped by a fault; main_job.train refuses "
+                   help="continue <out>/train from its last checkpoint (a run stopped by a fault; the trainer refuses "
                         "a checkpoint of other settings); the job time is then the resumed part's")
     p.add_argument("--summarise_only", action="store_true",
                    help="no training: re-read <out>/train of an earlier run and write its table again")

@@ -1,6 +1,6 @@
 """Greedy search trajectories of one in-process vLLM-CPU engine, with or without vLLM's prefix caching.
 
-Rolls the first ``--n_prompts`` prompts of the CPU cluster mode's tiny assets (openrlhf_search/cpu/cluster_mode/assets.py),
+Rolls the first ``--n_prompts`` prompts of the CPU cluster mode's tiny assets (cpu/cluster_mode/assets.py),
 each ``--repeats`` times, through our ``SearchAgentExecutor`` at temperature 0 with the cluster mode's search settings
 (3 turns of at most 48 tokens, top-1 BM25 passage cut to 120 tokens; the BM25 index is searched in this process). One
 request at a time, so that every turn after the first re-sends a context whose prefix the previous request computed:

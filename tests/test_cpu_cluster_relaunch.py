@@ -4,7 +4,7 @@
 retriever): the first launch saves DeepSpeed states at step 1 (``--ckpt.save_steps 1``) and is SIGKILLed with its
 whole session once they are on disk; the relaunch, same command, finds them (``common.sh resume_args``), passes
 ``--ckpt.load_enable`` and trains step 2 only, on the prompts that follow step 1's in the killed run's data order.
-The recording probe (openrlhf_search/cpu/cluster_mode/probe.py) gives each step's prompts and checkpoint client states, and the
+The recording probe (cpu/cluster_mode/probe.py) gives each step's prompts and checkpoint client states, and the
 prompt loader's state the killed run checkpointed (``data_loader_state_dict``: torchdata's ``StatefulDataLoader``
 over the prompt file, shuffled); the prompts that follow are what that state yields next. Mutations caught: no
 resume (the relaunch would log step 1 again), a resume that forgets the step, and a resume that restores the weights

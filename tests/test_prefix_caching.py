@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from openrlhf_search import cluster_probe
+from openrlhf_search.cpu.cluster_mode import probe as cluster_probe
 from openrlhf_search.cpu.cluster_mode.probe import prefill_summary, split_by_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

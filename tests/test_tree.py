@@ -17,8 +17,8 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ------------------------------------------------------------------------------ references a reader can follow
-# A design-notes file that is not in the repository, and a tracker's numbering (the word and a number), which a user of the
-# package does not have. Design notes live in docs/design.md; a comment says why in its own words.
+# A design-notes file that is not in the repository, and a tracker's numbering (the word and a number), which a user of
+# the package does not have. Design notes live in docs/design.md; a comment says why in its own words.
 UNFOLLOWABLE = re.compile(r"DESIGN\.md|(?i:issue) [0-9]")
 SCANNED = ("openrlhf_search", "retriever", "examples", "benchmarks", "tests", "docs", "README.md")
 SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache"}

@@ -445,7 +445,7 @@ async def reset_prefix_cache_after_sync(llm) -> bool:
     (``--train.partial_rollout_enable``), whose paused requests keep their old-weight blocks by design; it is
     logged as a warning and recorded by the probe. ``llm``: anything with ``async reset_prefix_cache() -> bool``
     (vLLM's ``AsyncLLM``)."""
-    from openrlhf_search import cluster_probe
+    from openrlhf_search.cpu.cluster_mode import probe as cluster_probe
 
     ok = bool(await llm.reset_prefix_cache())
     cluster_probe.record_cache_reset(ok)
