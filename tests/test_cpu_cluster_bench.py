@@ -2,6 +2,8 @@
 union of the search spans inside each step's rollout window, and the step window is read back from the probe's
 step time and OpenRLHF's ``timing/step_total``."""
 
+import os
+
 import pytest
 
 from benchmarks.bench_cluster_cpu import format_engine_rows, format_table, phase_table
@@ -53,3 +55,49 @@ def test_phase_table_reads_the_trainers_logged_retrieval_figures():
     assert row["retrieval"] == 1.25 and row["p99 ms"] == 300.0 and row["engine wait"] == 2.0
     header = format_table([row]).splitlines()[0]
     assert "p50 ms" in header and "trainer wait" in header
+
+
+def _mode_result(step_s, rewards, samples_per_step=8):
+    rows = [{"generation": 1.0, "retrieval": 0.5, "p50 ms": 210.0, "p99 ms": 300.0, "experience": 1.0,
+             "update": 1.0, "weight sync": 0.2, "step": step_s / 2, "trainer wait": None, "engine wait": None,
+             "staleness": None, "spanning sync": None, "reward": r, "step_index": i + 1}
+            for i, r in enumerate(rewards)]
+    # step 1 ends after a long start-up; later steps every step_s seconds
+    times = [500.0] + [500.0 + step_s * k for k in range(1, len(rewards))]
+    return {"rows": rows, "step_times": times, "samples_per_step": samples_per_step, "startup_s": 200.0}
+
+
+def test_modes_are_compared_on_wall_time_between_steps_and_on_the_last_rewards(tmp_path):
+    """Three modes: throughput from the interval between logged steps (step 1, which holds the start-up, left out),
+    the reward of the last steps with a bootstrap interval, and the difference to the first mode. Catches: steps per
+    hour from the whole run's wall time (start-up included) or from the trainer's own step time, the speed-up
+    inverted, the mean over all steps instead of the last ones, a difference that holds 0 reported as separated,
+    the curves not written."""
+    import csv
+    import json
+
+    from benchmarks.bench_cluster_cpu import compare_modes, format_comparison, mode_args, write_curves
+
+    results = {"sync": _mode_result(4.0, [0.0] * 10 + [0.5, 0.6, 0.5, 0.6]),
+               "async": _mode_result(2.0, [0.9] * 10 + [0.0, 0.0, 0.0, 0.0]),
+               "partial": _mode_result(2.5, [0.0] * 10 + [0.5, 0.6, 0.6, 0.5])}
+    out = compare_modes(results, last_steps=4)
+    assert out["sync"]["wall_per_step_s"] == 4.0 and out["sync"]["steps_per_hour"] == 900.0
+    assert out["async"]["samples_per_s"] == 4.0 and out["async"]["speedup"] == 2.0
+    assert out["sync"]["last_mean"] == pytest.approx(0.55) and out["async"]["last_mean"] == 0.0
+    assert out["sync"]["last_low"] <= 0.55 <= out["sync"]["last_high"] < 0.6 + 1e-9
+    assert out["async"]["separated"] and out["async"]["diff_high"] < 0
+    assert not out["partial"]["separated"] and out["partial"]["diff_low"] <= 0 <= out["partial"]["diff_high"]
+    assert out["sync"]["mean_split"]["trainer wait"] != out["sync"]["mean_split"]["trainer wait"]  # NaN: not logged
+    text = format_comparison(out)
+    assert "async - sync over the last 4 steps" in text and "not separated" in text.splitlines()[-1]
+    paths = write_curves(out, str(tmp_path))
+    with open(paths["csv"]) as f:
+        table = list(csv.reader(f))
+    assert table[0] == ["step", "sync", "async", "partial"] and len(table) == 15
+    assert float(table[-1][2]) == 0.0 and float(table[1][2]) == 0.9
+    assert json.load(open(paths["json"]))["async"]["separated"] is True
+    assert os.path.getsize(paths["png"]) > 0
+    assert mode_args("sync") == [] and "--train.partial_rollout_enable" in mode_args("partial")
+    with pytest.raises(ValueError, match="unknown mode"):
+        mode_args("fast")
