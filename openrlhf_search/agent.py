@@ -34,6 +34,7 @@ from openrlhf.utils.agent import AgentExecutorBase
 
 from openrlhf_search.config import ConfigError, SearchConfig
 from openrlhf_search.metrics import parse_golds
+from openrlhf_search.policy_versions import SEGMENTS_ATTR, merge_segments, shift_segments
 from openrlhf_search.protocol import Protocol, get_protocol
 from openrlhf_search.retrieval_client import QueryRejected, RetrievalClient, RetrievalError, start_retrieval_trace
 from openrlhf_search.types import Action
@@ -152,7 +153,10 @@ class SearchAgentExecutor(AgentExecutorBase):
             "length"; a documents block that did not fit is ``extra_logs["context_full"]`` instead), ``extra_logs``
             (dict of floats, keys ``ROLLOUT_LOG_KEYS`` + reward components), plus ``response_text`` (decoded text
             after the prompt) and ``search_trace`` (one ``{"query", "passage_ids"}`` per search that returned, in
-            turn order: the ids of the passages the documents block was made of; per-question evaluation records).
+            turn order: the ids of the passages the documents block was made of; per-question evaluation records) and
+            ``action_versions``: ``[(first_token_index, policy_version)]`` segments over ``observation_tokens``
+            giving the policy version that sampled each action token (a segment runs to the next one's first index),
+            when the engine tags its outputs (async training: :mod:`openrlhf_search.policy_versions`), else None.
         Raises:
             ValueError: images given, unreadable label, or a prompt that leaves no room to generate.
         """
@@ -175,6 +179,7 @@ class SearchAgentExecutor(AgentExecutorBase):
         want_logprobs = sampling_params.logprobs is not None
         log_probs: Optional[List[float]] = [0.0] * prompt_len if want_logprobs else None
         action_ranges: List[Tuple[int, int]] = []
+        action_versions: List[Tuple[int, int]] = []  # (first token, policy version) segments, when recorded
         logs = dict.fromkeys(ROLLOUT_LOG_KEYS, 0.0)
         trace = start_retrieval_trace()  # counts failovers of this sample's requests (RetrievalClient only)
         truncated = False  # the policy's last turn was cut by a token budget (finish_reason "length")
@@ -195,7 +200,8 @@ class SearchAgentExecutor(AgentExecutorBase):
             params.include_stop_str_in_output = True
             params.output_text_buffer_length = 0  # derived field: no buffering when stop strings are kept
             params.max_tokens = min(cfg.max_new_tokens_per_turn, remaining)
-            output = (await llm_engine.generate(tokens, params, multi_modal_data=None)).outputs[0]
+            request_output = await llm_engine.generate(tokens, params, multi_modal_data=None)
+            output = request_output.outputs[0]
             action = [int(t) for t in output.token_ids][:remaining]
             logs["turns"] += 1
             if not action:
@@ -203,6 +209,9 @@ class SearchAgentExecutor(AgentExecutorBase):
             start = len(tokens)
             tokens.extend(action)
             action_ranges.append((start, len(tokens)))
+            turn_versions = getattr(request_output, SEGMENTS_ATTR, None)  # set by the async trainer's instruments
+            if turn_versions is not None:
+                action_versions = merge_segments(action_versions + shift_segments(turn_versions, start, len(action)))
             if want_logprobs:
                 entries = output.logprobs or []
                 for i, tok in enumerate(action):
@@ -290,6 +299,7 @@ class SearchAgentExecutor(AgentExecutorBase):
             "extra_logs": extra_logs,
             "response_text": response_text,
             "search_trace": search_trace,
+            "action_versions": action_versions or None,
         }
 
     def _reward(self, response_text: str, golds: List[str]):

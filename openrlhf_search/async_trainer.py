@@ -29,7 +29,9 @@ What runs where, against the synchronous loop (``openrlhf_search.trainer.SearchP
   of the step being trained are dropped and counted (``search/stale_stage_samples_dropped``; none by construction).
   After each weight sync every engine is told the step whose weights it now holds
   (:func:`~openrlhf_search.step_timing.set_policy_version`), from which each trajectory's policy version at start
-  and end is recorded (``async/staleness_*``, ``async/samples_spanning_sync``).
+  and end (``async/staleness_*``) and the version of each action token are recorded
+  (:mod:`openrlhf_search.policy_versions`: ``async/samples_spanning_sync``, samples whose action tokens come from
+  more than one version; ``async/token_staleness_*``).
 
 Staleness bound: ``--train.async_queue_size`` q. The generator takes a slot before generating a batch and the trainer
 frees it when it takes the batch off the queue, so at most q batches are generated ahead: a batch trained at step s
@@ -51,10 +53,12 @@ import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 import openrlhf.trainer.ppo_trainer_async as ppo_async
 from openrlhf.trainer.ppo_trainer import BasePPOTrainer
 
+from openrlhf_search import policy_versions
 from openrlhf_search.async_checks import check_async_args, gpu_layout  # noqa: F401  (re-exported)
 from openrlhf_search.experience_maker import (
     SearchExperienceMaker,
     SearchSamplesGenerator,
+    failed_mask,
     search_rollout_stats,
     valid_rollout_stats,
 )
@@ -302,6 +306,8 @@ class _SearchTrainingActor(StepTimingMixin, StepCapTrainerMixin, ppo_async.Train
         starts = [float(s.info["policy_version_start"].reshape(-1)[0]) for s in kept
                   if "policy_version_start" in s.info]
         ends = [float(s.info["policy_version_end"].reshape(-1)[0]) for s in kept if "policy_version_end" in s.info]
+        token_stats = policy_versions.batch_stats(  # over trained samples: failed retrievals are left out
+            [getattr(s, policy_versions.TENSOR_ATTR, None) for s in kept if not failed_mask(s).any()], global_step)
         self._policy_version = global_step + 1  # what the engines hold after this step's sync
         status, next_step = super().train_step(kept, global_step)
         status["search/reward_stage"] = float(self.reward_schedule.stage_at(global_step))
@@ -313,6 +319,7 @@ class _SearchTrainingActor(StepTimingMixin, StepCapTrainerMixin, ppo_async.Train
             status["async/staleness_mean"] = sum(staleness) / len(staleness)
             status["async/staleness_max"] = float(max(staleness))
             status["async/samples_spanning_sync"] = float(sum(1 for a, b in zip(starts, ends) if b > a))
+        status.update(token_stats)  # per-token versions, when recorded: spanning = action tokens of 2+ versions
         return status, next_step
 
     def _compute_rollout_stats(self, experiences) -> Dict:

@@ -26,6 +26,9 @@ What changes against OpenRLHF 0.11.2 (everything else, model forwards included, 
   never enter the decision.
 * **Reward-stage switch**: samples buffered under stage 1 are dropped when stage 2 starts
   (:meth:`SearchSamplesGenerator.discard_buffer`).
+* **Per-token policy versions** (asynchronous training): the executor's ``action_versions`` become an int tensor
+  aligned with each sample's action mask and, per micro-batch, ``Experience.action_policy_versions`` ``(B, A)``
+  (:mod:`openrlhf_search.policy_versions`).
 * **Search statistics**: the executor's ``extra_logs`` (turns, valid_searches, answer_present, em, f1, ...) arrive
   in ``Experience.info`` (``SamplesGenerator._process_response_into_experience``); every sample is given every key
   (so micro-batches concatenate) and :func:`search_rollout_stats` turns them into ``search/*`` curves.
@@ -44,6 +47,7 @@ from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from openrlhf.utils.logging_utils import init_logger
 
+from openrlhf_search import policy_versions
 from openrlhf_search.advantages import group_baseline_rewards, masked_gae, masked_whiten, zero_padded_group_norm
 from openrlhf_search.length_penalty import args_with_overlong_budget
 
@@ -231,6 +235,10 @@ class SearchSamplesGenerator(SamplesGenerator):
     def _process_response_into_experience(self, response, **generate_kwargs) -> Experience:
         experience = super()._process_response_into_experience(response, **generate_kwargs)
         experience.response_length = sampled_lengths(experience)
+        if response.get("action_versions"):  # per-token policy versions (async training, policy_versions)
+            setattr(experience, policy_versions.TENSOR_ATTR, policy_versions.versions_tensor(
+                response["action_versions"], response["action_ranges"], len(response["observation_tokens"]),
+                generate_kwargs.get("max_len", 2048)))
         return experience
 
     def _group_size(self, generate_kwargs) -> int:
@@ -326,7 +334,9 @@ class SearchExperienceMaker(RemoteExperienceMaker):
                     f"(> --search.max_failed_fraction {self._max_failed_fraction()}): the retriever is down or "
                     "overloaded; refusing to train on this batch. Check the retriever services' /health."
                 )
-        return super().make_experience_batch(rollout_samples)
+        experiences = super().make_experience_batch(rollout_samples)
+        policy_versions.attach_to_experiences(experiences, rollout_samples)
+        return experiences
 
     @torch.no_grad()
     def make_experience(self, samples_list: List[Experience]) -> List[Experience]:

@@ -37,7 +37,7 @@ def sr1():
     return assets("searchr1")
 
 
-def check_async_run(result, n_steps: int, n_samples: int):
+def check_async_run(result, n_steps: int, n_samples: int, partial: bool = False):
     """What every async run must show; returns the statuses."""
     assert result.rc == 0, result.describe()
     steps = result.steps()
@@ -48,6 +48,9 @@ def check_async_run(result, n_steps: int, n_samples: int):
         assert "search/valid_searches_mean" in st and st["search/stale_stage_samples_dropped"] == 0.0
         assert set(TIMING_KEYS) <= set(st), sorted(set(TIMING_KEYS) - set(st))
         assert 0 <= st["async/staleness_max"] <= 1  # the queue of 1 is the staleness bound
+        # per-token policy versions reach the trainer from the real vLLM stream (policy_versions)
+        assert st["async/token_versions_max"] >= 1 and st["async/samples_spanning_sync"] <= n_samples
+        assert 0 <= st["async/token_staleness_max"] <= 1 + partial  # a partial rollout may span one more sync
         assert st["step_time/search_in_flight_s"] <= st["timing/generation"] + 1e-6
     syncs = result.syncs()
     assert len(syncs) == n_steps
@@ -70,6 +73,8 @@ def test_async_grpo_runs_on_the_real_path(sr1, tmp_path):
     # step 0's batch was generated on the initial weights; step 1's while step 0 trained (on the same weights)
     assert [s["async/staleness_mean"] for s in statuses] == [0.0, 1.0]
     assert all(s["async/samples_spanning_sync"] == 0.0 for s in statuses)  # no partial rollouts: the lock
+    assert all(s["async/token_versions_max"] == 1.0 for s in statuses)  # one version per trajectory, every token
+    assert [s["async/token_staleness_mean"] for s in statuses] == [0.0, 1.0]
     assert statuses[0]["retrieval/searches"] > 0 and statuses[0]["retrieval/latency_p50_ms"] > 0
 
 
@@ -94,7 +99,7 @@ def test_async_partial_rollouts(sr1, tmp_path):
     with retriever(sr1["corpus"], str(tmp_path / "index")) as (url, _, _):
         result = run(str(tmp_path), sr1, url, steps=3, estimator="group_norm",
                      extra=KL_LOSS + ASYNC + ["--train.partial_rollout_enable"])
-    statuses = check_async_run(result, 3, 8)
+    statuses = check_async_run(result, 3, 8, partial=True)
     records = result.executor()
     for k in (1, 2, 3):
         for s in flat_samples(result.experiences(k)):
@@ -112,7 +117,8 @@ def test_async_partial_rollouts(sr1, tmp_path):
                         ranges[t - 1] = True
                 exact.append(ranges == mask)
             assert any(exact), f"step {k}: no executor trajectory with this sample's length and action ranges"
-    print("samples spanning a sync per step:", [st["async/samples_spanning_sync"] for st in statuses])
+    print("samples spanning a sync per step:", [st["async/samples_spanning_sync"] for st in statuses],
+          "most versions in one sample:", [st["async/token_versions_max"] for st in statuses])
 
 
 @pytest.mark.slow
