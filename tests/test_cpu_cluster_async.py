@@ -167,7 +167,11 @@ def _kill_when_step_logged(background, proc, probe_dir, timeout_s=2400):
 @pytest.mark.slow
 def test_async_killed_retriever(sr1, tmp_path):
     """The retriever is killed once step 1 is logged: with ``--search.max_failed_fraction 1`` the run completes and
-    the later steps' failed samples carry no action token; with 0.5 it stops with one ``error:`` line."""
+    the later steps' failed samples carry no action token and are left out of the step's search statistics; with
+    0.5 it stops with one ``error:`` line naming the flag. Either way the run leaves neither its Ray folder nor
+    vLLM's shared memory behind. Catches: failed samples trained on or counted, a failure limit that the async
+    trainer's actors swallow (the run hangs on the generator or ends 0), a nested Ray error printed as a
+    traceback instead of the line, a run that stops without cleaning up."""
     with retriever(sr1["corpus"], str(tmp_path / "index_a")) as (url, _, proc):
         bg = Background(str(tmp_path / "a"), sr1, url, steps=4, estimator="group_norm",
                         extra=KL_LOSS + ASYNC + FAST_FAILURE + ["--search.max_failed_fraction", "1.0"])
@@ -176,10 +180,17 @@ def test_async_killed_retriever(sr1, tmp_path):
     assert done.rc == 0, done.describe()
     statuses = [s["status"] for s in done.steps()]
     assert len(statuses) == 4 and statuses[-1]["search/retrieval_failed_rate"] > 0.0
+    n_failed = 0
     for k in range(1, 5):
-        for s in flat_samples(done.experiences(k)):
+        samples = flat_samples(done.experiences(k))
+        for s in samples:
             if s["failed"]:
+                n_failed += 1
                 assert not s["action_mask"].any()
+        trained = statuses[k - 1]["search/num_trained_samples"]
+        assert trained == sum(1 for s in samples if not s["failed"])
+    assert n_failed > 0
+    assert done.left_behind() == []
 
     with retriever(sr1["corpus"], str(tmp_path / "index_b")) as (url, _, proc):
         bg = Background(str(tmp_path / "b"), sr1, url, steps=4, estimator="group_norm",
@@ -189,6 +200,7 @@ def test_async_killed_retriever(sr1, tmp_path):
     assert stopped.rc == 1, stopped.describe()
     errors = [line for line in stopped.log.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "--search.max_failed_fraction 0.5" in errors[0], errors
+    assert stopped.left_behind() == []
 
 
 @pytest.mark.slow
