@@ -8,7 +8,8 @@ sync, the staleness the queue of 1 implies (the batch of step 0 on the initial w
 while step 0 trained), the time split logged and printed. Slow (``make test-slow``): async PPO with a critic (masked
 GAE), checkpoint and resume, a killed retriever (failed samples out; the run stops past
 ``--search.max_failed_fraction``), the reward-stage switch, partial rollouts. Measured on 2 loaded cores: the fast
-test 220 s; partial rollouts and the stage switch 412 s together; PPO with a critic and checkpoint / resume 442 s."""
+test 220 s; partial rollouts and the stage switch 412 s together; PPO with a critic and checkpoint / resume 442 s;
+the killed retriever 667 s (two runs, load average 13-22, 2026-12-02)."""
 
 import math
 import os
