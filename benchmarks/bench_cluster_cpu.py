@@ -26,7 +26,7 @@ against our ``HFEngine`` on the CPU main job's prompts and model (SmolLM2-135M-I
     PYTHONPATH=. .venv/bin/python benchmarks/bench_cluster_cpu.py [--steps 3] [--estimator group_norm|gae]
         [--async [--partial_rollout] [--queue_size 1]] [--no_engine_compare] [--retriever_latency_ms 200]
     PYTHONPATH=. .venv/bin/python benchmarks/bench_cluster_cpu.py --modes sync,async,partial --steps 20 \
-        --retriever_latency_ms 200 --no_engine_compare
+        --retriever_latency_ms 200 --no_engine_compare [--last_steps 8] [--seed 42] [--lr 1e-4]
 
 ``--modes`` runs the listed modes one after the other in one invocation (same data, seed, assets and retriever
 settings; each its own cluster and retriever, each in ``<run folder>/<mode>``) and compares them: steps per hour and
@@ -34,7 +34,8 @@ samples per second from the wall-clock interval between logged steps (step 1 exc
 mean step-time split, and the reward curve of each mode (``search/reward_mean``: mean training reward of the step's
 non-failed samples) written to ``rewards.csv``, ``rewards.json`` (with the summary) and ``rewards.png`` in the run
 folder. The summary gives each mode's mean reward over its last ``--last_steps`` steps with a percentile bootstrap
-interval over those steps, and the difference to the first mode with its own interval.
+interval over those steps, and the difference to the first mode with its own interval. Measured figures and what
+they show: docs/cluster.md, "Synchronous vs asynchronous, with a slow retriever".
 
 Figures measured on a shared machine are only meaningful with its load, which is printed with them.
 """
