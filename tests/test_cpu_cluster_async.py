@@ -7,9 +7,9 @@ Fast (``make test``): async GRPO, 2 steps: finite losses, the engine's weights e
 sync, the staleness the queue of 1 implies (the batch of step 0 on the initial weights, the batch of step 1 generated
 while step 0 trained), the time split logged and printed. Slow (``make test-slow``): async PPO with a critic (masked
 GAE), checkpoint and resume, a killed retriever (failed samples out; the run stops past
-``--search.max_failed_fraction``), the reward-stage switch, partial rollouts. Measured on 2 loaded cores: the fast
-test 220 s; partial rollouts and the stage switch 412 s together; PPO with a critic and checkpoint / resume 442 s;
-the killed retriever 667 s (two runs, load average 13-22, 2026-12-02)."""
+``--search.max_failed_fraction``), the reward-stage switch, partial rollouts. Measured on 2 shared cores
+(2026-12-02, all passed): the fast test 252 s, partial rollouts 159 s, PPO with a critic 149 s, checkpoint / resume
+225 s, the stage switch 118 s (load average 2-17), the killed retriever 667 s (two runs, load average 13-22)."""
 
 import math
 import os
