@@ -74,8 +74,10 @@ def test_refuses_package_tree():
     import openrlhf_search
 
     pkg = os.path.dirname(openrlhf_search.__file__)
-    with pytest.raises(ValueError, match="package source"):
-        build_default_dataset(os.path.join(pkg, "data", "out"))
+    for inside in (os.path.join(pkg, "data_out"), os.path.join(pkg, "cpu", "data", "out")):
+        with pytest.raises(ValueError, match="package source"):
+            build_default_dataset(inside)
+        assert not os.path.exists(inside)
 
 
 def test_question_generation_is_consistent_with_facts():

@@ -260,7 +260,9 @@ def run_train(argv: List[str], log_path: str, timeout_s: float, probe_dir: Optio
     import subprocess
     import time
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    import openrlhf_search
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(openrlhf_search.__file__)))  # the checkout's root
     full_env = dict(os.environ)
     full_env.update(env or {})
     full_env["PYTHONPATH"] = repo + (os.pathsep + full_env["PYTHONPATH"] if full_env.get("PYTHONPATH") else "")

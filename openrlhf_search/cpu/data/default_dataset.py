@@ -36,7 +36,8 @@ from typing import Dict, List, Optional
 
 from openrlhf_search.cpu.data.countries import CountryFacts, load_country_facts
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the openrlhf_search package (this file is openrlhf_search/cpu/data/default_dataset.py)
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 QUESTION_TYPES = ("capital", "currency", "currency_of_capital", "capital_of_neighbor")
 # The entity type of each question type's answer (keys of :func:`entity_vocabulary`).
