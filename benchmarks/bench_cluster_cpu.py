@@ -436,7 +436,7 @@ def main(argv=None) -> int:
                    + " (partial = async + partial rollouts); replaces --async / --partial_rollout")
     p.add_argument("--last_steps", type=int, default=5, help="with --modes: steps the final reward is averaged over")
     p.add_argument("--seed", type=int, default=42, help="--train.seed (data order, sampling, initial engine seed)")
-    p.add_argument("--lr", type=float, default=None, help="--actor.adam.lr (cpu_cluster_assets.cluster_argv: 1e-3)")
+    p.add_argument("--lr", type=float, default=None, help="--actor.adam.lr (default: cluster_argv's 1e-3)")
     a = p.parse_args(argv)
     # kept (logs, probe records, engine_compare.json) so that a failed phase can be read afterwards; runs/ is ignored
     os.makedirs(os.path.join(REPO, "runs"), exist_ok=True)
