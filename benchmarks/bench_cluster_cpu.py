@@ -311,8 +311,7 @@ def cluster_steps(n_steps: int, estimator: str, workdir: str, async_args=(), ret
     first_start = steps[0]["time"] - steps[0]["status"]["timing/step_total"]
     return {"rows": rows, "wall_s": wall, "startup_s": first_start - start, "assets_s": assets_s,
             "step_times": [s["time"] for s in steps],
-            "samples_per_step": n_samples * batch, "estimator": estimator, "n_searches": len(spans), "probe": probe,
-            "step_ends": [s["time"] for s in steps]}
+            "samples_per_step": n_samples * batch, "estimator": estimator, "n_searches": len(spans), "probe": probe}
 
 
 def engine_comparison(rounds: int, workdir: str, timeout_s: int = 1800) -> dict:

@@ -45,7 +45,7 @@ def mode_figures(res: dict) -> dict:
     from openrlhf_search.cpu.cluster_mode.probe import prefill_summary, read_executor_records, read_jsonl, split_by_step
 
     records = read_executor_records(res["probe"], prefix="prefill_")
-    per_step = [prefill_summary(rows) for rows in split_by_step(records, res["step_ends"])]
+    per_step = [prefill_summary(rows) for rows in split_by_step(records, res["step_times"])]
     later = res["rows"][1:] or res["rows"]
     resets = [r for name in sorted(os.listdir(res["probe"])) if name.startswith("cache_reset_")
               for r in read_jsonl(os.path.join(res["probe"], name))]
