@@ -33,6 +33,7 @@ Units: a *step* is one rollout batch and its policy update (OpenRLHF's ``global_
 import argparse
 import logging
 import math
+import os
 from typing import Any, Optional, Tuple
 
 try:  # OpenRLHF's logger prints INFO in the trainer actor, where the per-step line must be seen
@@ -211,6 +212,7 @@ class StepCapTrainerMixin:
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
         ckpt = self.args.ckpt
+        append_step_metrics(os.path.join(ckpt.output_dir, METRICS_FILE), global_step, logs_dict)
         final = self.step_cap is not None and global_step == self.step_cap
         if final and math.isfinite(ckpt.save_steps) and global_step % ckpt.save_steps != 0:
             saved = ckpt.save_steps
@@ -220,6 +222,28 @@ class StepCapTrainerMixin:
             finally:
                 ckpt.save_steps = saved
         return super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def append_step_metrics(path: str, global_step: int, logs_dict) -> None:
+    """Append one JSON line ``{"global_step": N, <every scalar of the step's logs>}`` (non-finite
+    values as null) to ``path`` (the trainer's
+    ``--ckpt.output_dir``/``metrics.jsonl``, beside wandb / tensorboard, which OpenRLHF offers alone). A relaunch
+    that repeats a step appends it again; readers keep the last row per step."""
+    import json
+    import numbers
+
+    row = {"global_step": int(global_step)}
+    for key, value in (logs_dict or {}).items():
+        if hasattr(value, "item") and getattr(value, "numel", lambda: 1)() == 1:
+            value = value.item()
+        if isinstance(value, numbers.Number) and not isinstance(value, bool):
+            row[key] = float(value) if math.isfinite(float(value)) else None  # NaN / inf: JSON null
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def with_step_cap(trainer_cls: type) -> type:

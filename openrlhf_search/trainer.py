@@ -254,12 +254,32 @@ def trained_sample_status(status: Dict, trained: torch.Tensor) -> Dict:
 
 class SearchActorPPOTrainer(empty_mask_safe_actor_trainer()):
     """OpenRLHF's ``ActorPPOTrainer`` (through :class:`openrlhf_search.loss.EmptyMaskSafeActorTrainer`) whose
-    per-sample training statistics leave out samples that are not trained on (:func:`trained_sample_status`)."""
+    per-sample training statistics leave out samples that are not trained on (:func:`trained_sample_status`), and
+    whose weight sync sends only the trained tensors when lower layers are frozen (``--actor.trainable_layers``)."""
 
     def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
         trained = trained_samples(experience)
         status = super().training_step(experience, kl_ctl, step, loss_batch_info)
         return trained_sample_status(status, trained)
+
+    def broadcast_to_vllm(self):
+        """OpenRLHF's sync; with frozen layers it sends only ``requires_grad`` tensors (the engines loaded the frozen
+        ones from the same checkpoint, and they never change). OpenRLHF's own filter does exactly that for a VLM
+        (``p.requires_grad or not is_vlm``, :data:`SYNC_FILTER_LINE`), and ``is_vlm`` is read nowhere else during a
+        sync, so the flag is raised for its duration instead of copying the method."""
+        if not getattr(self.strategy.args.actor, "trainable_layers", 0):
+            return super().broadcast_to_vllm()
+        saved = getattr(self.actor, "is_vlm", False)
+        self.actor.is_vlm = True
+        try:
+            return super().broadcast_to_vllm()
+        finally:
+            self.actor.is_vlm = saved
+
+
+# The line of openrlhf/trainer/ray/ppo_actor.py that SearchActorPPOTrainer.broadcast_to_vllm relies on (checked by
+# tests/test_freeze.py against the installed OpenRLHF).
+SYNC_FILTER_LINE = 'if p.requires_grad or not getattr(self.actor, "is_vlm", False)'
 
 
 class SearchCriticPPOTrainer(CriticPPOTrainer):
@@ -300,14 +320,34 @@ class SearchCriticPPOTrainer(CriticPPOTrainer):
 
 class _SearchPolicyModelActor(PolicyModelActor.__ray_actor_class__):
     """OpenRLHF policy actor whose PPO loss is :class:`openrlhf_search.loss.MaskedPolicyLoss` and whose trainer
-    is :class:`SearchActorPPOTrainer`."""
+    is :class:`SearchActorPPOTrainer`. With ``--actor.trainable_layers K`` the lower layers are frozen before
+    DeepSpeed builds the optimiser (:func:`openrlhf_search.freeze.freeze_lower_layers`) and the update reuses the
+    frozen layers' states of the experience forward (:class:`openrlhf_search.freeze.TrunkCache`, ZeRO-0 to 2)."""
 
-    def init_model_from_pretrained(self, *args, **kwargs):
+    trunk_cache = None
+
+    def init_model_from_pretrained(self, strategy, *args, **kwargs):
         import openrlhf.trainer.ray.ppo_actor as ppo_actor
 
         install_into_openrlhf()  # rebinds the loss class looked up while the actor's trainer is built
         ppo_actor.ActorPPOTrainer = SearchActorPPOTrainer
-        return super().init_model_from_pretrained(*args, **kwargs)
+        k = getattr(strategy.args.actor, "trainable_layers", 0)
+        if not k:
+            return super().init_model_from_pretrained(strategy, *args, **kwargs)
+        from openrlhf_search.freeze import freeze_before_prepare
+
+        # ZeRO-3 gathers every layer in its own hooks whether it runs or not: no trunk cache there
+        frozen = freeze_before_prepare(strategy, k, trunk_cache=strategy.args.ds.zero_stage < 3)
+        out = super().init_model_from_pretrained(strategy, *args, **kwargs)
+        self.trunk_cache = frozen.get("trunk_cache")
+        return out
+
+    def fit(self, kl_ctl: float = 0):
+        status = super().fit(kl_ctl)
+        if self.trunk_cache is not None:  # one rollout batch at a time: the next step's sequences are new
+            status["trunk_cache_hits"] = float(self.trunk_cache.hits)
+            self.trunk_cache.clear()
+        return status
 
     def save_checkpoint(self, tag, client_states=None, metric_value=None, metric_key=None):
         """OpenRLHF's save, then the ``--ckpt.save_hf`` copies bounded like the DeepSpeed states: rank 0 keeps the

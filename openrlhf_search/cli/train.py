@@ -55,30 +55,32 @@ SCHEDULE_OPTIONS = ("stage2_reward_scheme", "stage2_start_step", "eval_reward_sc
                     "check_retrievers", "retriever_fingerprint")
 
 
-class _OpenRLHFMain:
-    """The ``__main__`` block of ``train_ppo_ray`` split into parser building and post-parse validation.
+class OpenRLHFMain:
+    """The ``__main__`` block of an OpenRLHF CLI module (``train_ppo_ray``, ``train_sft``) split into parser building
+    and post-parse validation.
 
     The source is read without importing the module (its imports pull in vLLM and DeepSpeed, ~20 s on a CPU box);
     the block only needs ``argparse``, ``os`` and ``datetime`` plus what it imports itself. ``module`` imports the
     real module on first use (to call ``train`` and inject classes).
     """
 
-    def __init__(self):
+    def __init__(self, module_name: str = OPENRLHF_TRAIN_MODULE):
         import importlib.util
 
-        spec = importlib.util.find_spec(OPENRLHF_TRAIN_MODULE)
+        self.module_name = module_name
+        spec = importlib.util.find_spec(module_name)
         if spec is None or not spec.origin:
-            raise RuntimeError(f"{OPENRLHF_TRAIN_MODULE} not found: is openrlhf 0.11.2 installed?")
+            raise RuntimeError(f"{module_name} not found: is openrlhf 0.11.2 installed?")
         self.path = spec.origin
         with open(self.path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), filename=self.path)
         body = self._main_body(tree)
         split = next((i for i, s in enumerate(body) if self._is_parse_args(s)), None)
         if split is None:
-            raise RuntimeError(f"{OPENRLHF_TRAIN_MODULE}: `args = parser.parse_args()` not found in its main block")
+            raise RuntimeError(f"{module_name}: `args = parser.parse_args()` not found in its main block")
         post = body[split + 1 :]
         if not post or not self._is_train_call(post[-1]):
-            raise RuntimeError(f"{OPENRLHF_TRAIN_MODULE}: main block does not end with `train(args)`")
+            raise RuntimeError(f"{module_name}: main block does not end with `train(args)`")
         self.build_code = self._compile(body[:split], "build_parser")
         self.validate_code = self._compile(post[:-1], "validate_args")
         self._module = None
@@ -88,18 +90,17 @@ class _OpenRLHFMain:
         if self._module is None:
             import importlib
 
-            self._module = importlib.import_module(OPENRLHF_TRAIN_MODULE)
+            self._module = importlib.import_module(self.module_name)
         return self._module
 
-    @staticmethod
-    def _main_body(tree: ast.Module) -> List[ast.stmt]:
+    def _main_body(self, tree: ast.Module) -> List[ast.stmt]:
         for node in tree.body:
             if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
                 t = node.test
                 if (isinstance(t.left, ast.Name) and t.left.id == "__name__" and len(t.comparators) == 1
                         and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value == "__main__"):
                     return node.body
-        raise RuntimeError(f"{OPENRLHF_TRAIN_MODULE}: no `if __name__ == \"__main__\":` block")
+        raise RuntimeError(f"{self.module_name}: no `if __name__ == \"__main__\":` block")
 
     @staticmethod
     def _is_parse_args(stmt: ast.stmt) -> bool:
@@ -115,12 +116,11 @@ class _OpenRLHFMain:
     def _compile(self, stmts: List[ast.stmt], name: str):
         return compile(ast.Module(body=stmts, type_ignores=[]), f"{self.path}:{name}", "exec")
 
-    @staticmethod
-    def namespace() -> Dict[str, Any]:
+    def namespace(self) -> Dict[str, Any]:
         import datetime as datetime_module
 
         # the module's own top-level names that its main block uses
-        return {"__name__": OPENRLHF_TRAIN_MODULE + ".__main__", "argparse": argparse, "os": os,
+        return {"__name__": self.module_name + ".__main__", "argparse": argparse, "os": os,
                 "datetime": datetime_module.datetime}
 
     def build_parser(self) -> argparse.ArgumentParser:
@@ -137,13 +137,13 @@ class _OpenRLHFMain:
         return ns["args"]
 
 
-_MAIN: Optional[_OpenRLHFMain] = None
+_MAIN: Optional[OpenRLHFMain] = None
 
 
-def openrlhf_main() -> _OpenRLHFMain:
+def openrlhf_main() -> OpenRLHFMain:
     global _MAIN
     if _MAIN is None:
-        _MAIN = _OpenRLHFMain()
+        _MAIN = OpenRLHFMain()
     return _MAIN
 
 
@@ -201,6 +201,12 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                        help="index fingerprint the retrievers must serve (GET /health 'fingerprint'; default: any, "
                             "as long as all agree); not a paper setting")
     add_schedule_arguments(parser)  # --train.max_steps (openrlhf_search.schedules)
+    parser.add_argument("--actor.trainable_layers", type=int, default=0,
+                        help="train only the top K decoder layers and the final norm of the policy (embeddings, LM "
+                             "head and lower layers frozen; the weight sync sends only the trained tensors, and the "
+                             "update reuses the frozen layers' states of the experience forward: "
+                             "openrlhf_search.freeze); 0 (default): train every parameter; not a paper setting")
+    allow_cpu_fp32(parser)
     parser.add_argument("--dry_run", action="store_true", default=False,
                         help="parse and validate every flag, print the resolved config as JSON, exit 0")
     parser.add_argument("--cpu_cluster", action="store_true", default=False,
@@ -209,6 +215,19 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                              "openrlhf_search.cpu.cluster_mode.runtime")
     parser.set_defaults(**{"train.agent_func_path": DEFAULT_AGENT_PATH})
     return parser
+
+
+FP32 = "fp32"
+
+
+def allow_cpu_fp32(parser: argparse.ArgumentParser) -> None:
+    """Add ``fp32`` to OpenRLHF's ``--ds.param_dtype`` choices (bf16, fp16). Only the CPU cluster mode trains in
+    float32 (CPUs without AVX512-BF16 emulate bf16 matmuls: ``benchmarks/bench_precision_cpu.py``);
+    :func:`validate_search` refuses it elsewhere."""
+    for action in parser._actions:
+        if "--ds.param_dtype" in action.option_strings and action.choices and FP32 not in action.choices:
+            action.choices = list(action.choices) + [FP32]
+            action.help = (action.help or "") + "; fp32: the CPU cluster mode only (--cpu_cluster)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -276,6 +295,13 @@ def validate_search(args, cfg: SearchConfig) -> None:
         raise ConfigError("--search.group_norm_zero_pad needs --algo.advantage.estimator group_norm and an even "
                           f"--rollout.n_samples_per_prompt (got {args.algo.advantage.estimator}, "
                           f"{args.rollout.n_samples_per_prompt})")
+    if args.ds.param_dtype == FP32 and not getattr(args, "cpu_cluster", False):
+        raise ConfigError("--ds.param_dtype fp32 is the CPU cluster mode's (--cpu_cluster); GPU runs train in bf16 "
+                          "or fp16")
+    if args.actor.trainable_layers < 0:
+        raise ConfigError(f"--actor.trainable_layers must be >= 0, got {args.actor.trainable_layers}")
+    if args.actor.trainable_layers and args.ds.lora.rank > 0:
+        raise ConfigError("--actor.trainable_layers and --ds.lora.rank both choose what trains: use one")
     if not (0.0 <= args.search.max_failed_fraction <= 1.0):
         raise ConfigError(f"--search.max_failed_fraction must be in [0, 1], got {args.search.max_failed_fraction}")
     if not os.path.isfile(args.train.agent_func_path):
@@ -505,6 +531,8 @@ def run(args, cfg: SearchConfig) -> None:
             raise ConfigError("--cpu_cluster starts its own local Ray; it cannot run inside a Ray job or cluster")
 
         cpu_cluster.install(driver=True)  # before train_ppo_ray (and vllm_engine) is imported
+        if args.ds.param_dtype == FP32:  # the engines load the checkpoint as the trainer holds it (patch 10)
+            os.environ[cpu_cluster.ENGINE_DTYPE_ENV] = "float32"
     inject_classes()
     started = False
     private = None

@@ -55,6 +55,13 @@ that never imports DeepSpeed or vLLM pays nothing. The lines cited are checked b
    ``trainer/ray/ppo_actor.py:415``, and ignores vLLM's answer, ``vllm_engine.py:128``), so no KV computed under old
    weights is reused; ``update_weight`` marks the last parameter with ``empty_cache`` (``ppo_actor.py:427``).
 
+10. ``--ds.param_dtype fp32`` (accepted by ``cli.train`` in this mode only): OpenRLHF maps the flag to a torch dtype in
+   ``openrlhf/utils/utils.py`` ``convert_to_torch_dtype`` (bf16 / fp16 only), which learns ``"fp32"`` ->
+   ``torch.float32``; DeepSpeed's config then enables neither bf16 nor fp16 (``deepspeed_utils.py:50,53``), i.e.
+   fp32 training; the engines load the checkpoint in float32 (``vllm_engine.py:273`` hard-codes ``bfloat16``:
+   :func:`cpu_engine_kwargs` sets the dtype from :data:`ENGINE_DTYPE_ENV`), so synced tensors keep their dtype.
+   CPUs without AVX512-BF16 emulate bf16 matmuls (``benchmarks/bench_precision_cpu.py`` measures it).
+
 What vLLM-CPU cannot serve here: sleep mode (``vllm/platforms/interface.py:224`` ``is_sleep_mode_available`` is
 False on CPU, ``vllm/config/model.py:607`` refuses it), so ``--vllm.enable_sleep`` is turned off, as it is whenever
 nothing is colocated; no HFEngine fallback is needed: generation, the worker extension, weight loading from the
@@ -83,6 +90,7 @@ ENV_FLAG = "OPENRLHF_SEARCH_CPU_CLUSTER"  # "1" in the driver and every Ray work
 SETUP_HOOK = "openrlhf_search.cpu.cluster_mode.runtime.setup_worker"
 WORKER_EXTENSION = "openrlhf_search.cpu.cluster_mode.runtime.CPUWorkerWrap"
 DEFAULT_KVCACHE_GIB = "1"
+ENGINE_DTYPE_ENV = "OPENRLHF_SEARCH_CPU_ENGINE_DTYPE"  # the engines' vLLM dtype: "float32" under fp32 training
 DEFAULT_OBJECT_STORE_BYTES = 400 * 1024 ** 2
 # Logical resources of the local Ray: every DeepSpeed actor and the vLLM engine ask for one GPU (OpenRLHF's
 # @ray.remote(num_gpus=1) and its placement-group bundles {"GPU": 1, "CPU": 1}); policy + reference + critic + engine.
@@ -113,6 +121,7 @@ PATCH_POINTS: Tuple[Tuple[str, str], ...] = (
     ("vllm.distributed.utils", "stateless_init_torch_distributed_process_group"),
     ("vllm.model_executor.layers.linear", "UnquantizedLinearMethod.process_weights_after_loading"),
     ("vllm.model_executor.layers.vocab_parallel_embedding", "UnquantizedEmbeddingMethod.process_weights_after_loading"),
+    ("openrlhf.utils.utils", "convert_to_torch_dtype"),
 )
 SHM_COMM_OP = "deepspeed_shm_comm"
 
@@ -150,6 +159,9 @@ LINE_REFS: Tuple[Tuple[str, int, str], ...] = (
     ("vllm/model_executor/layers/linear.py", 215, "dispatch_cpu_unquantized_gemm(layer, remove_weight=True)"),
     ("vllm/model_executor/layers/vocab_parallel_embedding.py", 66,
      "dispatch_cpu_unquantized_gemm(layer, remove_weight=False)"),
+    ("openrlhf/utils/deepspeed/deepspeed_utils.py", 50, '"enabled": param_dtype == "bf16",'),
+    ("openrlhf/utils/deepspeed/deepspeed_utils.py", 53, '"enabled": param_dtype == "fp16",'),
+    ("openrlhf/trainer/ray/vllm_engine.py", 273, '"dtype": "bfloat16",'),
 )
 
 
@@ -193,6 +205,21 @@ def _patch_openrlhf_deepspeed(module) -> None:
         return config
 
     strategy.get_ds_train_config = get_ds_train_config
+    module._openrlhf_search_cpu = True
+
+
+def _patch_dtype(module) -> None:
+    """Patch 10: ``convert_to_torch_dtype("fp32")`` -> ``torch.float32`` (``openrlhf/utils/utils.py``)."""
+    if getattr(module, "_openrlhf_search_cpu", False):
+        return
+    real = module.convert_to_torch_dtype
+
+    def convert_to_torch_dtype(param_dtype: str):
+        import torch
+
+        return torch.float32 if param_dtype == "fp32" else real(param_dtype)
+
+    module.convert_to_torch_dtype = convert_to_torch_dtype
     module._openrlhf_search_cpu = True
 
 
@@ -461,6 +488,8 @@ def cpu_engine_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     kwargs = dict(kwargs)
     kwargs["worker_extension_cls"] = WORKER_EXTENSION
     kwargs["enforce_eager"] = True
+    if os.environ.get(ENGINE_DTYPE_ENV):  # patch 10: the trainer's dtype, so synced tensors load as they are
+        kwargs["dtype"] = os.environ[ENGINE_DTYPE_ENV]
     if kwargs.get("enable_sleep_mode"):
         # vllm/platforms/interface.py:224 is_sleep_mode_available() is False on CPU and vllm/config/model.py:607
         # raises "Sleep mode is not supported on current platform."
@@ -545,6 +574,7 @@ HOOKS = (
     ("openrlhf.utils.distributed_util", _patch_distributed_util),
     ("openrlhf.trainer.ray.ppo_actor", _patch_ppo_actor),
     ("openrlhf.trainer.ppo_utils.replay_buffer", _patch_replay_buffer),
+    ("openrlhf.utils.utils", _patch_dtype),
     ("deepspeed.ops", _patch_deepspeed_ops),
     ("deepspeed.ops.op_builder.builder", _patch_op_builder),
     *VLLM_GEMM_HOOKS,
@@ -695,6 +725,7 @@ def worker_env_vars() -> Dict[str, str]:
         **probe,
         ENV_FLAG: "1",
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KVCACHE_GIB),
+        **({ENGINE_DTYPE_ENV: os.environ[ENGINE_DTYPE_ENV]} if os.environ.get(ENGINE_DTYPE_ENV) else {}),
         # vLLM >= 0.9 refuses pickled collective_rpc callables without it (OpenRLHF sets it in the actor too)
         "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
         "TOKENIZERS_PARALLELISM": "false",
