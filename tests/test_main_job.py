@@ -1,0 +1,143 @@
+"""The CPU main job's own pieces: the warm start's scripted trajectories (tokenised as rollouts, the policy's own
+answers, no gold read), the evaluation summary the before/after table is made of, and the job's settings."""
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from openrlhf_search.agent import SearchAgentExecutor
+from openrlhf_search.config import SearchConfig
+from openrlhf_search.cpu.main_job.warmstart import (SELF_ANSWER_PROMPT, answer_span, first_sentence,
+                                                    scripted_query, scripted_trajectory, scripted_turns, self_answers)
+from openrlhf_search.protocol import get_protocol
+from openrlhf_search.rewards import check_format
+from openrlhf_search.types import Passage
+
+PASSAGE = Passage(id="FRA-geo", title="France",
+                  text="France is a country in Western Europe. The capital of France is Paris, the seat of its "
+                       "government and one of its largest cities. It covers 551695 square kilometres.")
+
+
+def test_answer_span_drops_the_restated_question_only():
+    """Catches answer words dropped (a multi-word capital cut to one word), the restatement kept, or an empty
+    answer block."""
+    assert answer_span("The capital of Tonga is Nuku'alofa.", "What is the capital of Tonga?") == "Nuku'alofa"
+    assert answer_span("Asmara is the capital of Eritrea.", "What is the capital of Eritrea?") == "Asmara"
+    assert answer_span("The currency used in Mexico is the MXN.", "Which currency is used in Mexico?") == "MXN"
+    assert answer_span("The capital is St. Peter Port.", "What is the capital of Guernsey?") == "St. Peter Port"
+    assert answer_span("The capital of Papua New Guinea is Port Moresby.",
+                       "What is the capital of Papua New Guinea?") == "Port Moresby"
+    assert answer_span("Samoa is a country in Polynesia.", "What is the capital of Samoa?") == "Polynesia"
+    assert answer_span("It is the capital of France.", "What is the capital of France?") == \
+        "It is the capital of France"
+    assert first_sentence("The capital is St. Peter Port. It is small.") == "The capital is St. Peter Port."
+    assert scripted_query("What is the capital of France?") == "capital France"
+
+
+class _FakeEngine:
+    """vLLM's generate contract; records the prompts and answers every request with one fixed reply."""
+
+    def __init__(self, reply):
+        self.reply, self.prompts = reply, []
+
+    async def generate(self, ids, params):
+        self.prompts.append(list(ids))
+        return SimpleNamespace(outputs=[SimpleNamespace(text=self.reply)])
+
+
+def test_self_answers_ask_the_policy_with_the_passage_and_keep_its_first_sentence(smollm2_tokenizer):
+    """Catches the gold answer leaking into the request, the passage left out, or the whole reply kept."""
+    eng = _FakeEngine("The capital of France is Paris. It is a large city.")
+    out = self_answers(eng, smollm2_tokenizer, ["What is the capital of France?"], [[PASSAGE]], progress=False)
+    assert out == ["The capital of France is Paris."]
+    text = smollm2_tokenizer.decode(eng.prompts[0])
+    assert PASSAGE.text in text and "What is the capital of France?" in text
+    assert SELF_ANSWER_PROMPT.split("{question}")[1].strip() in text
+    assert "<|im_start|>assistant" in text  # the policy's own chat template, generation prompt added
+    assert self_answers(_FakeEngine(""), smollm2_tokenizer, ["q?"], [[PASSAGE]], progress=False) == ["unknown"]
+    with pytest.raises(ValueError, match="1 questions but 2 passage lists"):
+        self_answers(eng, smollm2_tokenizer, ["q?"], [[PASSAGE], [PASSAGE]], progress=False)
+
+
+class _ReplayEngine:
+    """Returns the next scripted turn's tokens for each call (vLLM ``RequestOutput`` fields the executor reads)."""
+
+    def __init__(self, tokenizer, turns, stop):
+        self.tok, self.turns, self.stop = tokenizer, list(turns), stop
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        text = self.turns.pop(0)
+        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        stop = next((s for s in self.stop if text.endswith(s)), None)
+        out = SimpleNamespace(token_ids=ids, text=text, finish_reason="stop", stop_reason=stop, logprobs=None,
+                              cumulative_logprob=None)
+        return SimpleNamespace(outputs=[out], prompt_token_ids=list(prompt_token_ids), num_cached_tokens=0)
+
+
+class _OneClient:
+    async def search(self, query, topk=None):
+        return [PASSAGE]
+
+    async def search_batch(self, queries, topk=None):
+        return [[PASSAGE] for _ in queries]
+
+
+@pytest.mark.parametrize("name", ["searchr1_bare", "r1searcher"])
+def test_scripted_trajectory_is_the_rollout_the_executor_builds(smollm2_tokenizer, name):
+    """The warm start trains on exactly the tokens a rollout holds: the executor, fed the scripted turns by a
+    replaying engine and the same passage, returns the same token ids and action spans. Catches a documents block
+    rendered or cut otherwise than the executor's (the twin's old whole-block cut), prompt tokens with special
+    tokens added, or spans off by one. The answer turn passes the format rule and its answer is the span."""
+    proto = get_protocol(name)
+    cfg = SearchConfig(protocol=name, topk=1, max_obs_tokens=40, max_turns=3, max_new_tokens_per_turn=48,
+                       reward_scheme="searchr1_em", chat_template=True)
+    executor = SearchAgentExecutor(cfg, retrieval_client=_OneClient())
+    q = "What is the capital of France?"
+    prompt = proto.build_prompt(q, tokenizer=smollm2_tokenizer, chat=True)
+    first, second = scripted_turns(prompt, q, "Paris", "The capital of France is Paris.", proto)
+    row = scripted_trajectory(prompt, [(first, [PASSAGE]), (second, None)], executor, smollm2_tokenizer)
+    from vllm import SamplingParams
+
+    out = asyncio.run(executor.execute(prompt, '["Paris"]', SamplingParams(max_tokens=48, stop=list(
+        proto.stop_strings), include_stop_str_in_output=True), 512, smollm2_tokenizer,
+        _ReplayEngine(smollm2_tokenizer, [first, second], proto.stop_strings)))
+    assert out["observation_tokens"] == row["input_ids"]
+    assert [list(r) for r in out["action_ranges"]] == row["action_ranges"]
+    response = smollm2_tokenizer.decode(row["input_ids"][row["action_ranges"][0][0]:])
+    assert proto.extract_answer(response) == "Paris" and check_format(response, proto) == (True, "")
+    assert float(out["reward"]) == 1.0
+
+
+def test_evaluation_summary_scores_each_question_and_leaves_failures_out():
+    """Catches a failed retrieval scored as a wrong answer, per-question lists out of order with ``questions``, and a
+    record without ``gold`` (the baselines read it)."""
+    from openrlhf_search.evaluation.compare import compare_evaluations, evaluation_summary
+
+    def row(q, em, pred, searches=1, failed=False):
+        return {"question": q, "golds": ["A"], "prediction": pred, "em": em, "f1": em, "cover_em": em,
+                "searches": searches, "turns": 2, "response_tokens": 20, "retrieval_failed": failed, "error": None}
+
+    s = evaluation_summary([row("q1", 1.0, "A"), row("q2", 0.0, "", 0), row("q3", 1.0, "A", failed=True)])
+    assert s["n"] == 2 and s["failed_questions"] == ["q3"] and s["questions"] == ["q1", "q2"]
+    assert s["em"] == 0.5 and s["answer_rate"] == 0.5 and s["valid_search_rate"] == 0.5
+    assert s["per_question"]["em"] == [1.0, 0.0] and s["records"][0]["gold"] == ["A"]
+    after = evaluation_summary([row("q1", 1.0, "A"), row("q2", 1.0, "A")])
+    cmp = compare_evaluations(s, after)
+    assert cmp["em"]["diff"] == pytest.approx(0.5) and cmp["em"]["n"] == 2
+
+
+def test_rl_flags_parse_with_the_product_parser(tmp_path):
+    """The job's RL phase runs cli.train with flags its own parser accepts (a renamed OpenRLHF flag fails here, not
+    after the warm start), extra flags after ``--`` last (they win), GRPO with the KL in the loss, fp32."""
+    from openrlhf_search.cli.train import build_parser
+    from openrlhf_search.cpu.main_job.run import parse_args as job_args
+    from openrlhf_search.cpu.main_job.run import rl_flags
+
+    a = job_args(["--out", str(tmp_path), "--steps", "7", "--", "--actor.adam.lr", "3e-5"])
+    argv = rl_flags(a, "model", "prompts.jsonl", "http://127.0.0.1:9", str(tmp_path / "rl")) + a.extra
+    flat = vars(build_parser().parse_args(argv))
+    assert flat["train.max_steps"] == 7 and flat["actor.adam.lr"] == 3e-5 and flat["ds.param_dtype"] == "fp32"
+    assert flat["algo.advantage.estimator"] == "group_norm" and flat["algo.kl.use_loss"]
+    assert flat["actor.trainable_layers"] == 4 and flat["cpu_cluster"]
+    assert flat["rollout.batch_size"] * flat["rollout.n_samples_per_prompt"] == flat["train.batch_size"]
