@@ -88,7 +88,9 @@ def vllm_engine_kwargs(model: str, on_cpu: bool, tokenizer: Optional[str] = None
     kwargs = dict(model=model, tokenizer=tokenizer, seed=seed, max_model_len=max_model_len,
                   enable_prefix_caching=True, tensor_parallel_size=tensor_parallel_size, dtype=dtype)
     if on_cpu:
-        kwargs.update(dtype="float32" if dtype == "auto" else dtype, enforce_eager=True)
+        # block_size: vLLM-CPU's default KV block of 128 tokens leaves a shared prompt shorter than a block uncached
+        # (prefix caching reuses whole blocks); 32 is the smallest it takes without a warning (vllm/platforms/cpu.py)
+        kwargs.update(dtype="float32" if dtype == "auto" else dtype, enforce_eager=True, block_size=32)
         if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # vllm/platforms/cpu.py applies the env var itself
             kwargs["kv_cache_memory_bytes"] = int(CPU_KV_CACHE_GIB * 2 ** 30)
     else:

