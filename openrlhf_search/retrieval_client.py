@@ -706,4 +706,4 @@ def _stop_message(response: httpx.Response, url: str) -> Optional[str]:
     if not isinstance(body, dict) or body.get("stop_run") is not True:
         return None
     detail = " ".join(str(body.get("detail") or f"HTTP {response.status_code}").split())
-    return f"retriever {url} stopped: {detail}"
+    return f"retriever {url}: {detail}"
