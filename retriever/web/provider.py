@@ -165,7 +165,8 @@ def call(provider: Provider, client: httpx.Client, endpoint: str, key: str, quer
          timeout_s: float) -> ProviderAnswer:
     """One provider call for one query; the answer or one :class:`ProviderError` (see the module table).
 
-    ``timeout_s`` bounds the whole call (connect, send, every read)."""
+    ``timeout_s`` is httpx's connect / write / read timeout of the call (the client's own deadline bounds the
+    wall time a search waits)."""
     who = provider.name
     try:
         response = client.request(**provider.request(endpoint, query, topk, key), timeout=timeout_s)

@@ -165,6 +165,19 @@ def test_5xx_is_a_503_and_the_retry_succeeds_without_calling_twice_for_answered_
         "answered", "failing", "failing"]
 
 
+def test_a_provider_slower_than_the_call_timeout_is_a_503():
+    s = ProviderStandIn("serpapi")
+    s.delay_s = 1.0
+    index = make(s, timeout_s=0.3)
+    try:
+        with pytest.raises(BackendError, match="serpapi: no answer within 0.3s") as e:
+            index.search(["q"], 3)
+    finally:
+        index.close()
+        s.close()
+    assert e.value.status == 503 and not e.value.stop_run and index.counts["unavailable"] == 1
+
+
 def test_provider_400_for_one_query_gives_it_no_passages():
     s = ProviderStandIn("serper")
     s.mode = "badquery"
@@ -285,7 +298,8 @@ def test_calls_are_paced_by_the_rate_limit():
     finally:
         index.close()
         s.close()
-    assert index.limiter.waits == 5 and index.limiter.waited_s >= 0.25 * 5 / 2  # spaced 50 ms apart, 6 calls
+    times = sorted(r["t"] for r in s.searches)
+    assert len(times) == 6 and times[-1] - times[0] >= 0.2  # 6 calls at 20/s: starts 50 ms apart, 250 ms in all
 
 
 def test_retry_after_parsing():

@@ -271,3 +271,11 @@ def test_budget_continue_mode_leaves_queries_without_passages_and_counts_them(se
         server.close()
     assert len(first[0]) == 3 and later == [[], []]
     assert (client.stats["web_calls"], client.stats["web_skipped"]) == (1, 2) and len(serper.searches) == 1
+
+
+def test_ray_serve_refuses_a_web_backend(capsys):
+    from retriever.serve import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--ray", "--web", "serper"])
+    assert e.value.code == 2 and "drop --ray" in capsys.readouterr().err

@@ -115,7 +115,7 @@ class ProviderStandIn:
         params = {k: v[0] for k, v in parse_qs(parsed.query).items()}
         body = json.loads(raw) if raw else None
         self.requests.append({"method": method, "path": parsed.path, "params": params, "json": body,
-                              "headers": {k.lower(): v for k, v in h.headers.items()}})
+                              "headers": {k.lower(): v for k, v in h.headers.items()}, "t": time.monotonic()})
         if parsed.path != "/search":
             return self._send(h, 404, {"error": "not found"})
         if self.delay_s:
