@@ -17,7 +17,7 @@ from openrlhf_search.evaluation.summary import format_table
 from openrlhf_search.retrieval_client import RetrievalStopped
 from tests.conftest import REPO_ROOT, shared_path
 from tests.retriever.test_web_server import AppServer, web_index
-from tests.retriever.web_standins import ProviderStandIn
+from tests.retriever.web_standins import ProviderStandIn, no_real_provider  # noqa: F401 (autouse fixture)
 
 EVAL_SH = os.path.join(REPO_ROOT, "examples", "scripts", "eval.sh")
 

@@ -78,9 +78,10 @@ class WebIndex:
         on_budget: "stop" (the run stops when the budget is spent) or "continue" (no web passages from then on).
         timeout_s: deadline of one provider call, seconds.
         concurrency: provider calls in flight at once.
-        max_retry_wait_s: longest Retry-After honoured; a longer one (or none given: ``default_retry_s``) past
-            ``retries_429`` attempts answers 503.
+        max_retry_wait_s: longest Retry-After waited here, seconds; a longer one, or 429s past ``retries_429``
+            calls again, answer 503 (with Retry-After) and the client's retry rules take over.
         retries_429: provider calls per query after a 429.
+        default_retry_s: wait after a 429 without Retry-After, seconds, doubled on each further 429.
         log_every: log the cache hit rate every this many lookups.
     """
 
@@ -143,8 +144,9 @@ class WebIndex:
         return [answers[q] for q in queries]
 
     def info(self) -> dict:
-        """What ``GET /health`` reports: provider, endpoint, settings, fingerprint, and the spend / cache / error
-        counters under ``web``."""
+        """What ``GET /health`` reports: provider, endpoint, settings, fingerprint (hash of provider, endpoint,
+        site and passage text), and under ``web`` the counters (``calls``: HTTP calls sent to the provider, 429
+        retries included), the budget's spend and caps, the cache's hit rate."""
         variant = self._variant()
         ident = {"provider": self.provider.name, "endpoint": self.endpoint, "site": self.site, "variant": variant}
         fingerprint = hashlib.sha256(repr(sorted(ident.items())).encode()).hexdigest()[:16]

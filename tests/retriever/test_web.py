@@ -11,7 +11,6 @@ autouse guard fails any request to a host other than 127.0.0.1."""
 import logging
 import time
 
-import httpx
 import pytest
 
 from retriever.server import BackendError
@@ -21,21 +20,7 @@ from retriever.web.cache import QueryCache, RunBudget
 from retriever.web.provider import parse_retry_after
 from retriever.web.ratelimit import RateLimiter
 from retriever.web.reader import PageReader, clean_page_text, window
-from tests.retriever.web_standins import KEY, ProviderStandIn
-
-LOOPBACK = ("127.0.0.1", "localhost")
-
-
-@pytest.fixture(autouse=True)
-def no_real_provider(monkeypatch):
-    """Any httpx request to a host other than the loopback fails the test (a default endpoint left in place)."""
-    real = httpx.HTTPTransport.handle_request
-
-    def guarded(self, request):
-        assert request.url.host in LOOPBACK, f"a test tried to reach {request.url.host}"
-        return real(self, request)
-
-    monkeypatch.setattr(httpx.HTTPTransport, "handle_request", guarded)
+from tests.retriever.web_standins import KEY, ProviderStandIn, no_real_provider  # noqa: F401 (autouse fixture)
 
 
 @pytest.fixture(params=["serper", "serpapi"])

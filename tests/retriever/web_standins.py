@@ -24,7 +24,24 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlparse
 
+import httpx
+import pytest
+
 KEY = "sk-test-5b1f0c9e7d2a4e33"  # the key the stand-ins accept; must never show up in a log or message
+LOOPBACK = ("127.0.0.1", "localhost")
+
+
+@pytest.fixture(autouse=True)
+def no_real_provider(monkeypatch):
+    """Import it into a test module: any httpx request to a host other than the loopback (a provider's default
+    endpoint left in place) fails the test, in this process and its threads."""
+    real = httpx.HTTPTransport.handle_request
+
+    def guarded(self, request):
+        assert request.url.host in LOOPBACK, f"a test tried to reach {request.url.host}"
+        return real(self, request)
+
+    monkeypatch.setattr(httpx.HTTPTransport, "handle_request", guarded)
 
 
 def page_html(url: str) -> str:
