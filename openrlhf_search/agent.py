@@ -23,6 +23,9 @@ or answer), and it is counted in ``extra_logs["rejected_queries"]`` (not in ``va
 cuts a query to the server's advertised length and replaces characters UTF-8 cannot carry, so with our server a
 rejection is rare; marking it ``retrieval_failed`` instead would hide a policy that writes malformed queries from
 training, and at more than ``--search.max_failed_fraction`` of a batch stop the run.
+
+``RetrievalStopped`` (a web retriever whose provider refused the API key, or whose account or run budget is spent) is
+not absorbed: ``execute`` raises it, and the run stops with its one-line message.
 """
 
 import logging
@@ -36,7 +39,8 @@ from openrlhf_search.config import ConfigError, SearchConfig
 from openrlhf_search.metrics import parse_golds
 from openrlhf_search.policy_versions import SEGMENTS_ATTR, merge_segments, shift_segments
 from openrlhf_search.protocol import Protocol, get_protocol
-from openrlhf_search.retrieval_client import QueryRejected, RetrievalClient, RetrievalError, start_retrieval_trace
+from openrlhf_search.retrieval_client import (QueryRejected, RetrievalClient, RetrievalError, RetrievalStopped,
+                                              start_retrieval_trace)
 from openrlhf_search.types import Action
 
 logger = logging.getLogger(__name__)
@@ -232,6 +236,8 @@ class SearchAgentExecutor(AgentExecutorBase):
                 rejected = False
                 try:
                     passages = await self.client.search(query)
+                except RetrievalStopped:  # the retriever says the run must stop (a refused web API key, ...)
+                    raise
                 except QueryRejected as e:  # the query is at fault, not the retriever: empty block, sample kept
                     rejected = True
                     passages = []

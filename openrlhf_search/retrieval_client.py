@@ -40,6 +40,12 @@ A query the server rejects fails alone, never the queries coalesced with it:
   retry). A 4xx that is about the request itself (a topk above the server's maximum, from a server that has
   per-query errors) is a configuration fault: every query of the request raises ``RetrievalError``.
 
+A web retriever (``retriever.server --web``) that can no longer serve (the provider refused the API key, the
+account or the run's budget is spent) answers with ``"stop_run": true``: every query of that request raises
+:class:`RetrievalStopped`, which the executor does not absorb, so the run stops with that one-line message. Its
+answers also say how many of their queries were provider calls, cache hits or skipped by the budget; ``stats``
+sums them (``web_calls``, ``web_cache_hits``, ``web_skipped``) for the step-time accounting.
+
 Failovers, breaker openings and health checks are counted in ``stats`` and logged (a warning when an endpoint is
 routed around, info when it is back); :func:`start_retrieval_trace` gives a rollout per-sample counts (the executor
 writes them to ``extra_logs``, so OpenRLHF logs them next to the ``search/*`` statistics).
@@ -68,6 +74,11 @@ class QueryRejected(RetrievalError):
     """The retriever refused this one query (a per-query error, or a 4xx for a request holding it alone): the
     query is at fault, not the service; the other queries coalesced with it were answered. A subclass of
     ``RetrievalError`` so that callers that do not tell the two apart still see a failure."""
+
+
+class RetrievalStopped(RetrievalError):
+    """The retriever says the run must stop (a web provider refused the API key, the account or the run's web
+    budget is spent): no retry or failover can help. The message is one line, the retriever's own."""
 
 
 class _BadRequest(Exception):
@@ -213,7 +224,9 @@ class RetrievalClient:
             (``GET /health`` for an endpoint's limits), ``server_cut_queries`` (queries cut to an endpoint's
             advertised length, per attempt), ``rejected_requests`` (4xx answers), ``rejected_queries`` (searches
             that raised :class:`QueryRejected`), ``splits`` (batches re-sent in parts), ``timeouts`` (attempts
-            or probes ended by their deadline).
+            or probes ended by their deadline), ``stopped`` (requests answered with ``stop_run``), and from a web
+            retriever ``web_calls`` (queries answered by a provider call), ``web_cache_hits``, ``web_skipped``
+            (queries the spent budget left without passages).
     Raises:
         ValueError: no URL, or a count / duration out of range.
     """
@@ -251,7 +264,8 @@ class RetrievalClient:
                       "errors": 0, "breaker_opens": 0, "breaker_closes": 0, "health_checks": 0,
                       "health_check_failures": 0, "truncated_queries": 0, "empty_queries": 0,
                       "sanitized_queries": 0, "limit_reads": 0, "server_cut_queries": 0, "rejected_requests": 0,
-                      "rejected_queries": 0, "splits": 0, "timeouts": 0}
+                      "rejected_queries": 0, "splits": 0, "timeouts": 0, "stopped": 0, "web_calls": 0,
+                      "web_cache_hits": 0, "web_skipped": 0}
 
     @classmethod
     def from_config(cls, cfg) -> "RetrievalClient":
@@ -272,6 +286,7 @@ class RetrievalClient:
             list of at most ``topk`` ``Passage`` objects, best first.
         Raises:
             QueryRejected: the server refused this query (the others sent with it are not affected).
+            RetrievalStopped: the retriever says the run must stop (web provider key refused, budget spent).
             RetrievalError: the request failed on every attempt (or the server refused the request as a whole).
         """
         self.stats["queries"] += 1
@@ -602,10 +617,16 @@ class RetrievalClient:
                                "per_query_errors": True}
                     response = await state.client.post(url + "/retrieve", json=payload, timeout=self.timeout_s)
                 if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
+                    stop = _stop_message(response, url)
+                    if stop is not None:
+                        self.stats["stopped"] += 1
+                        raise RetrievalStopped(stop)
                     raise _BadRequest(f"{url} answered {response.status_code}: {response.text[:300]}",
                                       response.status_code)
                 response.raise_for_status()
-                results = self._parse(response.json(), len(queries), url)
+                body = response.json()
+                results = self._parse(body, len(queries), url)
+                self._count_web(body)
                 self.stats["queries_sent"] += len(queries)
                 self._record_success(endpoint)
                 return results
@@ -637,6 +658,15 @@ class RetrievalClient:
         raise RetrievalError(f"retriever unavailable after {attempts} attempts ({retries} retries) over "
                              f"{self.urls}: {last_error!r}")
 
+    def _count_web(self, body) -> None:
+        """Add a web retriever's per-answer counts (``"web": {"calls", "cache_hits", "skipped"}``) to ``stats``."""
+        web = body.get("web") if isinstance(body, dict) else None
+        if isinstance(web, dict):
+            for key in ("calls", "cache_hits", "skipped"):
+                value = web.get(key)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    self.stats[f"web_{key}"] += value
+
     @staticmethod
     def _parse(body, n_queries: int, url: str = "") -> list:
         """Parse ``{"result": [[{"document": {...}, "score": s}, ...], ...], "errors": [null | str, ...]}``
@@ -665,3 +695,15 @@ class RetrievalClient:
                     passages.append(passage_from_document(hit))
             parsed.append(passages)
         return parsed
+
+
+def _stop_message(response: httpx.Response, url: str) -> Optional[str]:
+    """The retriever's one-line reason when a 4xx answer carries ``"stop_run": true``, else None."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or body.get("stop_run") is not True:
+        return None
+    detail = " ".join(str(body.get("detail") or f"HTTP {response.status_code}").split())
+    return f"retriever {url}: {detail}"

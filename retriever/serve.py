@@ -186,7 +186,11 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, argparse.Namespace]:
     if not a.ray and a.replicas != 1:
         p.error("--replicas needs --ray")
     a.server_argv = rest
-    return a, parse_server_args(rest)
+    s = parse_server_args(rest)
+    if a.ray and s.web:
+        p.error("--ray serves an index; a web backend (--web) runs as one plain server (its limit is the "
+                "provider's rate, not this process): drop --ray")
+    return a, s
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,7 @@
 """Retrieval service: FastAPI + uvicorn over one index directory.
 
     python -m retriever.server --index_dir D [--host 127.0.0.1] [--port 8000]
+    python -m retriever.server --web serper|serpapi [--web_endpoint URL] [cost controls, see --help]
 
 Endpoints:
 - ``POST /retrieve`` (Search-R1's schema) ``{"queries": [...], "topk": 3, "return_scores": true}`` ->
@@ -11,6 +12,13 @@ Endpoints:
 - ``POST /queries`` (R1-Searcher's schema) ``{"queries": [...], "k": 3}`` ->
   ``{"queries": [...], "answers": [[contents, ...], ...]}``.
 - ``GET /health`` -> index info and counters.
+
+``--web PROVIDER`` serves a web search provider instead of an index (``retriever/web``): the same endpoints and
+schemas, passages built from the provider's results, a query cache, a run budget and a rate limit; the API key comes
+from the provider's environment variable (``SERPER_API_KEY``, ``SERPAPI_API_KEY``) and is never logged. A backend
+failure is a :class:`BackendError` answer: 503 (the client retries / fails over) or, with ``"stop_run": true``, a 4xx
+after which the run must stop (refused key, empty account, budget spent). Each ``/retrieve`` answer from the web
+backend carries ``"web": {"calls", "cache_hits", "skipped"}`` for its queries.
 
 Dynamic micro-batching: requests that queue while the previous batch is being searched are encoded and
 searched as one batch by a single worker thread, so the event loop never blocks; a request that finds the server
@@ -45,6 +53,19 @@ class Limits:
     max_topk: int = 100
     default_topk: int = 3
     max_body_bytes: int = 8 * 1024 * 1024
+
+
+class BackendError(RuntimeError):
+    """The search backend (a web provider) failed for a request.
+
+    ``status`` 503 (or 504): temporary, the client's retry / failover rules apply; ``retry_after`` seconds go out
+    as a Retry-After header. A 4xx with ``stop_run`` True: no retry can help (refused API key, empty account, the
+    run's budget spent): the body says so and the client stops the run with the message, which is one line."""
+
+    def __init__(self, message: str, status: int = 503, stop_run: bool = False,
+                 retry_after: float | None = None):
+        super().__init__(message)
+        self.status, self.stop_run, self.retry_after = status, stop_run, retry_after
 
 
 class BadRequest(ValueError):
@@ -255,7 +276,7 @@ class MicroBatcher:
             try:
                 results = await loop.run_in_executor(self._executor, self.index.search, queries, topk)
             except Exception as e:  # one bad batch must not kill the batcher
-                logger.exception("search failed for a batch of %d queries", len(queries))
+                _log_search_failure(e, "batch", len(queries))
                 self.stats.errors += 1
                 for p in group:
                     if not p.future.done():
@@ -306,13 +327,29 @@ class PerRequestSearcher:
         try:
             results = await asyncio.get_running_loop().run_in_executor(self._executor, self._timed_search,
                                                                        queries, topk)
-        except Exception:
-            logger.exception("search failed for a request of %d queries", len(queries))
+        except Exception as e:
+            _log_search_failure(e, "request", len(queries))
             self.stats.errors += 1
             raise
         self.stats.batches += 1
         self.stats.max_batch_queries_seen = max(self.stats.max_batch_queries_seen, len(queries))
         return results
+
+
+def _log_search_failure(e: Exception, what: str, n: int) -> None:
+    if isinstance(e, BackendError):  # already explained in one line (a provider outage, a refused key)
+        logger.warning("search failed for a %s of %d queries: %s", what, n, e)
+    else:
+        logger.exception("search failed for a %s of %d queries", what, n)
+
+
+def web_counts(results: list) -> dict | None:
+    """Per request, where its queries' passages came from (``WebHits.source`` of the web backend): ``{"calls",
+    "cache_hits", "skipped"}``; None for an index (its lists carry no source)."""
+    sources = [getattr(hits, "source", None) for hits in results]
+    if not any(sources):
+        return None
+    return {"calls": sources.count("web"), "cache_hits": sources.count("cache"), "skipped": sources.count("skipped")}
 
 
 def _document(p: dict) -> dict:
@@ -359,6 +396,11 @@ def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_
     @app.exception_handler(BadRequest)
     async def bad_request(_request, exc: BadRequest):
         return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+
+    @app.exception_handler(BackendError)
+    async def backend_error(_request, exc: BackendError):
+        headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if exc.retry_after else None
+        return JSONResponse({"detail": str(exc), "stop_run": exc.stop_run}, status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request, exc: RequestValidationError):
@@ -418,6 +460,9 @@ def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_
             out = {"result": [[_document(p) for p in hits] for hits in results]}
         if errors is not None:
             out["errors"] = errors
+        counts = web_counts(results)
+        if counts is not None:
+            out["web"] = counts
         if added_latency_ms > 0:
             await asyncio.sleep(added_latency_ms / 1000.0)
         return out
@@ -427,7 +472,11 @@ def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_
         body = await _json_body(request)
         queries, topk = validate_request(body.get("queries"), body.get("k", body.get("topk")), limits)
         results = await batcher.search(queries, topk)
-        return {"queries": queries, "answers": [[p["contents"] for p in hits] for hits in results]}
+        out = {"queries": queries, "answers": [[p["contents"] for p in hits] for hits in results]}
+        counts = web_counts(results)
+        if counts is not None:
+            out["web"] = counts
+        return out
 
     return app
 
@@ -450,7 +499,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m retriever.server", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--index_dir", required=True, help="folder made by python -m retriever.build_index")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--index_dir", help="folder made by python -m retriever.build_index")
+    source.add_argument("--web", metavar="PROVIDER", choices=WEB_PROVIDERS,
+                        help="serve a web search provider instead of an index: serper (API key in $SERPER_API_KEY) "
+                             "or serpapi (API key in $SERPAPI_API_KEY); the key is never logged")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (see --port_file)")
     p.add_argument("--port_file", default=None, help="write the bound port here once listening")
@@ -474,6 +527,42 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--added_latency_ms", type=float, default=0.0,
                    help="wait this long before every /retrieve answer, ms (benchmarks: a slow retriever; default 0)")
     p.add_argument("--log_level", default="info")
+    w = p.add_argument_group("web search (--web)", "cost and safety controls; docs/retriever.md, 'Web search'")
+    w.add_argument("--web_endpoint", default=None,
+                   help="the provider's search URL (default its public one: https://google.serper.dev/search, "
+                        "https://serpapi.com/search); a local stand-in for tests")
+    w.add_argument("--web_key_env", default=None,
+                   help="environment variable holding the API key (default SERPER_API_KEY / SERPAPI_API_KEY)")
+    w.add_argument("--web_cache", default="web_cache.sqlite",
+                   help="SQLite query cache, kept across restarts and shared by servers (default ./web_cache.sqlite; "
+                        "'none': no cache)")
+    w.add_argument("--web_cache_max_age_days", type=float, default=None,
+                   help="cached answers older than this are fetched again (default: kept forever)")
+    w.add_argument("--web_max_queries", type=int, default=10000,
+                   help="most queries sent to the provider in this run (cache hits are free); default 10000")
+    w.add_argument("--web_max_usd", type=float, default=None,
+                   help="most money for this run, US$ (needs --web_usd_per_1k)")
+    w.add_argument("--web_usd_per_1k", type=float, default=None,
+                   help="your plan's price of 1,000 searches (provider credits), US$")
+    w.add_argument("--web_run", default=None,
+                   help="run name: the budget's spend is kept in the cache file under it, so a restarted server "
+                        "goes on counting the same run (default: counted from zero at each start)")
+    w.add_argument("--web_on_budget", choices=("stop", "continue"), default="stop",
+                   help="budget reached: stop (the run stops with the message) or continue (uncached queries get no "
+                        "passages; cached ones are still served)")
+    w.add_argument("--web_qps", type=float, default=5.0, help="most provider calls per second (0: no pacing)")
+    w.add_argument("--web_concurrency", type=int, default=8, help="provider calls in flight at once")
+    w.add_argument("--web_timeout_s", type=float, default=10.0, help="deadline of one provider call, seconds")
+    w.add_argument("--web_max_retry_wait_s", type=float, default=30.0,
+                   help="longest Retry-After of a 429 waited here; a longer one answers 503 (the client retries)")
+    w.add_argument("--web_retries_429", type=int, default=3, help="provider calls per query after a 429")
+    w.add_argument("--web_site", default="",
+                   help="restrict queries to a site (appends ' site:SITE'; R1-Searcher's online eval: "
+                        "en.wikipedia.org)")
+    w.add_argument("--web_reader_endpoint", default=None,
+                   help="reader service for page text (GET ENDPOINT/<page url>, Jina Reader's convention, e.g. "
+                        "https://r.jina.ai; key in $WEB_READER_API_KEY); default: title + snippet only")
+    w.add_argument("--web_page_words", type=int, default=200, help="words of page text per passage (with a reader)")
     a = p.parse_args(argv)
     # limits that would make the server refuse every request (or hold it forever) are refused at start
     for name in ("max_topk", "max_queries", "max_query_chars", "max_batch_queries"):
@@ -481,22 +570,76 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name} must be >= 1, got {getattr(a, name)}")
     if not 1 <= a.topk <= a.max_topk:
         p.error(f"--topk must be in [1, --max_topk {a.max_topk}], got {a.topk}")
-    for name in ("batch_window_ms", "batch_max_wait_ms", "added_latency_ms"):
+    for name in ("batch_window_ms", "batch_max_wait_ms", "added_latency_ms", "web_qps", "web_max_retry_wait_s"):
         if not 0 <= getattr(a, name) < float("inf"):  # NaN fails too
             p.error(f"--{name} must be a finite number >= 0, got {getattr(a, name)}")
+    for name in ("web_max_queries", "web_max_usd", "web_usd_per_1k", "web_retries_429", "web_cache_max_age_days"):
+        if getattr(a, name) is not None and not 0 <= getattr(a, name) < float("inf"):
+            p.error(f"--{name} must be a finite number >= 0, got {getattr(a, name)}")
+    for name in ("web_concurrency", "web_page_words"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(a, name)}")
+    if not 0 < a.web_timeout_s < float("inf"):
+        p.error(f"--web_timeout_s must be a finite number > 0, got {a.web_timeout_s}")
+    if a.web_max_usd is not None and not a.web_usd_per_1k:
+        p.error("--web_max_usd needs --web_usd_per_1k (your plan's US$ per 1,000 searches)")
     return a
+
+
+WEB_PROVIDERS = ("serper", "serpapi")
+READER_KEY_ENV = "WEB_READER_API_KEY"
+
+
+def load_web_index(a: argparse.Namespace):
+    """The ``WebIndex`` the ``--web*`` flags describe. Raises ValueError (one line) on a missing key or bad value."""
+    from .web import get_provider
+    from .web.backend import WebIndex
+    from .web.cache import QueryCache, RunBudget
+    from .web.ratelimit import RateLimiter
+    from .web.reader import PageReader
+
+    provider = get_provider(a.web)
+    key_env = a.web_key_env or provider.key_env
+    key = os.environ.get(key_env, "").strip()
+    if not key:
+        raise ValueError(f"no API key for --web {a.web}: set the environment variable {key_env}")
+    cache = None
+    if a.web_cache and a.web_cache.lower() != "none":
+        max_age = None if a.web_cache_max_age_days is None else a.web_cache_max_age_days * 86400.0
+        cache = QueryCache(a.web_cache, max_age_s=max_age)
+    budget = RunBudget(a.web_max_queries, a.web_max_usd, a.web_usd_per_1k, store=cache, run=a.web_run)
+    reader = None
+    if a.web_reader_endpoint:
+        reader = PageReader(a.web_reader_endpoint, os.environ.get(READER_KEY_ENV) or None, a.web_page_words,
+                            a.web_timeout_s)
+    return WebIndex(provider, key, endpoint=a.web_endpoint, cache=cache, budget=budget,
+                    limiter=RateLimiter(a.web_qps), reader=reader, site=a.web_site, on_budget=a.web_on_budget,
+                    timeout_s=a.web_timeout_s, concurrency=a.web_concurrency, max_retry_wait_s=a.web_max_retry_wait_s,
+                    retries_429=a.web_retries_429)
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if a.web:  # no log line may carry a key (httpx logs SerpApi's request URL, which holds it, at INFO)
+        from .web import get_provider
+        from .web.provider import SecretFilter
+
+        key_env = a.web_key_env or get_provider(a.web).key_env
+        secrets = SecretFilter([os.environ.get(key_env, "").strip(), os.environ.get(READER_KEY_ENV, "").strip()])
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(secrets)
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     import uvicorn
 
     from .index import RetrieverIndexError, load_index
 
     try:
-        index = load_index(a.index_dir, device=a.device, faiss_gpu=not a.no_faiss_gpu, nprobe=a.nprobe,
-                           ef_search=a.ef_search, dedup=a.dedup)
+        if a.web:
+            index = load_web_index(a)
+        else:
+            index = load_index(a.index_dir, device=a.device, faiss_gpu=not a.no_faiss_gpu, nprobe=a.nprobe,
+                               ef_search=a.ef_search, dedup=a.dedup)
     except (RetrieverIndexError, FileNotFoundError, ValueError) as e:  # ValueError: the encoder cannot load
         print(f"retriever.server: error: {e}", file=sys.stderr)
         return 2
@@ -516,8 +659,15 @@ def main(argv=None) -> int:
         with open(tmp, "w") as f:
             f.write(str(port))
         os.replace(tmp, a.port_file)
-    logger.info("serving %s on http://%s:%d (micro-batching %s)", a.index_dir, a.host, port,
-                "off" if a.no_batching else "on")
+    if a.web:
+        b = index.budget
+        logger.info("web search: %s at %s%s; cache %s; at most %s provider calls%s this run (%s when reached); "
+                    "%s calls/s", a.web, index.endpoint, f", site:{a.web_site}" if a.web_site else "",
+                    a.web_cache if index.cache else "off", b.max_queries if b.max_queries is not None else "unlimited",
+                    f" and US${b.max_usd:g}" if b.max_usd is not None else "", a.web_on_budget,
+                    a.web_qps or "unlimited")
+    logger.info("serving %s on http://%s:%d (micro-batching %s)", a.index_dir or f"web search ({a.web})", a.host,
+                port, "off" if a.no_batching else "on")
     config = uvicorn.Config(app, log_level=a.log_level, access_log=False, timeout_graceful_shutdown=10)
     server = uvicorn.Server(config)
     # uvicorn handles SIGTERM/SIGINT (graceful shutdown), then re-raises the signal against the handlers

@@ -164,6 +164,18 @@ def test_help_shows_the_defaults_the_launcher_runs_with(script, clean_env):
     assert rows["NNODES"][1] == "2 (set)"
 
 
+def test_api_keys_the_caller_set_are_never_printed(clean_env):
+    """--help shows the caller's value of every variable, except secrets (mutation: printing SERPER_API_KEY)."""
+    env, _, _ = clean_env
+    secrets = {"SERPER_API_KEY": "sk-serper-secret-1", "OPENAI_API_KEY": "sk-openai-secret-2"}
+    res = _help("eval.sh", "--help", dict(env, PYTHON=sys.executable, **secrets))
+    assert res.returncode == 0, res.stderr
+    assert not any(v in res.stdout + res.stderr for v in secrets.values())
+    rows, _ = _rows(res.stdout)
+    assert rows["SERPER_API_KEY"][1] == rows["OPENAI_API_KEY"][1] == "(set, hidden)"
+    assert rows["SERPAPI_API_KEY"][1] == "none" and rows["ONLINE"][1] == "0"
+
+
 def test_trainer_variables_are_in_the_help(clean_env):
     """GPU_MEM_GB and PLACEMENT_WAIT_S are read by cli.train's python, RETRIEVER_GPU_GB by both; the regex over the
     shell files cannot see the first two, so the table names them (read by common.sh's launch)."""

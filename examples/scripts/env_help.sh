@@ -72,6 +72,14 @@ Evaluation|HOTPOTQA_PORT|8001|port of the HotpotQA retriever started here|eval.s
 Evaluation|KILT_RETRIEVER_URL|none|r1searcher: a running retriever over KILT 100-word passages (2Wiki, MuSiQue, Bamboogle)|eval.sh
 Evaluation|KILT_CORPUS|none|r1searcher: the KILT passage jsonl, to start that retriever on KILT_PORT|eval.sh
 Evaluation|KILT_PORT|8002|port of the KILT retriever started here|eval.sh
+Evaluation|ONLINE|0|1 (r1searcher): also Bamboogle against web search, the row bamboogle@web beside the local one (R1-Searcher online evaluation)|eval.sh
+Evaluation|WEB_RETRIEVER_URL|none|ONLINE=1: a running web retriever (python -m retriever.server --web ...); none is started then|eval.sh
+Evaluation|WEB_PROVIDER|serper|ONLINE=1: provider of the web retriever started here: serper or serpapi|eval.sh
+Evaluation|SERPER_API_KEY|none|API key of --web serper (read by retriever.server, never logged)|eval.sh
+Evaluation|SERPAPI_API_KEY|none|API key of --web serpapi (read by retriever.server, never logged)|eval.sh
+Evaluation|WEB_SITE|en.wikipedia.org|ONLINE=1: queries restricted to this site, as R1-Searcher online eval (empty: the whole web)|eval.sh
+Evaluation|WEB_MAX_QUERIES|2000|ONLINE=1: most provider calls of the web retriever started here (its cache OUT_DIR/web_cache.sqlite makes reruns free)|eval.sh
+Evaluation|WEB_PORT|8003|port of the web retriever started here|eval.sh
 Evaluation|JUDGE_URL|none (no judge accuracy)|OpenAI-compatible endpoint of the judge (a local vllm serve, say)|eval.sh
 Evaluation|JUDGE_MODEL|gpt-4o-mini|judge model name|eval.sh
 Evaluation|OPENAI_API_KEY|none|key for a hosted judge endpoint (read by cli.eval)|eval.sh
@@ -153,7 +161,9 @@ launcher_help() {
         for i in "${!v[@]}"; do
             [[ "${g[$i]}" == "$group" ]] || continue
             var="${v[$i]}"
-            if [[ -n "${HELP_ENV[$var]+x}" ]]; then
+            if [[ -n "${HELP_ENV[$var]+x}" && "$var" == *_KEY ]]; then
+                value="(set, hidden)"  # a secret (API key) is never printed
+            elif [[ -n "${HELP_ENV[$var]+x}" ]]; then
                 value="${HELP_ENV[$var]} (set)"
             else
                 eval "value=\"${d[$i]}\""

@@ -15,6 +15,10 @@
 # KILT_RETRIEVER_URL) or started here from its passage jsonl (HOTPOTQA_CORPUS, KILT_CORPUS) with
 # start_retriever.sh and RETRIEVER_ENCODER (R1-Searcher's bge-large-en-v1.5), stopped when this script ends;
 # RETRIEVER_URLS alone serves every set (with a warning for r1searcher: the released eval uses two corpora).
+# ONLINE=1 (r1searcher): Bamboogle also against web search, as R1-Searcher's online evaluation (its README:104,
+# evaluation/eval_search_online.py), as the row "bamboogle@web" beside the local one: WEB_RETRIEVER_URL, or a web
+# retriever started here (python -m retriever.server --web WEB_PROVIDER, key in SERPER_API_KEY or SERPAPI_API_KEY,
+# queries restricted to WEB_SITE, cache OUT_DIR/web_cache.sqlite, at most WEB_MAX_QUERIES provider calls).
 
 set -euo pipefail
 USAGE="usage: eval.sh MODEL r1searcher|searchr1 [flags]"
@@ -65,7 +69,29 @@ start_retriever() {
         bash "$SCRIPT_DIR/start_retriever.sh" --corpus "$corpus" --port "$port" > "$logfile" 2>&1 &
     PIDS+=($!)
     log "${name} retriever starting on $url (pid $!, log $logfile)"
-    "$PYTHON" - "$url" "$!" "${RETRIEVER_WAIT_S:-3600}" "$logfile" <<'PY' || exit 1
+    wait_healthy "$url" "$!" "$logfile"
+}
+
+# Start the web retriever on PORT (ONLINE=1) and wait for /health; its API key comes from the environment.
+start_web_retriever() {
+    local port="$1" url="http://127.0.0.1:$1"
+    local cmd=("$PYTHON" -m retriever.server --web "$WEB_PROVIDER" --port "$port" --web_site "$WEB_SITE"
+               --web_cache "$OUT_DIR/web_cache.sqlite" --web_max_queries "$WEB_MAX_QUERIES")
+    if [[ "$DRY_RUN" != "0" ]]; then
+        log "dry run: would start $(printf '%q ' "${cmd[@]}")"
+        return 0
+    fi
+    mkdir -p "$OUT_DIR"
+    local logfile="$OUT_DIR/retriever_web.log"
+    (cd "$REPO_ROOT" && PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "${cmd[@]}") > "$logfile" 2>&1 &
+    PIDS+=($!)
+    log "web retriever ($WEB_PROVIDER) starting on $url (pid $!, log $logfile)"
+    wait_healthy "$url" "$!" "$logfile"
+}
+
+# Wait until URL answers /health; stop at once when PID exits (its LOGFILE's tail is printed).
+wait_healthy() {
+    "$PYTHON" - "$1" "$2" "${RETRIEVER_WAIT_S:-3600}" "$3" <<'PY' || exit 1
 import os, sys, time, urllib.request
 url, pid, wait_s, logfile = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 deadline = time.time() + wait_s
@@ -106,7 +132,22 @@ if [[ "$PROTOCOL" == "r1searcher" ]]; then
     else
         log "warning: one retriever ($ROUTES) serves every set; the released eval retrieves HotpotQA from the abstracts and the others from KILT (set HOTPOTQA_* and KILT_*)"
     fi
+    if [[ "${ONLINE:-0}" == "1" ]]; then  # R1-Searcher's online Bamboogle row, beside the local one
+        WEB_PROVIDER="${WEB_PROVIDER:-serper}"
+        WEB_SITE="${WEB_SITE-en.wikipedia.org}"
+        WEB_MAX_QUERIES="${WEB_MAX_QUERIES:-2000}"
+        WEB_URL="${WEB_RETRIEVER_URL:-}"
+        if [[ -z "$WEB_URL" ]]; then
+            WEB_URL="http://127.0.0.1:${WEB_PORT:-8003}"
+            start_web_retriever "${WEB_PORT:-8003}"
+        fi
+        SETS+=("bamboogle@web")
+        ROUTES="$ROUTES,bamboogle@web=$WEB_URL"
+    fi
     log "retrievers: $ROUTES"
+elif [[ "${ONLINE:-0}" == "1" ]]; then
+    log "error: ONLINE=1 is R1-Searcher's online Bamboogle evaluation: use it with r1searcher"
+    exit 2
 fi
 
 CMD=("$PYTHON" -m openrlhf_search.cli.eval --model "$MODEL" --protocol "$PROTOCOL" --datasets "${SETS[@]}"

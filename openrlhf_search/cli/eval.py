@@ -20,6 +20,14 @@ on the FULL test split of each FlashRAG set (dev where there is none; ``flashrag
 512-question samples instead). Prompts are rendered with the policy's own tokenizer (the model's, or
 ``--tokenizer``). Explicit flags override the setting.
 
+Web search (R1-Searcher's online Bamboogle evaluation): a set named ``NAME@web`` is evaluated as a row of its own
+against the retriever routed to that name, which must be a web retriever (``python -m retriever.server --web ...``)::
+
+    --datasets bamboogle bamboogle@web --retriever_url default=http://127.0.0.1:8002,bamboogle@web=http://127.0.0.1:8003
+
+(``examples/scripts/eval.sh MODEL r1searcher`` with ``ONLINE=1`` does this); the table names the retriever of every
+row ("the web (site:en.wikipedia.org)", "serper web search") and puts R1-Searcher's online figure beside it.
+
 writes ``OUT/<dataset>.predictions.jsonl`` (one row per question: question, golds, prediction, trajectory, queries,
 searches, turns, stop reason, EM/F1/Cover-EM), ``OUT/<dataset>.summary.json``, and ``OUT/summary.json`` /
 ``OUT/summary.md`` with the table that puts the papers' numbers (``evaluation.paper_reference``) beside ours and
@@ -210,6 +218,18 @@ def rescore(args) -> int:
     return 0
 
 
+def describe_retriever(info: dict) -> tuple:
+    """(corpus, retriever) table labels from a retriever's ``/health``: the index's corpus file and encoder, or for a
+    web retriever "the web (site:...)" and "<provider> web search (<passage text>)"; "?" when unknown."""
+    if not info:
+        return "?", "?"
+    if info.get("backend") == "web":
+        site = f" (site:{info['site']})" if info.get("site") else ""
+        return f"the web{site}", f"{info.get('provider')} web search ({info.get('passage_text', 'snippet')})"
+    corpus = os.path.basename(str(info.get("corpus_path"))) if info.get("corpus_path") else "?"
+    return corpus, f"{info.get('encoder')} ({info.get('index_type')}, {info.get('count')} passages)"
+
+
 def _retriever_info(url: str) -> dict:
     import httpx
 
@@ -220,7 +240,7 @@ def _retriever_info(url: str) -> dict:
         return {}
 
 
-_ROUTE_KEY = re.compile(r"^([A-Za-z0-9_.:/-]+)=(.+)$")
+_ROUTE_KEY = re.compile(r"^([A-Za-z0-9_.:/@-]+)=(.+)$")
 
 
 def parse_keyed(text: str, what: str = "--retriever_url") -> Dict[str, List[str]]:
@@ -340,12 +360,18 @@ def run(args) -> int:
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    from openrlhf_search.evaluation.paper_reference import split_tag
+
     where = {}
     for name, st in per_set.items():
         info = _retriever_info(st.retriever_url[0])
-        corpus = args.corpus or (os.path.basename(str(info.get("corpus_path"))) if info.get("corpus_path") else "?")
-        retriever = args.retriever_name or (f"{info.get('encoder')} ({info.get('index_type')}, {info.get('count')} "
-                                            f"passages)" if info else "?")
+        if split_tag(name)[1] == "web" and info.get("backend") != "web":
+            print(f"error: {name}: its retriever {st.retriever_url[0]} is not a web retriever (give --retriever_url "
+                  f"{name}=URL of python -m retriever.server --web PROVIDER)", file=sys.stderr)
+            return 2
+        corpus, retriever = describe_retriever(info)
+        if info.get("backend") != "web":  # --corpus / --retriever_name describe the local index
+            corpus, retriever = args.corpus or corpus, args.retriever_name or retriever
         where[name] = {"corpus": corpus, "retriever": retriever, "retriever_url": ",".join(st.retriever_url),
                        "passage_format": st.passage_format or "default"}
     os.makedirs(args.out_dir, exist_ok=True)
@@ -358,6 +384,7 @@ async def _run_async(args, data, per_set, where, topk, max_turns) -> int:
     from openrlhf_search.evaluation.predictions import PredictionRecord
     from openrlhf_search.evaluation.runner import run_eval
     from openrlhf_search.evaluation.engines import EngineLoadError
+    from openrlhf_search.retrieval_client import RetrievalStopped
 
     from openrlhf_search.cpu.main_job.eval_engines import CPU_ENGINES  # the HF engine when there is no vLLM/GPU
 
@@ -420,6 +447,9 @@ async def _run_async(args, data, per_set, where, topk, max_turns) -> int:
                     where[name]["retriever_url"], where[name]["passage_format"])
         try:
             rows = await run_eval(examples, per_set[name], engine, tokenizer, on_row=on_row)
+        except RetrievalStopped as e:  # a web retriever that cannot serve (refused key, budget spent): one line
+            print(f"error: {name}: {e} (evaluation stopped)", file=sys.stderr)
+            return 1
         finally:
             partial.close()
         records = [PredictionRecord(r["question"], r["golds"], r["prediction"], None, r["trajectory"],

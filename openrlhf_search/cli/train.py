@@ -667,15 +667,21 @@ def dry_run_memory_estimate(args) -> Dict[str, Any]:
 
 def stop_reason(error: BaseException) -> Optional[str]:
     """The one-line message of a search-environment error that stops a run (``RetrievalFailureLimit`` raised in
-    the trainer actor and re-raised by ``ray.get`` as a ``RayTaskError``), None for anything else."""
+    the trainer actor, ``RetrievalStopped`` raised by a rollout's executor when a web retriever can no longer serve;
+    re-raised by ``ray.get`` as a ``RayTaskError``, one per actor hop), None for anything else."""
     from openrlhf_search.experience_maker import RetrievalFailureLimit
+    from openrlhf_search.retrieval_client import RetrievalStopped
 
+    stopping = (RetrievalFailureLimit, RetrievalStopped)
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, RetrievalFailureLimit):
+        if isinstance(error, stopping):
             cause = getattr(error, "cause", None)  # a RayTaskError instance of the cause class: use the cause
-            return str(cause if isinstance(cause, RetrievalFailureLimit) else error).strip().splitlines()[-1]
+            if isinstance(cause, stopping):
+                error = cause
+                continue
+            return str(error).strip().splitlines()[-1]
         error = getattr(error, "cause", None) or error.__cause__
     return None
 

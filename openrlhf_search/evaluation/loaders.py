@@ -15,7 +15,9 @@ Datasets by name:
   copy (``datasets.load_dataset("RUC-NLPIR/FlashRAG_datasets", name, split=...)``, network or a warm HF cache);
   never a local sample;
 - ``flashrag:<name>``: the local 512-question sample ``qa/flashrag/<name>.test.jsonl`` of the shared data folder
-  (offline tests and smoke runs), the hub split when there is no local copy.
+  (offline tests and smoke runs), the hub split when there is no local copy;
+- any of these with a retriever tag, ``NAME@TAG`` (``bamboogle@web``): the same questions, evaluated as a separate
+  row against the retriever routed to that name (``paper_reference.split_tag``).
 """
 
 import json
@@ -237,6 +239,9 @@ def load_eval_dataset(name: str, data_dir: Optional[str] = None, split: Optional
     Raises:
         DatasetError: unknown name, missing file, bad row.
     """
+    from openrlhf_search.evaluation.paper_reference import split_tag
+
+    name = split_tag(name)[0]
     path = resolve_dataset_path(name, data_dir)
     source = name.split(":", 1)[-1] if not os.path.isfile(name) else ""
     if path is not None:

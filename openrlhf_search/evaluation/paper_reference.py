@@ -7,12 +7,20 @@ Sources:
 - R1-Searcher (arXiv 2503.05592), Table 1: Cover-EM (ACC_R) and GPT-4o-mini judge accuracy (ACC_L) on 500 dev
   questions of HotpotQA, 2Wiki, MuSiQue and all 125 of Bamboogle; local retrieval over the KILT 2019 Wikipedia dump
   cut into 100-word passages, BGE-large-en-v1.5 dense retriever, top-5 at evaluation.
+- R1-Searcher online search (its README, lines 98 and 104-105, figure ``assets/bamboogle_online.jpg``): Bamboogle
+  with Google searched online instead of the local corpus, Cover-EM (the figure's local bars equal Table 1's ACC_R:
+  52.8, 50.4); the released ``evaluation/eval_search_online.py`` sends each query with ``site:en.wikipedia.org`` to a
+  Serper-style API (lines 200-244, 406), reads the top-3 result pages (line 410) and puts one gpt-4o-mini summary of
+  the first useful page into the documents block (lines 110-130, 416-428). Our rows for it are named
+  ``bamboogle@web`` (:func:`split_tag`).
 - Search-R1 (arXiv 2503.09516), Table 2: EM on the test/dev sets of NQ, TriviaQA, PopQA (general QA) and HotpotQA,
   2Wiki, MuSiQue, Bamboogle (multi-hop); 2018 Wikipedia dump (wiki-18, DPR passages), e5-base-v2, top-3, max 4 turns.
 """
 
+import os
+import re
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,14 @@ SEARCHR1_SETUP = PaperSetup(
     eval_set="test (NQ, TQA, PopQA, Bamboogle) / dev (HotpotQA, 2Wiki, MuSiQue), full sets",
 )
 
+R1SEARCHER_ONLINE_SETUP = PaperSetup(
+    paper="R1-Searcher online search (README figure bamboogle_online)",
+    corpus="the web: Google via a Serper-style API, site:en.wikipedia.org",
+    retriever="top-3 result pages, one gpt-4o-mini summary per query (evaluation/eval_search_online.py)",
+    topk=3,
+    eval_set="Bamboogle, all 125",
+)
+
 #: canonical dataset keys used in the tables below
 DATASETS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle")
 
@@ -74,6 +90,11 @@ R1SEARCHER_TABLE: Dict[str, Dict[str, tuple]] = {
         "hotpotqa": (0.648, 0.746), "2wiki": (0.594, 0.628), "bamboogle": (0.504, 0.544), "musique": (0.254, 0.282)},
     "ReARTeR (GPT-4o-mini), best baseline": {
         "hotpotqa": (0.468, 0.506), "2wiki": (0.554, 0.534), "bamboogle": (0.496, 0.544), "musique": (0.296, 0.302)},
+}
+
+# R1-Searcher's online-search figure: Cover-EM (ACC_R) with web search
+R1SEARCHER_ONLINE_TABLE: Dict[str, Dict[str, float]] = {
+    "Qwen-2.5-7B-Base (R1-Searcher, RL from base), online search": {"bamboogle": 0.624},
 }
 
 # Search-R1 Table 2: EM
@@ -123,12 +144,22 @@ class ReferenceNumber:
         return d
 
 
+def split_tag(name: str) -> Tuple[str, str]:
+    """``"bamboogle@web"`` -> ``("bamboogle", "web")``: a set evaluated again against another retriever, its rows
+    labelled with the tag (``cli.eval --retriever_url bamboogle@web=URL``); ``(name, "")`` for a name without a tag
+    (an existing file is never split)."""
+    base, sep, tag = name.rpartition("@")
+    if sep and base and re.fullmatch(r"[A-Za-z0-9_-]+", tag) and not os.path.exists(name):
+        return base, tag
+    return name, ""
+
+
 def canonical_dataset(name: str) -> Optional[str]:
-    """Map a dataset name or file stem (``2wikimultihopqa``, ``hotpotqa_500``, ``flashrag:nq``) to a key of
-    ``DATASETS``; None when the papers report nothing for it."""
+    """Map a dataset name or file stem (``2wikimultihopqa``, ``hotpotqa_500``, ``flashrag:nq``, ``bamboogle@web``)
+    to a key of ``DATASETS``; None when the papers report nothing for it."""
     if not name:
         return None
-    key = name.lower().rsplit("/", 1)[-1].split(":")[-1].strip()
+    key = split_tag(name)[0].lower().rsplit("/", 1)[-1].split(":")[-1].strip()
     for suffix in (".jsonl", ".json", ".parquet", ".test", ".dev"):
         if key.endswith(suffix):
             key = key[: -len(suffix)]
@@ -141,6 +172,7 @@ def canonical_dataset(name: str) -> Optional[str]:
 
 def reference_numbers(dataset: str, paper: Optional[str] = None) -> List[ReferenceNumber]:
     """Every reported number for ``dataset`` (any alias), optionally for one paper ("r1searcher" / "searchr1").
+    A name tagged ``@web`` gets the papers' online-search numbers only.
 
     Returns an empty list for datasets neither paper reports.
     """
@@ -148,6 +180,11 @@ def reference_numbers(dataset: str, paper: Optional[str] = None) -> List[Referen
     if key is None:
         return []
     out: List[ReferenceNumber] = []
+    if split_tag(dataset)[1] == "web":
+        if paper in (None, "r1searcher"):
+            out += [ReferenceNumber(model, key, "cover_em", row[key], R1SEARCHER_ONLINE_SETUP)
+                    for model, row in R1SEARCHER_ONLINE_TABLE.items() if key in row]
+        return out
     if paper in (None, "r1searcher"):
         for model, row in R1SEARCHER_TABLE.items():
             if key in row:

@@ -233,10 +233,12 @@ async def run_eval(examples: Sequence[QAExample], settings: EvalSettings, engine
             closed at the end).
     Returns:
         rows (``ROW_FIELDS``), ``len(examples) * settings.n_samples`` of them.
+    Raises:
+        RetrievalStopped: a web retriever said no question can be served (refused API key, budget spent).
     """
     from openrlhf_search.agent import SearchAgentExecutor
     from openrlhf_search.protocol import get_protocol
-    from openrlhf_search.retrieval_client import RetrievalClient
+    from openrlhf_search.retrieval_client import RetrievalClient, RetrievalStopped
 
     cfg = settings.search_config()
     protocol = get_protocol(cfg.protocol)
@@ -260,6 +262,8 @@ async def run_eval(examples: Sequence[QAExample], settings: EvalSettings, engine
                                              max_length=max_length, hf_tokenizer=tokenizer,
                                              llm_engine=engine)
                 row = build_row(ex, s, out, protocol, tokenizer, cfg.max_turns, prompt=prompt)
+            except RetrievalStopped:  # the web retriever cannot serve any question (refused key, budget spent)
+                raise
             except Exception as e:  # one bad rollout must not end a multi-hour eval; the row says what happened
                 logger.exception("rollout failed for question %s", ex.id)
                 row = build_row(ex, s, None, protocol, tokenizer, cfg.max_turns, error=f"{type(e).__name__}: {e}",

@@ -23,22 +23,26 @@ def _imported_modules(path: str) -> set[str]:
 
 
 def test_no_retriever_module_imports_the_trainer_package():
-    offenders = {}
-    for name in sorted(os.listdir(RETRIEVER)):
-        if name.endswith(".py"):
-            bad = sorted(m for m in _imported_modules(os.path.join(RETRIEVER, name))
-                         if m == "openrlhf_search" or m.startswith("openrlhf_search."))
-            if bad:
-                offenders[name] = bad
+    offenders, seen = {}, []
+    for folder, _dirs, files in os.walk(RETRIEVER):  # subpackages too (retriever/web)
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                seen.append(os.path.relpath(path, RETRIEVER))
+                bad = sorted(m for m in _imported_modules(path)
+                             if m == "openrlhf_search" or m.startswith("openrlhf_search."))
+                if bad:
+                    offenders[os.path.relpath(path, RETRIEVER)] = bad
     assert offenders == {}
+    assert os.path.join("web", "backend.py") in seen
 
 
 SCRIPT = r"""
 import json, sys
 sys.modules["openrlhf_search"] = None  # any import of it now raises ImportError
 import importlib, pkgutil, retriever
-for m in pkgutil.iter_modules(retriever.__path__):
-    importlib.import_module("retriever." + m.name)
+for m in pkgutil.walk_packages(retriever.__path__, "retriever."):  # subpackages too (retriever.web)
+    importlib.import_module(m.name)
 from retriever.encoders import resolve_encoder
 from retriever.index import build_index, load_index
 from retriever.server import create_app
