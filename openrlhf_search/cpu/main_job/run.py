@@ -37,6 +37,8 @@ from typing import List, Optional
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 
+# Flags that may change between a run and its continuation in the same folder (what is evaluated, where it is written).
+RESUMABLE = ("out", "split")
 # The default RL setting (every value a flag below): chosen on the validation split, docs/cpu_job.md.
 DEFAULTS = dict(seed=42, data_seed=0, encoder="bm25", steps=30, lr=1e-4, trainable_layers=4, prompts_per_step=4,
                 samples_per_prompt=4, temperature=0.7, kl=0.001, eval_max=64, validation_size=64,
@@ -67,6 +69,23 @@ class Job:
 
     def path(self, *parts) -> str:
         return os.path.join(self.out, *parts)
+
+    def check_settings(self) -> None:
+        """Record the run's settings in ``settings.json``; a folder holding a run of other settings is refused (its
+        warm start, policy and tables would be mixed into this one). Raises PhaseError."""
+        mine = {k: v for k, v in vars(self.args).items() if k not in RESUMABLE}
+        path = self.path("settings.json")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                theirs = json.load(f)
+            diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+            if diff:
+                changes = ", ".join(f"{k}: {theirs.get(k)!r} there, {mine.get(k)!r} now" for k in diff)
+                raise PhaseError(f"{self.out} holds a run with other settings ({changes}); give another --out or "
+                                 "delete it")
+            return
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(mine, f, indent=1, sort_keys=True)
 
     # ------------------------------------------------------------------ processes
     def run(self, name: str, argv: List[str], env: Optional[dict] = None) -> None:
@@ -433,6 +452,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return out
 
     try:
+        job.check_settings()
         files = phase("data", f"1/6 data -> {job.path('questions')}", job.data)
         # the questions of the before/after table: held-out for a reported run, validation while choosing settings
         evaluated = files["heldout"] if args.split == "heldout" else files["validation"]
