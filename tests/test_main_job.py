@@ -141,3 +141,14 @@ def test_rl_flags_parse_with_the_product_parser(tmp_path):
     assert flat["algo.advantage.estimator"] == "group_norm" and flat["algo.kl.use_loss"]
     assert flat["actor.trainable_layers"] == 4 and flat["cpu_cluster"]
     assert flat["rollout.batch_size"] * flat["rollout.n_samples_per_prompt"] == flat["train.batch_size"]
+
+
+def test_a_run_folder_of_other_settings_is_refused(tmp_path):
+    """A second run in the same folder continues it only with the same settings (another --split is allowed: it
+    evaluates the same trained policies); catches a resumed warm start or policy trained under other flags."""
+    from openrlhf_search.cpu.main_job.run import Job, PhaseError, parse_args
+
+    Job(parse_args(["--out", str(tmp_path), "--lr", "1e-4"])).check_settings()
+    Job(parse_args(["--out", str(tmp_path), "--lr", "1e-4", "--split", "validation"])).check_settings()
+    with pytest.raises(PhaseError, match=r"lr: 0.0001 there, 0.0002 now"):
+        Job(parse_args(["--out", str(tmp_path), "--lr", "2e-4"])).check_settings()
