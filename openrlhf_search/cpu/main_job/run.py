@@ -42,7 +42,7 @@ RESUMABLE = ("out", "split")
 # The default RL setting (every value a flag below): chosen on the validation split, docs/cpu_job.md.
 DEFAULTS = dict(seed=42, data_seed=0, encoder="bm25", steps=30, lr=1e-4, trainable_layers=4, prompts_per_step=4,
                 samples_per_prompt=4, temperature=0.7, kl=0.001, eval_max=64, validation_size=64,
-                warmstart_examples=48, warmstart_epochs=3, warmstart_lr=2e-4, warmstart_batch=4)
+                warmstart_examples=48, warmstart_epochs=3, warmstart_lr=4e-4, warmstart_batch=4)
 # The search environment of the job (the prompt, the reward and the caps), shared by every phase.
 PROTOCOL, REWARD, TOPK, MAX_TURNS, TOKENS_PER_TURN, OBS_TOKENS, MAX_LEN = \
     "searchr1_bare", "searchr1_em", 1, 3, 48, 64, 512
