@@ -22,6 +22,10 @@ from typing import Dict, List, Optional
 from openrlhf_search.config import _is_http_url
 
 
+#: an opener that ignores the proxy environment variables (the retriever is reached directly)
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 class RetrieverCheckError(RuntimeError):
     """A retriever URL is down, is not our retriever service, or serves another index; the message is one line."""
 
@@ -33,7 +37,8 @@ def fetch_health(url: str, timeout: float = 5.0) -> Dict:
         RetrieverCheckError: no answer, an HTTP error, a body that is not a JSON object, or no ``fingerprint``.
     """
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as r:
+        # no proxy: HTTP_PROXY without NO_PROXY would send http://127.0.0.1:8000 to a node's internet proxy
+        with _DIRECT.open(url.rstrip("/") + "/health", timeout=timeout) as r:
             body = json.loads(r.read())
     except (urllib.error.URLError, OSError, ValueError) as e:
         raise RetrieverCheckError(f"retriever {url}: /health did not answer ({e})") from e

@@ -268,7 +268,8 @@ retriever_health_fp() {  # fingerprint served at URL, empty when nothing answers
     "$PYTHON" - "$1" 2>/dev/null <<'PY' || true
 import json, sys, urllib.request
 try:
-    print(json.load(urllib.request.urlopen(sys.argv[1] + "/health", timeout=2)).get("fingerprint") or "?")
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no HTTP_PROXY for the local service
+    print(json.load(direct.open(sys.argv[1] + "/health", timeout=2)).get("fingerprint") or "?")
 except Exception:
     pass
 PY
