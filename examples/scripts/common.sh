@@ -201,11 +201,20 @@ layout_args() {
 
 die() { echo "[$(basename "$0")] error: $*" >&2; exit 2; }
 
-# A model argument: a local path must exist; "org/name" that is not a local path is a hub name (fine).
+# A model argument: a local path must exist; "org/name" that is not a local path is a hub name, looked up in the
+# local Hugging Face cache, then on the hub (openrlhf_search.model_check: the line says which was checked; offline,
+# only the launchers' paper models pass unchecked). MODEL_CHECK=0 skips the look-up.
 require_model() {
-    local what="$1" path="$2"
+    local what="$1" path="$2" line
     if [[ -e "$path" ]]; then return 0; fi
-    if [[ "$path" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$ ]]; then return 0; fi
+    if [[ "$path" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$ ]]; then
+        [[ "${MODEL_CHECK:-1}" == "0" ]] && { log "$what $path: hub name not checked (MODEL_CHECK=0)"; return 0; }
+        if line="$("$PYTHON" -m openrlhf_search.model_check "$path" 2>&1)"; then
+            log "$line"
+            return 0
+        fi
+        die "$what: ${line#error: }"
+    fi
     die "$what $path does not exist"
 }
 
