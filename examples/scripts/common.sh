@@ -345,11 +345,14 @@ PY
 }
 
 check_retriever_urls() {  # every URL healthy (/health, 5 s) and serving one index (that of $1 when given), else
-    local expect=() err   # exit 1 with retriever_check's one line
-    [[ -n "${1:-}" ]] && expect=(--index_dir "$1")
-    err="$("$PYTHON" -m openrlhf_search.retriever_check --urls "$RETRIEVER_URLS" --timeout 5 "${expect[@]}" 2>&1 \
-        >/dev/null)" || { log "${err#error: } (the job does not start)"; exit 1; }
+    local expect=() paper=() err line   # exit 1 with retriever_check's one line; logs what they serve and, under
+    [[ -n "${1:-}" ]] && expect=(--index_dir "$1")   # SETTING=released, a warning when it is not the paper's
+    [[ "${SETTING:-released}" == "released" && -n "${PAPER_RETRIEVER_ENCODER:-}" ]] \
+        && paper=(--paper_encoder "$PAPER_RETRIEVER_ENCODER" --paper_index_type "${PAPER_RETRIEVER_INDEX_TYPE:-}")
+    err="$("$PYTHON" -m openrlhf_search.retriever_check --urls "$RETRIEVER_URLS" --timeout 5 --describe \
+        "${expect[@]}" "${paper[@]}" 2>&1 >/dev/null)" || { log "${err##*error: } (the job does not start)"; exit 1; }
     log "retrievers healthy and serving one index: $RETRIEVER_URLS"
+    while IFS= read -r line; do [[ -n "$line" ]] && log "$line"; done <<< "$err"
 }
 
 # Start the retriever of this node (start_retriever.sh builds the index when missing) unless URLs are given, the

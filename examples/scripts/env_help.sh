@@ -51,7 +51,7 @@ Retriever|RETRIEVER_URLS|${ROUTES:-unset: a retriever is started on RETRIEVER_PO
 Retriever|RETRIEVER_MODE|node|node: one start_retriever.sh per node; serve: one Ray Serve application (start_retriever_serve.sh) for the cluster|common.sh
 Retriever|RETRIEVER_CORPUS|${RETRIEVER_CORPUS:-none: required unless RETRIEVER_INDEX_DIR is built (launchers: or RETRIEVER_URLS)}|passage jsonl ({id,contents} or {id,title,text}); no default (one taken from eval data would leak the answers)|common.sh start_retriever.sh start_retriever_serve.sh
 Retriever|RETRIEVER_SOURCE|none|raw dump (KILT pages, wiki-18, {id,title,text}) that python -m retriever.prepare_corpus cuts into RETRIEVER_CORPUS when that is missing|common.sh start_retriever.sh
-Retriever|RETRIEVER_ENCODER|${RETRIEVER_ENCODER:-bm25}|bm25, e5-base-v2, bge-large-en-v1.5, minilm or a model folder|common.sh eval.sh start_retriever.sh start_retriever_serve.sh
+Retriever|RETRIEVER_ENCODER|${RETRIEVER_ENCODER:-bm25 (start_retriever.sh); required by cluster_node_setup.sh; the paper's in a launcher}|bm25, e5-base-v2 (Search-R1), bge-large-en-v1.5 (R1-Searcher), minilm or a model folder|common.sh eval.sh start_retriever.sh start_retriever_serve.sh cluster_node_setup.sh
 Retriever|RETRIEVER_INDEX_TYPE|${RETRIEVER_INDEX_TYPE:-bm25 for the bm25 encoder, else flat}|bm25, flat, hnsw or ivfpq|common.sh start_retriever.sh start_retriever_serve.sh
 Retriever|RETRIEVER_INDEX_DIR|${RETRIEVER_INDEX_DIR:-runs/retriever/<corpus>_<encoder>_<index type>}|index folder: reused when built (its manifest names the corpus), built there otherwise|common.sh start_retriever.sh start_retriever_serve.sh
 Retriever|RETRIEVER_LIMIT|none (every passage)|index only the first N passages (quick trials)|start_retriever.sh start_retriever_serve.sh

@@ -106,6 +106,7 @@ TRAIN_DATA_FILE="${TRAIN_DATA:-$DATA_DIR/r1searcher_$([[ "$STAGE" == "single" ]]
 EVAL_DATA_FILE="${EVAL_DATA:-$DATA_DIR/r1searcher_eval_${MODEL_KEY}.jsonl}"
 # R1-Searcher's retriever: BGE-large-en-v1.5, Flat inner product (train/wiki_corpus_load.py,
 # wiki_corpus_index_bulid/build_corpus_index.py).
+PAPER_RETRIEVER_ENCODER=bge-large-en-v1.5 PAPER_RETRIEVER_INDEX_TYPE=flat  # what a running retriever is compared with
 export RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-bge-large-en-v1.5}" RETRIEVER_INDEX_TYPE="${RETRIEVER_INDEX_TYPE:-flat}"
 
 RUN_DESC="r1searcher.sh $MODEL_KEY $STAGE (setting $SETTING)"

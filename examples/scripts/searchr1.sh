@@ -70,6 +70,7 @@ TRAIN_BS=256 TRAIN_MICRO=2 ROLLOUT_MICRO=8
 N_SAMPLES=1 CRITIC=true
 [[ "$ALGO" == grpo ]] && { N_SAMPLES=5; CRITIC=false; }
 # Search-R1's retriever: e5-base-v2, flat inner-product index over wiki-18 (retrieval_launch.sh).
+PAPER_RETRIEVER_ENCODER=e5-base-v2 PAPER_RETRIEVER_INDEX_TYPE=flat  # what a running retriever is compared with
 export RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-e5-base-v2}" RETRIEVER_INDEX_TYPE="${RETRIEVER_INDEX_TYPE:-flat}"
 
 RUN_DESC="searchr1.sh $ALGO $SIZE $VARIANT"
