@@ -115,7 +115,7 @@ check_inputs
 TRAIN_MICRO=1 ROLLOUT_MICRO=1 N_SAMPLES=16  # released: scripts/*_train*.sh:21,56-59 (micro-batches of 1)
 layout_args "$TRAIN_BS" "$TRAIN_MICRO" "$(( ROLLOUT_BS * N_SAMPLES ))" "$ROLLOUT_MICRO" "$([[ "$ESTIMATOR" == gae ]] && echo true || echo false)"
 start_retrievers
-log "setting: $SETTING | model: $MODEL | data: $TRAIN_DATA_FILE ($([[ $CHAT == true ]] && echo "chat-rendered with $BASE_MODEL's template" || echo "base prompt")) | eval: $EVAL_DATA_FILE"
+log "setting: $SETTING | model: $MODEL${MODEL_WHERE:+ ($MODEL_WHERE)} | data: $TRAIN_DATA_FILE ($([[ $CHAT == true ]] && echo "chat-rendered with $BASE_MODEL's template" || echo "base prompt")) | eval: $EVAL_DATA_FILE"
 launch \
     "${LAYOUT_ARGS[@]}" \
     --actor.model_name_or_path "$MODEL" \

@@ -79,7 +79,7 @@ check_inputs
 check_data_steps "$TRAIN_DATA_FILE" "$ROLLOUT_BS" "$EPISODES" "$STEPS" "$WARMUP_RATIO"
 layout_args "$TRAIN_BS" "$TRAIN_MICRO" "$(( ROLLOUT_BS * N_SAMPLES ))" "$ROLLOUT_MICRO" "$CRITIC"
 start_retrievers
-log "setting: $SETTING | model: $MODEL | data: $TRAIN_DATA_FILE (prompts rendered with $MODEL's chat template) | eval: $EVAL_DATA_FILE"
+log "setting: $SETTING | model: $MODEL${MODEL_WHERE:+ ($MODEL_WHERE)} | data: $TRAIN_DATA_FILE (prompts rendered with $MODEL's chat template) | eval: $EVAL_DATA_FILE"
 launch \
     "${LAYOUT_ARGS[@]}" \
     "${ALGO_ARGS[@]}" \
