@@ -45,3 +45,22 @@ def test_dry_run_refuses_a_misspelled_hub_model(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 2, res.stderr[-2000:]
     assert "Qwen/Qwen2.5-7B-Bsae" in res.stderr and "MODEL_CHECK=0" in res.stderr
+
+
+def test_an_unreachable_hub_tokenizer_fails_at_once(monkeypatch, tmp_path):
+    """Offline, transformers retried a hub tokenizer for about 70 s before its error; now one request decides."""
+    import time
+
+    from huggingface_hub import constants
+
+    from openrlhf_search.cli.prepare_data import RenderingError, load_policy_tokenizer
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty_cache"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    start = time.monotonic()
+    with pytest.raises(RenderingError, match="no-such-model-38"):
+        load_policy_tokenizer("openrlhf-search-tests/no-such-model-38")
+    assert time.monotonic() - start < 20
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(RenderingError, match="HF_HUB_OFFLINE"):
+        load_policy_tokenizer("openrlhf-search-tests/no-such-model-38")

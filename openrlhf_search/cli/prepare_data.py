@@ -124,6 +124,12 @@ def load_policy_tokenizer(path: str):
     """
     from transformers import AutoTokenizer
 
+    from openrlhf_search.model_check import ModelCheckError, require_hub_files
+
+    try:
+        require_hub_files(path)  # one request, not a minute of retries, when the hub is out of reach
+    except ModelCheckError as e:
+        raise RenderingError(f"cannot load the policy tokenizer: {e}") from e
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:  # not there / not a tokenizer / offline hub name
