@@ -86,3 +86,17 @@ def test_near_duplicate_questions_across_files_and_dedup(tmp_path):
     proc = _prepare("--input", str(a), "--input", str(b), "--protocol", "r1searcher", "--out", str(out), "--dedup")
     assert proc.returncode == 0, proc.stderr
     assert _questions(out) == ["Who wrote Hamlet?", "What is the capital of Fiji?", "Q three?", "Q four?"]
+
+
+def test_r1searcher_stage1_and_stage2_leak_no_eval_question(tmp_path):
+    """R1-Searcher's two training files share questions: a positional 200-question eval split put 11 into training."""
+    from openrlhf_search.cli.prepare_data import question_key
+    from tests.conftest import shared_path
+
+    s1, s2 = shared_path("qa", "r1searcher", "stage_1.jsonl"), shared_path("qa", "r1searcher", "stage_2.jsonl")
+    out, ev = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    proc = _prepare("--input", s2, "--input", s1, "--protocol", "r1searcher", "--shuffle", "--seed", "0",
+                    "--out", str(out), "--eval_out", str(ev), "--eval_size", "200")
+    assert proc.returncode == 0, proc.stderr
+    evq = {question_key(q) for q in _questions(ev)}
+    assert len(evq) == 200 and not evq & {question_key(q) for q in _questions(out)}
