@@ -93,6 +93,22 @@ class SearchAgentExecutor(AgentExecutorBase):
             return backend.encode(text, add_special_tokens=False).ids
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    @staticmethod
+    def _encode_passages(tokenizer, text: str) -> List[int]:
+        """Token ids of retrieved text with the tokenizer's special-token strings split into ordinary tokens: a
+        passage holding ``<|im_end|>`` or ``</s>`` must not put a real special token into the policy's context (the
+        protocol already escapes its own tags and ``<|name|>`` strings; this covers any other tokenizer's)."""
+        backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+        prev = getattr(backend, "encode_special_tokens", None)
+        try:
+            if prev is not None and backend.padding is None and backend.truncation is None:
+                backend.encode_special_tokens = True
+                return backend.encode(text, add_special_tokens=False).ids
+            return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+        finally:
+            if prev is not None:  # restored: transformers' split_special_tokens=True leaves it set
+                backend.encode_special_tokens = prev
+
     def _encode_cached(self, tokenizer, text: str) -> List[int]:
         key = (id(tokenizer), text)
         ids = self._token_cache.get(key)
@@ -110,11 +126,15 @@ class SearchAgentExecutor(AgentExecutorBase):
         """
         cap = self.config.max_obs_tokens
         if self.config.obs_cut == "block":
-            ids = self._encode(tokenizer, self.protocol.render_documents(passages))
+            block = self.protocol.render_documents(passages)
+            # one string, as released; special-token strings split unless the tags themselves are special tokens
+            tags = self.protocol.doc_open + self.protocol.doc_close
+            tags_special = self._encode_cached(tokenizer, tags) != self._encode_passages(tokenizer, tags)
+            ids = self._encode(tokenizer, block) if tags_special else self._encode_passages(tokenizer, block)
             return ids if cap is None else ids[:cap]
         open_ids = self._encode_cached(tokenizer, self.protocol.doc_open)
         close_ids = self._encode_cached(tokenizer, self.protocol.doc_close)
-        body_ids = self._encode(tokenizer, self.protocol.format_passages(passages))
+        body_ids = self._encode_passages(tokenizer, self.protocol.format_passages(passages))
         if cap is None:
             return open_ids + body_ids + close_ids
         room = max(0, cap - len(open_ids) - len(close_ids))

@@ -51,6 +51,18 @@ class Segment:
     text: str
 
 
+_PASSAGE_ESCAPES: Dict[Tuple[str, ...], "re.Pattern"] = {}
+
+
+def _passage_escape_pattern(tags: Tuple[str, ...]) -> "re.Pattern":
+    """One regex for the tags (longest first) and any ``<|name|>`` special-token string; cached per tag set."""
+    pat = _PASSAGE_ESCAPES.get(tags)
+    if pat is None:
+        alts = [re.escape(t) for t in sorted({t for t in tags if t}, key=len, reverse=True)]
+        pat = _PASSAGE_ESCAPES[tags] = re.compile("|".join(alts + [r"<\|[^<>|\s]{1,64}\|>"]))
+    return pat
+
+
 def _split_ws(s: str) -> Tuple[str, str, str]:
     """Split ``"\\n\\n<tag>\\n"`` into (leading whitespace, core, trailing whitespace)."""
     core = s.strip()
@@ -232,6 +244,25 @@ class Protocol(ABC):
         """The whole documents block the environment appends after a query: doc_open + body + doc_close."""
         return self.doc_open + self.format_passages(passages) + self.doc_close
 
+    def escape_passage_text(self, text: str) -> str:
+        """``text`` with every protocol tag (:attr:`all_tags`), ``<``-marker of :attr:`role_markers` and special-token
+        string of the ``<|name|>`` form (``<|im_end|>``, ``<|eot_id|>``, R1-Searcher's tags) written with ``&lt;`` /
+        ``&gt;``, so that a retrieved passage can neither close the documents block, nor carry an answer, query or
+        reasoning block the reward would read as the model's, nor become a special token in the policy's context.
+        Other text (``a < b``) is unchanged. The released loops insert passages raw (docs/parity.md)."""
+        pattern = _passage_escape_pattern(self.all_tags + tuple(m for m in self.role_markers if m.startswith("<")))
+        return pattern.sub(lambda m: m.group(0).replace("<", "&lt;").replace(">", "&gt;"), text)
+
+    def escape_passages(self, passages: Sequence[Passage]) -> List[Passage]:
+        """The passages with :meth:`escape_passage_text` applied to title and text (the others unchanged);
+        what ``format_passages`` writes."""
+        out = []
+        for p in passages:
+            title, text = self.escape_passage_text(p.title), self.escape_passage_text(p.text)
+            out.append(p if (title, text) == (p.title, p.text) else
+                       Passage(id=p.id, title=title, text=text, score=p.score))
+        return out
+
     def invalid_action_message(self) -> Optional[str]:
         """Environment text appended after an invalid action; None means the trajectory ends there."""
         return None
@@ -252,7 +283,10 @@ class Protocol(ABC):
                          f"(?:{re.escape(ccore)}(?:{re.escape(ctrail)})?|\\Z)")
         msg = self.invalid_action_message()
         if msg:
-            parts.append(re.escape(msg))
+            # Its surrounding newlines optional: a response ending on the message loses the last one to rstrip
+            # (strip_end_of_turn), and the message's own "<answer> and </answer>" must never read as the model's.
+            mlead, mcore, mtrail = _split_ws(msg)
+            parts.append(f"(?:{re.escape(mlead)})?{re.escape(mcore)}(?:{re.escape(mtrail)})?")
         return re.compile("|".join(parts), re.DOTALL)
 
     def split_turns(self, response_text: str) -> List[Segment]:
@@ -569,7 +603,7 @@ class R1SearcherProtocol(Protocol):
         return query
 
     def format_passages(self, passages: Sequence[Passage]) -> str:
-        return "".join(self.format_passage(i + 1, p) for i, p in enumerate(passages))
+        return "".join(self.format_passage(i + 1, p) for i, p in enumerate(self.escape_passages(passages)))
 
 
 # ------------------------------------------------------------------------------------------------------ Search-R1
@@ -654,7 +688,7 @@ class SearchR1Protocol(Protocol):
         return f"Doc {index}(Title: {title}) {passage.text.strip()}"
 
     def format_passages(self, passages: Sequence[Passage]) -> str:
-        return "\n".join(self.format_passage(i + 1, p) for i, p in enumerate(passages))
+        return "\n".join(self.format_passage(i + 1, p) for i, p in enumerate(self.escape_passages(passages)))
 
     def invalid_action_message(self) -> Optional[str]:
         return _SEARCHR1_INVALID

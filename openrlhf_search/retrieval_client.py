@@ -367,8 +367,11 @@ class RetrievalClient:
     def _state(self, loop) -> _LoopState:
         state = self._states.get(loop)
         if state is None:
-            state = _LoopState(client=httpx.AsyncClient(timeout=self.timeout_s,
-                                                        limits=httpx.Limits(max_connections=64)))
+            # An explicit transport: httpx then ignores HTTP_PROXY / HTTPS_PROXY / ALL_PROXY (the retriever is a
+            # service of the cluster, and a node's internet proxy answers 502 for http://127.0.0.1:8000); the
+            # transport still reads SSL_CERT_FILE for an https retriever.
+            transport = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=64))
+            state = _LoopState(client=httpx.AsyncClient(timeout=self.timeout_s, transport=transport))
             self._states[loop] = state
         return state
 

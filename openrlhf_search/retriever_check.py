@@ -22,6 +22,10 @@ from typing import Dict, List, Optional
 from openrlhf_search.config import _is_http_url
 
 
+#: an opener that ignores the proxy environment variables (the retriever is reached directly)
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 class RetrieverCheckError(RuntimeError):
     """A retriever URL is down, is not our retriever service, or serves another index; the message is one line."""
 
@@ -33,7 +37,8 @@ def fetch_health(url: str, timeout: float = 5.0) -> Dict:
         RetrieverCheckError: no answer, an HTTP error, a body that is not a JSON object, or no ``fingerprint``.
     """
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as r:
+        # no proxy: HTTP_PROXY without NO_PROXY would send http://127.0.0.1:8000 to a node's internet proxy
+        with _DIRECT.open(url.rstrip("/") + "/health", timeout=timeout) as r:
             body = json.loads(r.read())
     except (urllib.error.URLError, OSError, ValueError) as e:
         raise RetrieverCheckError(f"retriever {url}: /health did not answer ({e})") from e
@@ -139,6 +144,27 @@ def check_on_ray_nodes(urls: List[str], expected: Optional[str] = None, timeout:
     return next(iter(seen.values()))
 
 
+def serving_line(health: Dict, paper_encoder: str = "", paper_index_type: str = "") -> List[str]:
+    """What a retriever serves, as log lines: ``serving: <encoder> <index type> over <n> passages of <corpus>
+    (fingerprint)``, then ``warning: ...`` when the encoder or index type differs from the paper setting's (a name
+    compares by its last path part, case-insensitive: ``intfloat/e5-base-v2`` is ``e5-base-v2``)."""
+    enc, itype = str(health.get("encoder") or "?"), str(health.get("index_type") or "?")
+    corpus = str(health.get("corpus_path") or "?")
+    lines = [f"serving: {enc} {itype} index over {health.get('count')} passages of {corpus} "
+             f"(fingerprint {health.get('fingerprint')})"]
+    norm = lambda x: str(x).rstrip("/").split("/")[-1].lower()
+    diffs = []
+    if paper_encoder and norm(paper_encoder) != norm(enc):
+        diffs.append(f"encoder {enc} (paper: {paper_encoder})")
+    if paper_index_type and paper_index_type.lower() != itype.lower():
+        diffs.append(f"index type {itype} (paper: {paper_index_type})")
+    if diffs:
+        lines.append(f"warning: the retrievers differ from the paper setting: {'; '.join(diffs)}; results will not "
+                     f"be comparable with the paper's (restart them with the paper's encoder, e.g. "
+                     f"RETRIEVER_ENCODER={paper_encoder or enc} cluster_node_setup.sh)")
+    return lines
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--urls", required=True, help="comma-separated retriever base URLs")
@@ -146,11 +172,18 @@ def main(argv=None) -> int:
     group.add_argument("--index_dir", help="the index they must serve (its manifest.json)")
     group.add_argument("--fingerprint", help="the fingerprint they must serve")
     p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--describe", action="store_true",
+                   help="also print to stderr what they serve (encoder, index type, passages, corpus)")
+    p.add_argument("--paper_encoder", default="", help="with --describe: warn when the encoder differs from this")
+    p.add_argument("--paper_index_type", default="", help="with --describe: warn when the index type differs")
     a = p.parse_args(argv)
     urls = [u.strip() for u in a.urls.split(",") if u.strip()]
     try:
         expected = expected_fingerprint(a.index_dir) if a.index_dir else a.fingerprint
         fp = check_retrievers(urls, expected, a.timeout)
+        if a.describe:
+            for line in serving_line(fetch_health(urls[0], a.timeout), a.paper_encoder, a.paper_index_type):
+                print(line, file=sys.stderr)
     except RetrieverCheckError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

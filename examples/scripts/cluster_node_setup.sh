@@ -5,7 +5,7 @@
 #   workers: HEAD_ADDRESS=HEAD_IP:6379 bash examples/scripts/cluster_node_setup.sh [start_retriever.sh flags]
 #
 # The retriever is configured like start_retriever.sh (RETRIEVER_CORPUS, RETRIEVER_ENCODER, RETRIEVER_INDEX_DIR,
-# ... or its flags; the corpus is required), e.g. RETRIEVER_ENCODER=e5-base-v2 RETRIEVER_CORPUS=/shared/wiki-18.jsonl
+# ... or its flags; the corpus and the encoder are required), e.g. RETRIEVER_ENCODER=e5-base-v2 RETRIEVER_CORPUS=/shared/wiki-18.jsonl
 # RETRIEVER_INDEX_DIR=/shared/wiki18_e5_flat; a prebuilt index on shared storage is reused, not rebuilt.
 #
 # One retriever per node: rollout actors reach it at
@@ -36,6 +36,14 @@ if [[ "$DRY_RUN" == "0" && "${CPU_CLUSTER:-0}" != "1" ]]; then
         echo "cluster_node_setup.sh: $PYTHON has no torch with CUDA (the CPU stack of make setup?): Ray's workers on this node would train on CPU; set PYTHON=/path/to/the/GPU/environment/bin/python (CPU_CLUSTER=1 starts anyway)" >&2
         exit 2
     fi
+fi
+# The encoder is named, never defaulted: start_retriever.sh alone serves BM25, which no training launcher uses (they
+# expect e5-base-v2 or bge-large-en-v1.5), and a node serving the wrong index trains without an error.
+encoder_flag=0
+for _a in "$@"; do [[ "$_a" == "--" ]] && break; [[ "$_a" == --encoder || "$_a" == --encoder=* ]] && encoder_flag=1; done
+if [[ -z "${RETRIEVER_ENCODER:-}" && "$encoder_flag" == 0 ]]; then
+    echo "cluster_node_setup.sh: name the retriever's encoder: RETRIEVER_ENCODER=e5-base-v2 (Search-R1's launchers), bge-large-en-v1.5 (R1-Searcher's) or bm25 (or --encoder); start_retriever.sh alone would serve bm25" >&2
+    exit 2
 fi
 export PYTHONPATH="$(cd "$HERE/../.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 run() {

@@ -18,7 +18,7 @@
 # cli.eval); a launcher prints the rows read by one of its files. tests/test_launcher_help.py checks that every
 # variable a launcher's files read with ${VAR:-...}, ${VAR-...}, ${VAR:+...} or ${VAR:?...} is printed by its
 # --help, except these internal ones (set by the scripts themselves, never by the caller):
-LAUNCHER_INTERNAL_VARS="LAUNCHER_HELP EVAL_DATA_FILE LAYOUT_DESC RETRIEVER_PORT_SET STAGE1_FROM ESTIMATOR_ENV LIMIT"
+LAUNCHER_INTERNAL_VARS="LAUNCHER_HELP EVAL_DATA_FILE LAYOUT_DESC RETRIEVER_PORT_SET STAGE1_FROM ESTIMATOR_ENV LIMIT MODEL_WHERE PAPER_RETRIEVER_ENCODER PAPER_RETRIEVER_INDEX_TYPE"
 
 HELP_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -34,11 +34,12 @@ Layout|RETRIEVER_GPU_GB|estimated|GiB per GPU the node's retriever index takes o
 Layout|PLACEMENT_WAIT_S|60|seconds the driver waits for Ray to have the layout's GPUs free before it exits with one line|common.sh
 Model and data|SETTING|${SETTING-}|released or paper: which source the hyper-parameters follow (docs/parity.md lists every value and its source line)|searchr1.sh r1searcher.sh
 Model and data|MODEL|${MODEL-}|policy to train: a local folder or a hub name org/name|searchr1.sh r1searcher.sh common.sh
+Model and data|MODEL_CHECK|1|0: skip looking a hub-name MODEL up in the local HF cache and on the hub (offline, only the paper models pass unchecked)|common.sh
 Model and data|BASE_MODEL|${BASE_MODEL-}|R1-Searcher policy of the model key (Qwen/Qwen2.5-7B or meta-llama/Llama-3.1-8B-Instruct); MODEL overrides it|r1searcher.sh
 Model and data|STAGE1_CKPT|${STAGE1_FROM:-unused (stage-2 launchers only)}|stage 2's start: stage 1's run folder (its newest global_step*_hf copy) or an HF model folder|r1searcher.sh
 Model and data|TRAIN_DATA|${TRAIN_DATA_FILE-}|training prompts (jsonl from python -m openrlhf_search.cli.prepare_data with the policy's tokenizer)|searchr1.sh r1searcher.sh common.sh
 Model and data|EVAL_DATA|${EVAL_DATA_FILE-}|evaluation prompts, same format|searchr1.sh r1searcher.sh common.sh
-Model and data|DATA_DIR|${DATA_DIR:-that of cli.eval (../shared/data)}|folder of the default prompt files (training launchers) or of dataset names (eval.sh)|common.sh eval.sh
+Model and data|DATA_DIR|${DATA_DIR:-data (training launchers); none (eval.sh: hub sets only)}|folder of the default prompt files (training launchers) or of dataset names (eval.sh: R1-Searcher's sets under qa/r1searcher/)|common.sh eval.sh
 Training / steps|ESTIMATOR|${ESTIMATOR-}|advantage estimator, overriding the setting's (reinforce_baseline, group_norm, gae, ...)|r1searcher.sh
 Training / steps|ALLOW_SHORT|0|1: start even when TRAIN_DATA gives fewer steps than the LR warm-up|common.sh
 Checkpoints and resume|OUTPUT_ROOT|${OUTPUT_ROOT-}|checkpoints, HF copies, tensorboard logs and retriever logs, one folder per run under it|common.sh
@@ -50,7 +51,7 @@ Retriever|RETRIEVER_URLS|${ROUTES:-unset: a retriever is started on RETRIEVER_PO
 Retriever|RETRIEVER_MODE|node|node: one start_retriever.sh per node; serve: one Ray Serve application (start_retriever_serve.sh) for the cluster|common.sh
 Retriever|RETRIEVER_CORPUS|${RETRIEVER_CORPUS:-none: required unless RETRIEVER_INDEX_DIR is built (launchers: or RETRIEVER_URLS)}|passage jsonl ({id,contents} or {id,title,text}); no default (one taken from eval data would leak the answers)|common.sh start_retriever.sh start_retriever_serve.sh
 Retriever|RETRIEVER_SOURCE|none|raw dump (KILT pages, wiki-18, {id,title,text}) that python -m retriever.prepare_corpus cuts into RETRIEVER_CORPUS when that is missing|common.sh start_retriever.sh
-Retriever|RETRIEVER_ENCODER|${RETRIEVER_ENCODER:-bm25}|bm25, e5-base-v2, bge-large-en-v1.5, minilm or a model folder|common.sh eval.sh start_retriever.sh start_retriever_serve.sh
+Retriever|RETRIEVER_ENCODER|${RETRIEVER_ENCODER:-none: required by cluster_node_setup.sh, bm25 for start_retriever.sh alone, the paper encoder in a launcher}|bm25, e5-base-v2 (Search-R1), bge-large-en-v1.5 (R1-Searcher), minilm or a model folder|common.sh eval.sh start_retriever.sh start_retriever_serve.sh cluster_node_setup.sh
 Retriever|RETRIEVER_INDEX_TYPE|${RETRIEVER_INDEX_TYPE:-bm25 for the bm25 encoder, else flat}|bm25, flat, hnsw or ivfpq|common.sh start_retriever.sh start_retriever_serve.sh
 Retriever|RETRIEVER_INDEX_DIR|${RETRIEVER_INDEX_DIR:-runs/retriever/<corpus>_<encoder>_<index type>}|index folder: reused when built (its manifest names the corpus), built there otherwise|common.sh start_retriever.sh start_retriever_serve.sh
 Retriever|RETRIEVER_LIMIT|none (every passage)|index only the first N passages (quick trials)|start_retriever.sh start_retriever_serve.sh

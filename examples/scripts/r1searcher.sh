@@ -106,6 +106,7 @@ TRAIN_DATA_FILE="${TRAIN_DATA:-$DATA_DIR/r1searcher_$([[ "$STAGE" == "single" ]]
 EVAL_DATA_FILE="${EVAL_DATA:-$DATA_DIR/r1searcher_eval_${MODEL_KEY}.jsonl}"
 # R1-Searcher's retriever: BGE-large-en-v1.5, Flat inner product (train/wiki_corpus_load.py,
 # wiki_corpus_index_bulid/build_corpus_index.py).
+PAPER_RETRIEVER_ENCODER=bge-large-en-v1.5 PAPER_RETRIEVER_INDEX_TYPE=flat  # what a running retriever is compared with
 export RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-bge-large-en-v1.5}" RETRIEVER_INDEX_TYPE="${RETRIEVER_INDEX_TYPE:-flat}"
 
 RUN_DESC="r1searcher.sh $MODEL_KEY $STAGE (setting $SETTING)"
@@ -114,7 +115,7 @@ check_inputs
 TRAIN_MICRO=1 ROLLOUT_MICRO=1 N_SAMPLES=16  # released: scripts/*_train*.sh:21,56-59 (micro-batches of 1)
 layout_args "$TRAIN_BS" "$TRAIN_MICRO" "$(( ROLLOUT_BS * N_SAMPLES ))" "$ROLLOUT_MICRO" "$([[ "$ESTIMATOR" == gae ]] && echo true || echo false)"
 start_retrievers
-log "setting: $SETTING | model: $MODEL | data: $TRAIN_DATA_FILE ($([[ $CHAT == true ]] && echo "chat-rendered with $BASE_MODEL's template" || echo "base prompt")) | eval: $EVAL_DATA_FILE"
+log "setting: $SETTING | model: $MODEL${MODEL_WHERE:+ ($MODEL_WHERE)} | data: $TRAIN_DATA_FILE ($([[ $CHAT == true ]] && echo "chat-rendered with $BASE_MODEL's template" || echo "base prompt")) | eval: $EVAL_DATA_FILE"
 launch \
     "${LAYOUT_ARGS[@]}" \
     --actor.model_name_or_path "$MODEL" \

@@ -70,6 +70,7 @@ TRAIN_BS=256 TRAIN_MICRO=2 ROLLOUT_MICRO=8
 N_SAMPLES=1 CRITIC=true
 [[ "$ALGO" == grpo ]] && { N_SAMPLES=5; CRITIC=false; }
 # Search-R1's retriever: e5-base-v2, flat inner-product index over wiki-18 (retrieval_launch.sh).
+PAPER_RETRIEVER_ENCODER=e5-base-v2 PAPER_RETRIEVER_INDEX_TYPE=flat  # what a running retriever is compared with
 export RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-e5-base-v2}" RETRIEVER_INDEX_TYPE="${RETRIEVER_INDEX_TYPE:-flat}"
 
 RUN_DESC="searchr1.sh $ALGO $SIZE $VARIANT"
@@ -78,7 +79,7 @@ check_inputs
 check_data_steps "$TRAIN_DATA_FILE" "$ROLLOUT_BS" "$EPISODES" "$STEPS" "$WARMUP_RATIO"
 layout_args "$TRAIN_BS" "$TRAIN_MICRO" "$(( ROLLOUT_BS * N_SAMPLES ))" "$ROLLOUT_MICRO" "$CRITIC"
 start_retrievers
-log "setting: $SETTING | model: $MODEL | data: $TRAIN_DATA_FILE (prompts rendered with $MODEL's chat template) | eval: $EVAL_DATA_FILE"
+log "setting: $SETTING | model: $MODEL${MODEL_WHERE:+ ($MODEL_WHERE)} | data: $TRAIN_DATA_FILE (prompts rendered with $MODEL's chat template) | eval: $EVAL_DATA_FILE"
 launch \
     "${LAYOUT_ARGS[@]}" \
     "${ALGO_ARGS[@]}" \

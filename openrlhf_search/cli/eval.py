@@ -76,7 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datasets", nargs="*", default=[],
                    help="names (bamboogle, hotpotqa_500, nq = full hub split, flashrag:nq = local sample) or paths; "
                         "default: the setting's sets")
-    p.add_argument("--data_dir", default=None, help="shared data folder (default ../shared/data)")
+    p.add_argument("--data_dir", default=None,
+                   help="folder of local copies for dataset names (qa/r1searcher/*.jsonl, "
+                        "qa/flashrag/<name>.test.jsonl); default $OPENRLHF_SEARCH_DATA_DIR, else none: FlashRAG "
+                        "names load the published hub split, R1-Searcher's sets need this folder or a file path")
     p.add_argument("--split", default=None, help="FlashRAG hub split")
     p.add_argument("--limit", type=int, default=None, help="first N questions per dataset")
     p.add_argument("--protocol", default="r1searcher")
@@ -234,7 +237,7 @@ def _retriever_info(url: str) -> dict:
     import httpx
 
     try:
-        return httpx.get(url.split(",")[0].rstrip("/") + "/health", timeout=5).json()
+        return httpx.get(url.split(",")[0].rstrip("/") + "/health", timeout=5, trust_env=False).json()  # no proxy
     except Exception as e:  # the table then says "?" rather than failing the run
         logger.warning("retriever /health not readable (%s); corpus/retriever unknown in the table", e)
         return {}
@@ -373,7 +376,10 @@ def run(args) -> int:
         if info.get("backend") != "web":  # --corpus / --retriever_name describe the local index
             corpus, retriever = args.corpus or corpus, args.retriever_name or retriever
         where[name] = {"corpus": corpus, "retriever": retriever, "retriever_url": ",".join(st.retriever_url),
-                       "passage_format": st.passage_format or "default"}
+                       "passage_format": st.passage_format or "default",
+                       # the file or hub split the questions were read from (never a guessed local sample)
+                       "questions": ", ".join(sorted({ex.source for ex in data[name]})) or "unknown"}
+        print(f"{name}: {len(data[name])} questions from {where[name]['questions']}", file=sys.stderr)
     os.makedirs(args.out_dir, exist_ok=True)
     # one event loop for the whole run: vLLM's AsyncLLM binds its output handler to the loop of its first request
     return asyncio.run(_run_async(args, data, per_set, where, topk, max_turns))
@@ -473,7 +479,8 @@ async def _run_async(args, data, per_set, where, topk, max_turns) -> int:
         if judge_stats is not None:
             s["judge_stats"] = judge_stats
         label = stem if os.path.isfile(name) else name  # the table names a file by its stem
-        s.update(corpus=where[name]["corpus"], retriever=where[name]["retriever"])  # this set's own retriever
+        s.update(corpus=where[name]["corpus"], retriever=where[name]["retriever"],  # this set's own retriever
+                 questions=where[name]["questions"])
         summaries[label] = s
         by_source = summarize_by_source(records, [r["data_source"] for r in rows])
         if by_source:  # a mixed file (Search-R1's test sample): one table row per source beside its paper numbers

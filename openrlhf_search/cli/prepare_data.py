@@ -61,7 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", action="append", required=True,
                    help="file (jsonl/json/parquet) or dataset name (flashrag:nq, bamboogle, ...); repeatable")
     p.add_argument("--split", default=None, help="split for FlashRAG hub datasets (default: test/dev as evaluated)")
-    p.add_argument("--data_dir", default=None, help="shared data folder for dataset names (default ../shared/data)")
+    p.add_argument("--data_dir", default=None,
+                   help="folder of local copies for dataset names (qa/flashrag/<name>.test.jsonl, qa/r1searcher/...); "
+                        "default $OPENRLHF_SEARCH_DATA_DIR, else none: flashrag:<name> and bare FlashRAG names load "
+                        "the published split from the hub")
     p.add_argument("--protocol", default="r1searcher", help="r1searcher | searchr1 (any registered protocol)")
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat_template", dest="chat", action="store_true", default=None,
@@ -83,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval_size", type=int, default=0, help="questions held out into --eval_out")
     p.add_argument("--limit", type=int, default=None, help="read at most this many rows per input")
     p.add_argument("--shuffle", action="store_true", help="shuffle before the eval split / writing")
+    p.add_argument("--dedup", action="store_true",
+                   help="keep each repeated question once (the first copy) in the training rows; default: training "
+                        "keeps the inputs' repeats (as the papers' data does) and says how many. The held-out eval "
+                        "rows are distinct questions and none of them stays in training, either way")
     p.add_argument("--seed", type=int, default=0)
     b = p.add_argument_group("difficulty bucketing (R1-Searcher sec. 3.1)")
     b.add_argument("--bucket", action="store_true",
@@ -117,6 +124,12 @@ def load_policy_tokenizer(path: str):
     """
     from transformers import AutoTokenizer
 
+    from openrlhf_search.model_check import ModelCheckError, require_hub_files
+
+    try:
+        require_hub_files(path)  # one request, not a minute of retries, when the hub is out of reach
+    except ModelCheckError as e:
+        raise RenderingError(f"cannot load the policy tokenizer: {e}") from e
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:  # not there / not a tokenizer / offline hub name
@@ -275,6 +288,8 @@ def render_rows(examples: List[QAExample], protocol_name: str, chat: Optional[bo
             prompt = engine_prompt(prompt, tokenizer)
         row = {"prompt": prompt, "label": json.dumps(ex.golds, ensure_ascii=False), "datasource": ex.data_source,
                "data_source": ex.data_source, "id": ex.id, "question": ex.question, "rendering": record}
+        if getattr(ex, "source", ""):
+            row["source"] = ex.source  # the file path or hub split the question was read from
         if difficulty is not None and ex.id in difficulty:
             row["difficulty"] = difficulty[ex.id]
         rows.append(row)
@@ -318,6 +333,7 @@ def load_searchr1_train_merge(sources=SEARCHR1_TRAIN_SOURCES, limit: Optional[in
             ex = example_from_row(row, idx, source)
             ex.id, ex.data_source = f"{source}_{idx}", source
             ex.extra["extra_info"] = {"split": "train", "index": idx}
+            ex.source = f"hub:{FLASHRAG_HUB_REPO}/{source}/train"
             out.append(ex)
         logger.info("Search-R1 merge: %d rows of %s train", n, source)
     return out
@@ -332,6 +348,43 @@ def load_input(name: str, data_dir: Optional[str] = None, split: Optional[str] =
     if name.startswith("searchr1_train:") and not os.path.isfile(name):
         return load_searchr1_train_merge(tuple(x for x in name.split(":", 1)[1].split(",") if x), limit)
     return load_eval_dataset(name, data_dir=data_dir, split=split, limit=limit)
+
+
+def question_key(question: str) -> str:
+    """What makes two questions the same: SQuAD normalisation (case, punctuation, articles, whitespace), so
+    "Who wrote Hamlet?" and "who wrote hamlet" are one question."""
+    from openrlhf_search.metrics import normalize_answer
+
+    return normalize_answer(question)
+
+
+def dedup_questions(examples: List[QAExample]) -> "tuple[List[QAExample], int]":
+    """The examples with each question (:func:`question_key`) kept once, the first copy, in order; and how many
+    were dropped. Duplicates would otherwise reach both sides of the eval split (R1-Searcher's stage-1 and stage-2
+    files share questions)."""
+    seen, out = set(), []
+    for ex in examples:
+        key = question_key(ex.question)
+        if key not in seen:
+            seen.add(key)
+            out.append(ex)
+    return out, len(examples) - len(out)
+
+
+def split_eval(examples: List[QAExample], eval_size: int) -> "tuple[List[QAExample], List[QAExample], int]":
+    """(held out, training, removed): the first ``eval_size`` distinct questions (:func:`question_key`) in order are
+    held out; training is every other row except the copies of a held-out question (``removed`` counts them), so no
+    eval question is trained on, however often the inputs repeat it."""
+    held, keys, rest = [], set(), []
+    for ex in examples:
+        key = question_key(ex.question)
+        if len(held) < eval_size and key not in keys:
+            held.append(ex)
+            keys.add(key)
+        else:
+            rest.append(ex)
+    train = [ex for ex in rest if question_key(ex.question) not in keys]
+    return held, train, len(rest) - len(train)
 
 
 def _write_jsonl(path: str, rows: List[dict]) -> None:
@@ -384,6 +437,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except DatasetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    for source, n in Counter(ex.source for ex in examples).items():
+        logger.info("read %d questions from %s", n, source or "(unknown source)")
+    if args.dedup:
+        examples, dropped = dedup_questions(examples)
+        logger.info("--dedup: dropped %d repeated questions (the first copy of each kept)", dropped)
     ids = Counter(ex.id for ex in examples)
     if any(c > 1 for c in ids.values()):  # ids must be unique for bucketing and for joining results later
         for i, ex in enumerate(examples):
@@ -428,9 +486,21 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"error: --eval_size {args.eval_size} leaves no training rows ({len(examples)} in all)",
                   file=sys.stderr)
             return 2
-        eval_rows = render_rows(examples[:args.eval_size], args.protocol, args.chat, tokenizer, difficulty,
-                                args.template, engine_tokens)
-        examples = examples[args.eval_size:]
+        held_out, examples, removed = split_eval(examples, args.eval_size)
+        if len(held_out) < args.eval_size or not examples:
+            print(f"error: --eval_size {args.eval_size} leaves no training rows ({len(held_out)} distinct questions "
+                  f"held out, {len(examples)} rows left for training once their repeats are removed)",
+                  file=sys.stderr)
+            return 2
+        if removed:
+            logger.warning("removed %d rows that repeat a held-out eval question (same question after "
+                           "normalisation) from training", removed)
+        eval_rows = render_rows(held_out, args.protocol, args.chat, tokenizer, difficulty, args.template,
+                                engine_tokens)
+    repeats = len(examples) - len({question_key(ex.question) for ex in examples})
+    if repeats:
+        logger.warning("%d training rows repeat a question of an earlier row (kept, as the inputs have them; --dedup "
+                       "keeps one copy)", repeats)
     train_rows = render_rows(examples, args.protocol, args.chat, tokenizer, difficulty, args.template, engine_tokens)
     _write_jsonl(args.out, train_rows)
     logger.info("wrote %d training prompts to %s", len(train_rows), args.out)

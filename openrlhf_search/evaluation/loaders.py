@@ -14,8 +14,10 @@ Datasets by name:
   split Search-R1 evaluates on (test, dev where there is no test split; ``FLASHRAG_EVAL_SETS``), from FlashRAG's hub
   copy (``datasets.load_dataset("RUC-NLPIR/FlashRAG_datasets", name, split=...)``, network or a warm HF cache);
   never a local sample;
-- ``flashrag:<name>``: the local 512-question sample ``qa/flashrag/<name>.test.jsonl`` of the shared data folder
-  (offline tests and smoke runs), the hub split when there is no local copy;
+- ``flashrag:<name>``: the hub split, like the bare name; ``qa/flashrag/<name>.test.jsonl`` under a data folder
+  only when one is named (``--data_dir`` or ``$OPENRLHF_SEARCH_DATA_DIR``: offline tests and smoke runs). No data
+  folder is ever assumed (``../shared/data`` beside the repo holds 512-question test samples, not the published
+  sets); every loaded example records where it came from (``QAExample.source``);
 - any of these with a retriever tag, ``NAME@TAG`` (``bamboogle@web``): the same questions, evaluated as a separate
   row against the retriever routed to that name (``paper_reference.split_tag``).
 """
@@ -59,6 +61,7 @@ class QAExample:
         golds: gold answers, at least one, as strings.
         data_source: dataset name the row comes from ("nq", "hotpotqa", ...).
         extra: other fields of the source row kept for bucketing (e.g. R1-Searcher's ``pred_anses``).
+        source: where the row was read: an absolute file path, or ``hub:<repo>/<config>/<split>``.
     """
 
     id: str
@@ -66,15 +69,12 @@ class QAExample:
     golds: List[str]
     data_source: str = ""
     extra: Dict[str, Any] = field(default_factory=dict)
+    source: str = ""
 
 
-def default_data_dir() -> str:
-    """The shared data folder: ``$OPENRLHF_SEARCH_DATA_DIR``, else ``../shared/data`` beside the repo root."""
-    env = os.environ.get(DATA_DIR_ENV)
-    if env:
-        return env
-    repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return os.path.join(os.path.dirname(repo_root), "shared", "data")
+def default_data_dir() -> Optional[str]:
+    """The data folder dataset names are looked up in: ``$OPENRLHF_SEARCH_DATA_DIR``, else None (none is assumed)."""
+    return os.environ.get(DATA_DIR_ENV) or None
 
 
 def _question_from_prompt(prompt: Any) -> Optional[str]:
@@ -176,6 +176,7 @@ def load_examples_file(path: str, data_source: str = "", limit: Optional[int] = 
             out.append(example_from_row(row, i, source))
         except DatasetError as e:
             raise DatasetError(f"{path}: {e}") from e
+        out[-1].source = os.path.abspath(path)
     return out
 
 
@@ -198,10 +199,16 @@ def load_flashrag_hub(name: str, split: str, limit: Optional[int] = None) -> Lis
 
         ds = datasets.load_dataset(FLASHRAG_HUB_REPO, name, split=split)
     except Exception as e:  # offline, unknown config, ... : one clear message
-        raise DatasetError(f"FlashRAG dataset {name!r} split {split!r} is not available locally and could not be "
-                           f"loaded from the hub {FLASHRAG_HUB_REPO} ({type(e).__name__}: {e})") from e
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise DatasetError(f"FlashRAG dataset {name!r} split {split!r} could not be loaded from the hub "
+                           f"{FLASHRAG_HUB_REPO} ({type(e).__name__}: {first}); no local sample is used in its place "
+                           f"(a local copy: --data_dir DIR holding qa/flashrag/{name}.{split}.jsonl, or a file "
+                           f"path)") from e
     rows = ds if limit is None else ds.select(range(min(limit, len(ds))))
-    return [example_from_row(dict(r), i, name) for i, r in enumerate(rows)]
+    out = [example_from_row(dict(r), i, name) for i, r in enumerate(rows)]
+    for ex in out:
+        ex.source = f"hub:{FLASHRAG_HUB_REPO}/{name}/{split}"
+    return out
 
 
 def resolve_dataset_path(name: str, data_dir: Optional[str] = None) -> Optional[str]:
@@ -215,8 +222,12 @@ def resolve_dataset_path(name: str, data_dir: Optional[str] = None) -> Optional[
         return name
     data_dir = data_dir or default_data_dir()
     if name in R1SEARCHER_EVAL_SETS:
+        if not data_dir:
+            raise DatasetError(f"dataset {name!r} is a local file ({R1SEARCHER_EVAL_SETS[name]} of R1-Searcher's "
+                               f"data/eval_set, renamed): name its folder with --data_dir DIR or ${DATA_DIR_ENV}, "
+                               f"or pass the file's path")
         return os.path.join(data_dir, R1SEARCHER_EVAL_SETS[name])
-    if not name.startswith("flashrag:"):
+    if not name.startswith("flashrag:") or not data_dir:
         return None
     flash = name.split(":", 1)[1]
     for split in ("test", "dev"):
@@ -233,7 +244,7 @@ def load_eval_dataset(name: str, data_dir: Optional[str] = None, split: Optional
     Args:
         name: dataset name or file path. A bare FlashRAG name loads the full hub split Search-R1 evaluates on
             (``scripts/data_process/qa_search_test_merge.py:61-69``: test, else dev), every question.
-        data_dir: shared data folder (default ``default_data_dir()``).
+        data_dir: folder of local copies (default ``default_data_dir()``: ``$OPENRLHF_SEARCH_DATA_DIR`` or none).
         split: hub split (default: the split Search-R1 evaluates on).
         limit: keep the first ``limit`` questions.
     Raises:

@@ -59,6 +59,29 @@ def _launcher_set(keys: List[Tuple[str, str]], paper: str) -> str:
     return ", ".join(out)
 
 
+#: Behaviours of the reward and rollout code that differ from the released code on purpose, and the option that
+#: restores the released one where rescoring needs it (no launcher flag: not rows of the tables above).
+NOT_FLAGS = [
+    "## Reward and rollout code: deliberate differences",
+    "",
+    "- **Gold answer in the retrieved documents** (`searchr1_format`'s retrieval term and its logged "
+    "`gold_in_information`): Search-R1's released `qa_em_format.is_retrieval_correct` matches a normalised gold "
+    "answer as a substring, so \"1\", \"no\", \"US\", \"Yes\" count as retrieved inside \"1990\", \"not\", "
+    "\"USSR\", \"yesterday\" (with a retrieval score of 0.1 a wrong answer gets 0.3 instead of 0.2). Ours matches "
+    "whole tokens by default; `gold_match=\"substring\"` (`compute_reward(\"searchr1_format\", ..., "
+    "gold_match=\"substring\")`, `rewards.gold_in_documents(..., match=\"substring\")`) is the released rule, for "
+    "rescoring their runs. The launchers train with `searchr1_em`, which has no retrieval term.",
+    "- **Retrieved text is escaped**: both released loops insert passages raw. Ours writes protocol tags and "
+    "`<|name|>` special-token strings inside a passage with `&lt;` / `&gt;` and tokenises passages with special-token "
+    "strings split, so a page quoting `</information>`, `<answer> X </answer>` or `<|im_end|>` can neither end the "
+    "documents block, nor answer for the model, nor become a special token. Passages without such strings are "
+    "rendered character for character as released.",
+    "- **Search-R1's invalid-action message** is recognised with or without its surrounding newlines: a response that "
+    "ends on it has no answer (the message's own `<answer> and </answer>` is not the model's).",
+    "",
+]
+
+
 def render(rows: List[Row]) -> str:
     lines = [
         "# Paper parity: released settings vs our launchers",
@@ -111,6 +134,7 @@ def render(rows: List[Row]) -> str:
             for setting, reason in reasons.items():
                 lines.append(f"- `{setting}`: {reason.replace('|', chr(92) + '|')}.")
         lines.append("")
+    lines += NOT_FLAGS
     lines += ["## Per launcher", "",
               "What each launcher resolves to, in counts of the rows above (README's table links here).", ""]
     for name in sorted(LAUNCHERS):

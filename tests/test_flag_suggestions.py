@@ -1,0 +1,30 @@
+"""A mistyped or pre-0.10 OpenRLHF flag is answered with the flag that replaced it, matched on the last name part."""
+
+import pytest
+
+from openrlhf_search.cli import train as cli
+
+
+@pytest.fixture(scope="module")
+def parser():
+    return cli.build_parser()
+
+
+@pytest.mark.parametrize("typed, first", [
+    ("--actor.learning_rat", "--actor.adam.lr"),  # once: --actor.min_lr_ratio
+    ("--learning_rate", "--actor.adam.lr"),
+    ("--actor_learning_rate", "--actor.adam.lr"),
+    ("--pretrain", "--actor.model_name_or_path"),
+    ("--micro_train_batch_size", "--train.micro_batch_size"),
+    ("--critic.lr", "--critic.adam.lr"),  # the typed group first
+    ("--train.batchsize", "--train.batch_size"),
+    ("--search.top_k", "--search.topk"),
+])
+def test_nearest_flag_first(parser, typed, first):
+    assert cli.nearest_flags(parser, typed)[0] == first
+
+
+def test_every_renamed_flag_exists(parser):
+    flags = {o for a in parser._actions for o in a.option_strings}
+    missing = sorted(v for v in cli.RENAMED_FLAGS.values() if v not in flags)
+    assert not missing  # a table entry OpenRLHF dropped would silently never be suggested
