@@ -1,5 +1,5 @@
 """Per-question records, the decomposition of before/after differences, the trivial baselines and
-the validation split (pure functions on hand-made records; the trainer's use of them is in test_train_local.py)."""
+the validation split (pure functions on hand-made records)."""
 
 import json
 

@@ -1,9 +1,10 @@
-"""CPU twin of the vLLM rollout engine: HF-transformers sampling behind vLLM's token-in/token-out ``generate``.
+"""HF-transformers sampling behind vLLM's token-in/token-out ``generate``: ``cli.eval``'s default engine on CPU.
 
 OpenRLHF's agent executors call ``await llm_engine.generate(prompt_token_ids, sampling_params,
 multi_modal_data=None)`` on a ``RolloutRayActor`` and read ``result.outputs[0]`` (``token_ids``, ``text``,
 ``finish_reason``, ``logprobs``). ``HFEngine`` offers the same call on a CPU with an ordinary
-``transformers`` causal LM, so the same executor code runs in the local trainer and in tests.
+``transformers`` causal LM, so the same executor code runs in ``cli.eval`` / ``cli.prepare_data`` on a machine
+without vLLM's GPU build, and in tests.
 
 What follows vLLM (v1 engine, 0.29) exactly:
 - it takes a real ``vllm.SamplingParams`` and returns real ``vllm.outputs.RequestOutput`` /
@@ -27,8 +28,8 @@ What follows vLLM (v1 engine, 0.29) exactly:
 - ``logprobs`` are the raw model log-probabilities (log-softmax of the logits before temperature / top-p, vLLM's
   default ``logprobs_mode="raw_logprobs"``) of the sampled token plus the top ``logprobs`` tokens, with ranks.
 
-The engine never copies the model: it holds the very object the CPU trainer optimises, so weight sync is free.
-It runs the model wherever the model's parameters are (``--train.device``); sampling happens on the host.
+The engine never copies the model: a caller that changes the weights in place calls :meth:`HFEngine.reset_prefix_cache`.
+It runs the model wherever the model's parameters are; sampling happens on the host.
 Requests are served by one engine thread (started on demand, gone when idle) under a lock around the model, so
 concurrent ``generate`` calls from many rollout tasks are safe and the event loop stays free for retrieval I/O
 meanwhile. Decoding is
