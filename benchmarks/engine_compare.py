@@ -14,7 +14,8 @@ template (``searchr1_short``), 1-hop questions of the embedded default, 32 token
 - eval: 64 held-out questions, greedy.
 
 Only the first turn of each trajectory is generated (the turn whose prompt nobody has cached); the protocol's stop
-strings are on, as in the rollout. ``HFEngine`` runs with ``max_batch_size`` 32 (``cli.eval`` builds it with the default 16).
+strings are on, as in the rollout. ``HFEngine`` runs with ``max_batch_size`` 32 (``cli.eval`` builds it with the
+default 16).
 
 Run (one engine pair at a time; ~3 minutes on 2 idle cores)::
 
