@@ -37,29 +37,27 @@ def tiny_model(seed=0):
 
 @torch.no_grad()
 def sample_next(model, tokens, gen):
-    logits = model(input_ids=torch.tensor([tokens])).logits[0, -1]
-    return int(torch.multinomial(torch.softmax(logits, -1), 1, generator=gen))
+    """One token per row of ``tokens`` [B, T] (equal lengths, no padding), sampled from the last position: [B]."""
+    logits = model(input_ids=tokens).logits[:, -1].float()
+    return torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)[:, 0]
 
 
 def rollout(model, n_prompts, gen, mask_env_instead=False):
     """(tokens [B, T], action mask [B, T - 1] over predicted tokens, rewards [B]); ``mask_env_instead`` marks the
-    inserted block as the action (a bug). Every trajectory has the same length: no padding."""
-    seqs, rewards = [], []
-    for _ in range(n_prompts * N_SAMPLES):
-        tokens = list(PROMPT)
-        tokens.append(sample_next(model, tokens, gen))
-        tokens += ENV_BLOCK
-        tokens.append(sample_next(model, tokens, gen))
-        seqs.append(tokens)
-        rewards.append(float(tokens[-1] == TARGET))
-    tokens = torch.tensor(seqs)
-    mask = torch.zeros(tokens.shape[0], tokens.shape[1] - 1, dtype=torch.bool)  # position t predicts token t + 1
+    inserted block as the action (a bug). Every trajectory has the same length, so each turn of all B samples is one
+    batched forward."""
+    b = n_prompts * N_SAMPLES
+    tokens = torch.tensor([PROMPT] * b)
+    tokens = torch.cat([tokens, sample_next(model, tokens, gen)[:, None]], 1)  # the query token
+    tokens = torch.cat([tokens, torch.tensor([ENV_BLOCK] * b)], 1)
+    tokens = torch.cat([tokens, sample_next(model, tokens, gen)[:, None]], 1)  # the answer token
+    mask = torch.zeros(b, tokens.shape[1] - 1, dtype=torch.bool)  # position t predicts token t + 1
     if mask_env_instead:
         mask[:, len(PROMPT): len(PROMPT) + len(ENV_BLOCK)] = True
     else:
         mask[:, len(PROMPT) - 1] = True  # the query token
         mask[:, -1] = True  # the answer token
-    return tokens, mask, torch.tensor(rewards)
+    return tokens, mask, (tokens[:, -1] == TARGET).float()
 
 
 def log_probs(model, tokens):
