@@ -40,7 +40,6 @@ setup(
     entry_points={
         "console_scripts": [
             "openrlhf-search-train=openrlhf_search.cli.train:main",
-            "openrlhf-search-train-local=openrlhf_search.cpu.main_job.train:main",
             "openrlhf-search-eval=openrlhf_search.cli.eval:main",
         ]
     },

@@ -6,17 +6,16 @@ round is a fresh batch, as a new RL step is). Rounds alternate which engine goes
 the run (the machine is shared) does not favour one of them. Prints and returns tokens/s of each, the ratio
 vLLM / HF, and, for greedy decoding, whether the two engines' outputs are identical token for token.
 
-Shapes of the CPU main job as it was when the engine figures of docs/evaluation.md ("Engines") were measured
-(``main_job.train --preset f1_sentences``, the default until 2026-12-01; the default now renders ``searchr1_bare``, a
-longer instruction, and allows 48 tokens per turn): SmolLM2-135M-Instruct, Search-R1's short tags under the ChatML
+Shapes of the former CPU main job (its own HF-engine trainer) when the engine figures of docs/evaluation.md
+("Engines") were measured: SmolLM2-135M-Instruct, Search-R1's short tags under the ChatML
 template (``searchr1_short``), 1-hop questions of the embedded default, 32 tokens per turn:
 
 - rollout: 4 questions x 4 samples = 16 concurrent trajectories at temperature 0.7;
 - eval: 64 held-out questions, greedy.
 
 Only the first turn of each trajectory is generated (the turn whose prompt nobody has cached); the protocol's stop
-strings are on, as in the rollout. ``HFEngine`` runs as the trainer builds it (``max_batch_size`` 32) but without the
-trunk-state capture the trainer adds for its frozen layers, a small advantage to HF.
+strings are on, as in the rollout. ``HFEngine`` runs with ``max_batch_size`` 32 (``cli.eval`` builds it with the
+default 16).
 
 Run (one engine pair at a time; ~3 minutes on 2 idle cores)::
 

@@ -18,21 +18,14 @@ can sample::
 
     L_max = --search.max_turns x --search.max_new_tokens_per_turn
 
-and ``--rollout.max_new_tokens`` is not read by the penalty. The cluster path (``experience_maker``, through
-OpenRLHF's own ``apply_length_penalties``) and the CPU job (``cpu/main_job/trainer.py``, through OpenRLHF's
-``apply_overlong_penalty``) both use this budget, so the same trajectory gets the same reward on either. The context
-limit (``--data.max_len``, prompt and documents included) can end a trajectory before it samples ``L_max`` tokens;
-that is a ``context_full`` stop, not an overlong response.
+and ``--rollout.max_new_tokens`` is not read by the penalty. The experience maker applies it through OpenRLHF's own
+``apply_length_penalties``. The context limit (``--data.max_len``, prompt and documents included) can end a
+trajectory before it samples ``L_max`` tokens; that is a ``context_full`` stop, not an overlong response.
 """
 
 import copy
-from types import SimpleNamespace
-from typing import Optional, Sequence
-
-import torch
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
-from openrlhf.trainer.ppo_utils.length_penalty import apply_overlong_penalty
 
 from openrlhf_search.config import SearchConfig
 
@@ -112,40 +105,3 @@ def document_overlong_flags(parser) -> None:
             action.help = OVERLONG_BUFFER_HELP
         elif "--reward.overlong_penalty_factor" in action.option_strings:
             action.help = OVERLONG_FACTOR_HELP
-
-
-def overlong_penalized(rewards: torch.Tensor, sampled_tokens: Sequence[float], budget: int,
-                       buffer_len: Optional[float], factor: float = 1.0) -> torch.Tensor:
-    """Rewards with the overlong penalty added, by OpenRLHF's own ``apply_overlong_penalty`` (the CPU job's path).
-
-    Args:
-        rewards: [N] float rewards (not modified).
-        sampled_tokens: N counts of tokens the policy sampled over all turns (``extra_logs["response_tokens"]``).
-        budget: ``L_max`` (:func:`overlong_budget`).
-        buffer_len: ``--reward.overlong_buffer_len``; None: no penalty, ``rewards`` returned as they are.
-        factor: ``--reward.overlong_penalty_factor``.
-
-    Returns:
-        [N] float32 (or wider) rewards.
-    Raises:
-        ValueError: lengths differ, or the buffer is not in (0, budget].
-    """
-    if buffer_len is None:
-        return rewards
-    if len(sampled_tokens) != rewards.numel():
-        raise ValueError(f"{len(sampled_tokens)} lengths for {rewards.numel()} rewards")
-    _check_buffer(buffer_len, budget)
-    out = rewards.reshape(-1).to(torch.promote_types(rewards.dtype, torch.float32)).clone()
-    stand_in = SimpleNamespace(rewards=out, response_length=torch.as_tensor(list(sampled_tokens), dtype=torch.float32))
-    apply_overlong_penalty([stand_in], budget, buffer_len, factor)
-    return out.reshape(rewards.shape)
-
-
-def overlong_penalized_from_args(rewards: torch.Tensor, sampled_tokens: Sequence[float], args) -> torch.Tensor:
-    """:func:`overlong_penalized` with the budget, buffer and factor of the CPU job's ``args``."""
-    reward = getattr(args, "reward", None)
-    buffer_len = getattr(reward, "overlong_buffer_len", None)
-    if buffer_len is None:
-        return rewards
-    return overlong_penalized(rewards, sampled_tokens, overlong_budget_from_args(args), buffer_len,
-                              getattr(reward, "overlong_penalty_factor", 1.0))

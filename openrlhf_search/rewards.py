@@ -25,7 +25,7 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 from openrlhf_search.metrics import (
     cover_em,
@@ -46,7 +46,6 @@ __all__ = [
     "searchr1_valid_sequence",
     "strip_end_of_turn",
     "END_OF_TURN_MARKERS",
-    "support_recall",
     "gold_in_documents",
     "GOLD_MATCHES",
 ]
@@ -629,31 +628,6 @@ REWARD_SCHEMES: Dict[str, RewardFn] = {
     "searchr1_em": searchr1_em,
     "searchr1_format": searchr1_format,
 }
-
-
-def support_recall(search_trace: Optional[Sequence[dict]], supporting_ids: Optional[Sequence[str]]) -> float:
-    """Fraction of a question's supporting passages that a trajectory's searches returned (a process term).
-
-    The local trainer adds ``--reward.support_bonus`` times this to the outcome reward of each RL rollout. It is in
-    neither paper (both reward the outcome only); it exists for two-hop questions, where the answer's passage is
-    found only by a second query naming the bridge entity and EM alone almost never rewards that second search
-    (docs/cpu_job.md, "Two-hop questions"). It reads the training row's gold ``supporting_ids``, as the outcome
-    reward reads its gold answers; evaluation never uses it.
-
-    Args:
-        search_trace: the executor's ``search_trace``: one ``{"query", "passage_ids"}`` per search that returned
-            (:class:`openrlhf_search.agent.SearchAgentExecutor`); None or empty for a trajectory that never searched.
-        supporting_ids: the passages a perfect searcher reads (the embedded default's rows), in any order.
-    Returns:
-        |supporting passages retrieved by any search| / |supporting passages|, in [0, 1] (duplicates counted once).
-    Raises:
-        ValueError: ``supporting_ids`` missing or empty (the row cannot say what should have been retrieved).
-    """
-    support = set(supporting_ids or ())
-    if not support:
-        raise ValueError("support_recall needs the row's supporting_ids (the embedded default's rows have them)")
-    seen = {pid for t in (search_trace or ()) for pid in (t.get("passage_ids") or ())}
-    return len(support & seen) / len(support)
 
 
 def register_reward_scheme(name: str, fn: RewardFn) -> RewardFn:

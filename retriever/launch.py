@@ -1,6 +1,6 @@
 """Run the retriever service as a child process: build (once) an index, start ``python -m retriever.server``, wait for
-``GET /health``, stop it. Used by ``python -m openrlhf_search.cpu.main_job.train --corpus``, the benchmarks, and the
-tests of other modules:
+``GET /health``, stop it. Used by the CPU main job (``python -m openrlhf_search.cpu.main_job.run``), the benchmarks,
+and the tests of other modules:
 
     from retriever.launch import running_retriever
     with running_retriever(shared_path("wiki", "hotpotqa_dev500_paragraphs.jsonl"), str(tmp_path), limit=200) as url:

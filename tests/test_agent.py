@@ -1,32 +1,31 @@
-"""SearchAgentExecutor end to end: the CPU engine (HFEngine), the REAL retriever service over HotpotQA dev paragraphs
-(BM25), both protocols, budgets, bad model output, a retriever that dies and comes back, OpenRLHF's own loader.
+"""SearchAgentExecutor end to end: the REAL retriever service over HotpotQA dev paragraphs (BM25), both protocols,
+budgets, bad model output, a retriever that dies and comes back, OpenRLHF's own loader.
 
-A random tiny model rarely writes tags, so most tests drive HFEngine with ``ScriptedLM``: a stand-in model whose
-greedy choice replays a scripted text for each turn and then EOS, scripted PAST the stop strings (fake documents,
-text after the answer). The real engine's stop logic must cut there, so what reaches the trajectory is exactly what
-vLLM would have returned.
+A random tiny model rarely writes tags, so the tests drive the executor with ``tests/scripted_engine.ScriptedEngine``:
+vLLM's ``generate`` contract replaying a scripted text for each turn and then EOS, scripted PAST the stop strings
+(fake documents, text after the answer), with vLLM's own stop-string check, so what reaches the trajectory is exactly
+what vLLM would have returned. Token-exact rollouts of a real model through vLLM are checked by the CPU cluster mode's
+tests (tests/test_cpu_cluster_e2e.py).
 """
 
 import asyncio
 import logging
 import os
-from types import SimpleNamespace
 
 import httpx
 import pytest
-import torch
 from vllm import SamplingParams
 
 import openrlhf_search._cpu_compat  # noqa: F401
 from openrlhf.utils.agent import AgentExecutorBase, MultiTurnAgentExecutor  # noqa: F401
 from openrlhf_search.agent import ROLLOUT_LOG_KEYS, AgentExecutor, SearchAgentExecutor
 from openrlhf_search.config import ENV_VAR, SearchConfig
-from openrlhf_search.cpu.main_job.engine import HFEngine
 from openrlhf_search.protocol import get_protocol
 from openrlhf_search.retrieval_client import passage_from_document
 from openrlhf_search.rewards import compute_reward
 from retriever.launch import start_server_process, stop_server_process
 from tests.conftest import REPO_ROOT
+from tests.scripted_engine import ScriptedEngine
 
 OPENRLHF_KEYS = {"prompt", "label", "images", "mm_train_inputs", "reward", "scores", "observation_tokens",
                  "action_ranges", "rollout_log_probs", "truncated", "extra_logs"}
@@ -35,41 +34,6 @@ GOLD = '["Dominic Sena"]'
 
 
 # --------------------------------------------------------------------------------------------- scripted model
-class ScriptedLM(torch.nn.Module):
-    """A causal-LM stand-in for HFEngine whose greedy choice replays a script, one list of turn texts per prompt.
-
-    The turn index is the number of environment blocks already in the context (found with the protocol), so the
-    model is stateless and concurrent samples are safe. After a turn's text it emits EOS. The scripted token has
-    logit ``peak`` and every other token 0, so its log-prob is a small negative number (checked in the tests).
-    """
-
-    def __init__(self, tokenizer, protocol, scripts, peak=20.0):
-        super().__init__()
-        self._p = torch.nn.Parameter(torch.zeros(1))
-        self.tok, self.proto, self.peak = tokenizer, protocol, peak
-        self.scripts = {prompt: [tokenizer(t, add_special_tokens=False).input_ids for t in turns]
-                        for prompt, turns in scripts.items()}
-        self.config = SimpleNamespace(vocab_size=len(tokenizer), max_position_embeddings=1_000_000)
-        self.generation_config = SimpleNamespace(eos_token_id=tokenizer.eos_token_id)
-
-    def forward(self, input_ids, past_key_values=None, use_cache=True):
-        if past_key_values is None:  # prefill = start of a generate call
-            text = self.tok.decode(input_ids[0].tolist(), skip_special_tokens=False)
-            prompt = next((p for p in self.scripts if text.startswith(p)), None)
-            if prompt is None:
-                raise RuntimeError(f"ScriptedLM: context starts with no scripted prompt: {text[:80]!r}")
-            turn = sum(s.kind == "environment" for s in self.proto.split_turns(text[len(prompt):]))
-            turns = self.scripts[prompt]
-            past = {"ids": turns[turn] if turn < len(turns) else [], "pos": 0}
-        else:
-            past = dict(past_key_values, pos=past_key_values["pos"] + 1)
-        ids = past["ids"]
-        nxt = ids[past["pos"]] if past["pos"] < len(ids) else self.tok.eos_token_id
-        logits = torch.zeros(1, 1, self.config.vocab_size)
-        logits[0, -1, nxt] = self.peak
-        return SimpleNamespace(logits=logits, past_key_values=past)
-
-
 class Recorder:
     """Wraps an engine and keeps every (prompt_token_ids, sampling_params, output) it served."""
 
@@ -143,7 +107,7 @@ def run_scripted(tok, url, protocol, turns, max_length=4096, label=GOLD, logprob
     cfg_kw.setdefault("reward_scheme", "r1searcher_stage2" if protocol == "r1searcher" else "searchr1_em")
     cfg = SearchConfig(protocol=protocol, retriever_urls=[url], retrieval_backoff_s=0.01, **cfg_kw)
     prompt = prompt or make_prompt(proto, tok)
-    engine = Recorder(HFEngine(ScriptedLM(tok, proto, {prompt: turns}), tok, max_batch_size=1))
+    engine = Recorder(ScriptedEngine(tok, proto, {prompt: turns}))
     executor = SearchAgentExecutor(cfg)
     params = SamplingParams(temperature=0.0, logprobs=logprobs, skip_special_tokens=False)
     res = asyncio.run(executor.execute(prompt, label, params, max_length, tok, engine))
@@ -324,40 +288,6 @@ def test_bad_model_output(qwen_tokenizer, server, protocol, case):
 
 
 # --------------------------------------------------------------------------------------------- real tiny model
-@pytest.mark.parametrize("protocol", ["r1searcher", "searchr1"])
-def test_real_tiny_policy_rollouts_are_token_exact(qwen_tokenizer, tiny_policy, server, protocol):
-    tok = qwen_tokenizer
-    proto = get_protocol(protocol)
-    cfg = SearchConfig(protocol=protocol, retriever_urls=[server], max_turns=3, max_new_tokens_per_turn=12,
-                       reward_scheme="r1searcher_stage2" if protocol == "r1searcher" else "searchr1_em")
-    engine = Recorder(HFEngine(tiny_policy, tok, seed=0))
-    executor = SearchAgentExecutor(cfg)
-    prompt = make_prompt(proto, tok)
-    params = SamplingParams(temperature=1.0, top_p=1.0, logprobs=1, skip_special_tokens=False)
-
-    async def one():  # one recorder per sample: calls of concurrent samples interleave
-        rec = Recorder(engine)
-        res = await executor.execute(prompt, GOLD, params, 2048, tok, rec)
-        return res, rec.calls
-
-    async def run():
-        return await asyncio.gather(*(one() for _ in range(3)))
-
-    results = asyncio.run(run())
-    for res, calls in results:
-        check_trajectory(res, calls, proto, cfg, 2048, tok, prompt)
-    # rollout log-probs of the sampled tokens equal a full forward pass over the final trajectory
-    res = results[0][0]
-    toks = res["observation_tokens"]
-    with torch.no_grad():
-        lp = torch.log_softmax(tiny_policy(torch.tensor([toks])).logits[0].float(), -1)
-    for s, e in res["action_ranges"]:
-        for i in range(s, e):
-            assert abs(res["rollout_log_probs"][i] - lp[i - 1, toks[i]].item()) < 1e-4
-    if protocol == "searchr1":  # no tags from a random model: the invalid message keeps the loop going
-        assert all(len(calls) == 3 for _, calls in results)
-
-
 # --------------------------------------------------------------------------------------------- outage
 def test_retriever_dies_mid_rollout_and_comes_back(qwen_tokenizer, index_dir, caplog):
     tok = qwen_tokenizer
@@ -367,7 +297,7 @@ def test_retriever_dies_mid_rollout_and_comes_back(qwen_tokenizer, index_dir, ca
     questions = [f"Question number {i} about Ed Wood?" for i in range(4)]
     prompts = [make_prompt(proto, tok, q) for q in questions]
     turns = ["<search> Ed Wood director </search>", "<answer> Ed Wood </answer>"]
-    engine = HFEngine(ScriptedLM(tok, proto, {p: turns for p in prompts}), tok, max_batch_size=1)
+    engine = ScriptedEngine(tok, proto, {p: turns for p in prompts})
     cfg = SearchConfig(protocol="searchr1", retriever_urls=[url], retrieval_max_retries=2, retrieval_backoff_s=0.05,
                        reward_scheme="searchr1_em")
     executor = SearchAgentExecutor(cfg)

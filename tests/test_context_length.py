@@ -42,15 +42,3 @@ def test_eval_cli_refuses_a_max_length_above_the_models_context(tmp_path, capsys
     rc = main(["--model", _model_dir(tmp_path), "--datasets", "bamboogle", "--data_dir", shared_path(),
                "--protocol", "r1searcher", "--max_length", "800", "--limit", "1", "--out_dir", str(tmp_path / "o")])
     assert rc == 2 and "--max_length 800 exceeds the policy's context of 700" in capsys.readouterr().err
-
-
-def test_cpu_trainer_refuses_a_max_len_above_the_policys_context(tmp_path):
-    """The tiny policy's context is 8192 tokens (openrlhf_search/cpu/main_job/offline_assets.py build_tiny_qwen2)."""
-    from openrlhf_search.cpu.main_job.args import parse_args
-    from openrlhf_search.cpu.main_job.trainer import LocalSearchTrainer, TrainingError
-    from tests.test_train_local import FAST
-
-    args = parse_args(FAST + ["--search.retriever_urls", "http://127.0.0.1:9", "--ckpt.output_dir",
-                              str(tmp_path / "run"), "--data.max_len", "9000"])
-    with pytest.raises(TrainingError, match="--data.max_len 9000 exceeds the policy's context of 8192"):
-        LocalSearchTrainer(args, [{"question": "q?", "golden_answers": ["a"]}])

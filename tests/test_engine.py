@@ -415,56 +415,14 @@ def test_prefix_cache_is_dropped_when_weights_change(qwen_tokenizer, prompt_ids)
     assert eng._prefix_cache and eng.reset_prefix_cache() and not eng._prefix_cache
 
 
-def test_captured_trunk_states_equal_a_trunk_pass_over_the_whole_trajectory(qwen_tokenizer):
-    """--actor.trainable_layers: the states after the frozen trunk that the rollout computed (prefill with cache hits,
-    a shared prompt, decode steps) are what trunk_hidden computes over the finished two-turn sequence; the last
-    (never fed) token's row is zeros; after a weight update nothing stale is handed out."""
-    from openrlhf_search.cpu.main_job.freeze import freeze_lower_layers, trunk_hidden
-    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
-
-    model = build_tiny_qwen2(qwen_tokenizer, seed=4, num_layers=3)
-    boundary = freeze_lower_layers(model, 1)["boundary"]  # trunk: the lower 2 of 3 layers
-    assert boundary == 2
-    eng = HFEngine(model, qwen_tokenizer, max_batch_size=8)
-    eng.capture_hidden_after(boundary)
-    prompt = qwen_tokenizer("Question: which river flows through Paris?", add_special_tokens=False).input_ids
-    obs = qwen_tokenizer(" <information> the Seine </information>", add_special_tokens=False).input_ids
-
-    async def two_turns():
-        sp = SamplingParams(temperature=1.0, max_tokens=6, seed=1)
-        firsts = await asyncio.gather(*(eng.generate(prompt, SamplingParams(temperature=1.0, max_tokens=6, seed=s))
-                                        for s in range(3)))
-        seconds = await asyncio.gather(*(eng.generate(prompt + list(f.outputs[0].token_ids) + obs, sp)
-                                         for f in firsts))
-        return [prompt + list(f.outputs[0].token_ids) + obs + list(s.outputs[0].token_ids)
-                for f, s in zip(firsts, seconds)]
-
-    trajectories = asyncio.run(two_turns())
-    assert eng.stats["prefix_cache_hit_tokens"] > 0
-    for tokens in trajectories:
-        got = eng.trunk_states(tokens)
-        assert got is not None and got.shape[0] == len(tokens)
-        ref = trunk_hidden(model, torch.tensor([tokens]), torch.ones(1, len(tokens), dtype=torch.long))[0]
-        assert torch.allclose(got[:-1], ref[:-1], atol=1e-4), (got[:-1] - ref[:-1]).abs().max()
-        assert not got[-1].any()
-    assert eng.trunk_states(trajectories[0] + [5, 6, 7]) is None  # not generated here: compute it
-    with torch.no_grad():
-        model.get_decoder().layers[-1].mlp.down_proj.weight.add_(0.01)  # an update of a trainable layer
-    assert eng.trunk_states(trajectories[0]) is None
-
-
 def test_continuous_batching_rows_join_and_leave_a_running_batch(qwen_tokenizer):
     """A short request is answered while a long one still decodes; requests sent meanwhile join the running batch
     (one busy period, no second batch). Every row's log-probs equal a full forward pass over its own tokens, the
-    short rows sample what they sample alone, and the trunk states handed to the trainer are right for rows that
-    joined and left (the cache, mask, positions and captured states are re-batched consistently)."""
-    from openrlhf_search.cpu.main_job.freeze import freeze_lower_layers, trunk_hidden
+    short rows sample what they sample alone (the cache, mask and positions are re-batched consistently)."""
     from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
 
     model = build_tiny_qwen2(qwen_tokenizer, seed=5, num_layers=3)
-    boundary = freeze_lower_layers(model, 1)["boundary"]
     eng = HFEngine(model, qwen_tokenizer, max_batch_size=8)
-    eng.capture_hidden_after(boundary)
     alone = HFEngine(model, qwen_tokenizer, max_batch_size=1, prefix_cache_mb=0)
     enc = lambda t: qwen_tokenizer(t, add_special_tokens=False).input_ids
     long_p, short_p = enc("A long story about rivers " * 3), enc("Name a city.")
@@ -493,6 +451,3 @@ def test_continuous_batching_rows_join_and_leave_a_running_batch(qwen_tokenizer)
         with torch.no_grad():
             lp = torch.log_softmax(model(torch.tensor([tokens])).logits[0].float(), -1)[len(p) - 1: -1]
         assert _logprob_list(out) == pytest.approx([lp[j, t].item() for j, t in enumerate(out.token_ids)], abs=1e-4)
-        got = eng.trunk_states(tokens)
-        ref_h = trunk_hidden(model, torch.tensor([tokens]), torch.ones(1, len(tokens), dtype=torch.long))[0]
-        assert got is not None and torch.allclose(got[:-1], ref_h[:-1], atol=1e-4)

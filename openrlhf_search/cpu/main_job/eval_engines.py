@@ -1,4 +1,4 @@
-"""The CPU main job's engines lent to evaluation (:class:`openrlhf_search.evaluation.engines.CPUEngines`): its
+"""The CPU engines lent to evaluation (:class:`openrlhf_search.evaluation.engines.CPUEngines`): its
 ``HFEngine`` and the models this package ships. The CLI entry points pass :data:`CPU_ENGINES` to
 ``build_engine``; the evaluation package itself never imports this one."""
 

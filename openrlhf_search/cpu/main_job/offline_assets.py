@@ -102,7 +102,7 @@ def build_tiny_qwen2(tokenizer=None, hidden_size: int = 64, num_layers: int = 2,
 
 
 def load_hf_policy(name_or_path: str, tokenizer_path=None):
-    """A causal LM and its tokenizer from a local path or hub name, for the CPU engine and trainer.
+    """A causal LM and its tokenizer from a local path or hub name, for the CPU engine.
 
     Returns:
         (model in eval mode, float32; tokenizer with ``pad_token`` set to EOS when it has none).

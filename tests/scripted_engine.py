@@ -1,0 +1,73 @@
+"""A scripted policy behind vLLM's token-in / token-out ``generate`` for executor tests.
+
+``ScriptedEngine`` replays a scripted text for each turn of each prompt and then EOS, scripted PAST the stop strings
+(fake documents, text after the answer). It applies vLLM's per-token stop rules (``max_tokens``, EOS kept in
+``token_ids`` and out of ``text``, stop strings through vLLM's own ``check_stop_strings`` on the detokenised text,
+``include_stop_str_in_output``), so what reaches a trajectory is exactly what vLLM would return for these tokens.
+"""
+
+import math
+from typing import Dict, List, Sequence
+
+from vllm.logprobs import Logprob
+from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.v1.engine.detokenizer import check_stop_strings
+
+
+class ScriptedEngine:
+    """``scripts``: prompt text -> the model's turn texts. The turn index is the number of environment blocks already
+    in the context (found with the protocol), so the engine is stateless and concurrent samples are safe. Every
+    scripted token gets log-prob ``peak - log(exp(peak) + V - 1)`` (a logit of ``peak`` against 0 for the other
+    ``V - 1`` tokens): a small negative number.
+
+    Raises (from ``generate``):
+        RuntimeError: the context starts with no scripted prompt.
+    """
+
+    def __init__(self, tokenizer, protocol, scripts: Dict[str, Sequence[str]], peak: float = 20.0):
+        self.tok, self.proto = tokenizer, protocol
+        self.scripts = {prompt: [tokenizer(t, add_special_tokens=False).input_ids for t in turns]
+                        for prompt, turns in scripts.items()}
+        vocab = len(tokenizer)
+        self.logprob = peak - (peak + math.log1p((vocab - 1) * math.exp(-peak)))
+
+    def _script(self, prompt_token_ids: List[int]) -> List[int]:
+        text = self.tok.decode(prompt_token_ids, skip_special_tokens=False)
+        prompt = next((p for p in self.scripts if text.startswith(p)), None)
+        if prompt is None:
+            raise RuntimeError(f"ScriptedEngine: context starts with no scripted prompt: {text[:80]!r}")
+        turn = sum(s.kind == "environment" for s in self.proto.split_turns(text[len(prompt):]))
+        turns = self.scripts[prompt]
+        return (turns[turn] if turn < len(turns) else []) + [self.tok.eos_token_id]
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None) -> RequestOutput:
+        params, tok = sampling_params, self.tok
+        stops = [params.stop] if isinstance(params.stop, str) else list(params.stop or [])
+        eos = set() if params.ignore_eos else {tok.eos_token_id}
+        token_ids, logprobs, text = [], [] if params.logprobs is not None else None, ""
+        finish, stop_reason = "length", None
+        for token in self._script(list(prompt_token_ids)):
+            if params.max_tokens is not None and len(token_ids) >= params.max_tokens:
+                break
+            token_ids.append(token)
+            if logprobs is not None:
+                logprobs.append({token: Logprob(logprob=self.logprob, rank=1, decoded_token=tok.decode([token]))})
+            if token in eos:  # kept in token_ids, left out of text unless asked for
+                shown = token_ids if params.include_stop_str_in_output else token_ids[:-1]
+                text = tok.decode(shown, skip_special_tokens=params.skip_special_tokens)
+                finish = "stop"
+                break
+            new_text = tok.decode(token_ids, skip_special_tokens=params.skip_special_tokens)
+            same = next((i for i, (a, b) in enumerate(zip(text, new_text)) if a != b), min(len(text), len(new_text)))
+            new_chars, text = len(new_text) - same, new_text
+            hit = check_stop_strings(text, new_chars, stops, params.include_stop_str_in_output) if stops else None
+            if hit is not None:
+                stop_reason, truncate_to = hit
+                text = text if truncate_to == -1 else text[:truncate_to]
+                finish = "stop"
+                break
+        out = CompletionOutput(index=0, text=text, token_ids=token_ids,
+                               cumulative_logprob=self.logprob * len(token_ids) if logprobs is not None else None,
+                               logprobs=logprobs, finish_reason=finish, stop_reason=stop_reason)
+        return RequestOutput(request_id="scripted", prompt=None, prompt_token_ids=list(prompt_token_ids),
+                             prompt_logprobs=None, outputs=[out], finished=True)
