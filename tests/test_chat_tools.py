@@ -274,3 +274,84 @@ def test_format_rule_of_tool_calls(text, reason):
 def test_thinking_off_rejects_think_tags_written_by_the_policy():
     assert check_format("<answer> A </answer>", "chat_tools_nothink") == (True, "")
     assert check_format("<think>\nx\n</think>\n\n<answer> A </answer>", "chat_tools_nothink")[0] is False
+
+
+# ------------------------------------------------------------------------------------------------ prepare_data, eval
+def test_prepare_data_renders_chat_tools_prompts_with_the_policys_template(tmp_path, qwen_tokenizer, capsys):
+    from openrlhf_search.cli import prepare_data
+    from openrlhf_search.cpu.main_job.offline_assets import qwen_tokenizer_path
+    from tests.conftest import shared_path
+
+    out = tmp_path / "p.jsonl"
+    src = shared_path("qa", "flashrag", "bamboogle.test.jsonl")
+    assert prepare_data.main(["--input", src, "--limit", "5", "--protocol", "chat_tools_nothink", "--tokenizer",
+                              qwen_tokenizer_path(), "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in open(out)]
+    proto = get_protocol("chat_tools_nothink")
+    assert len(rows) == 5 and all(r["prompt"] == proto.build_prompt(r["question"], qwen_tokenizer) for r in rows)
+    assert rows[0]["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    # the file records its rendering; a run with another protocol or a plain-text prompt is refused
+    prepare_data.check_prompt_file(str(out), "chat_tools_nothink", None, qwen_tokenizer_path())
+    with pytest.raises(prepare_data.RenderingError):
+        prepare_data.check_prompt_file(str(out), "chat_tools", None)
+    assert prepare_data.main(["--input", src, "--protocol", "chat_tools", "--no_chat_template", "--tokenizer",
+                              qwen_tokenizer_path(), "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert "chat template" in capsys.readouterr().err
+
+
+class EvalEngine:
+    """A scripted policy for the eval: searches the question, then answers the title of the first passage."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        text = self.tok.decode(prompt_token_ids, skip_special_tokens=False)
+        if "<tool_response>" not in text:
+            question = text.split("<|im_start|>user\n")[-1].split("<|im_end|>")[0]
+            turn = "<think>\nlook it up\n</think>\n\n" + call(question) + "<|im_end|>"
+        else:
+            title = text.split("Doc 1(Title: ")[-1].split(")")[0]
+            turn = f"<think>\nfound\n</think>\n\n<answer> {title} </answer><|im_end|>"
+        ids = self.tok(turn, add_special_tokens=False).input_ids
+        assert ids[-1] in sampling_params.stop_token_ids
+        out = SimpleNamespace(token_ids=ids, logprobs=None, finish_reason="stop", stop_reason=ids[-1])
+        return SimpleNamespace(outputs=[out])
+
+
+def test_cli_eval_scores_a_scripted_policy_on_bamboogle(tmp_path, qwen_tokenizer, monkeypatch):
+    """``cli.eval --protocol chat_tools`` end to end through the CLI (engine, retriever check and retrieval client
+    replaced): the first passage names the gold for 3 of 4 questions, so EM is exactly 0.75."""
+    from openrlhf_search.cli import eval as cli_eval
+    from openrlhf_search.evaluation import engines
+    from openrlhf_search.evaluation.loaders import load_eval_dataset
+    from openrlhf_search import retriever_check
+    from openrlhf_search.retrieval_client import RetrievalClient
+    from tests.conftest import shared_path
+
+    examples = load_eval_dataset("bamboogle", data_dir=shared_path(), limit=8)
+    titles = {ex.question: (ex.golds[0] if i % 4 else "Nobody") for i, ex in enumerate(examples)}
+
+    class Client(FakeClient):
+        async def search(self, query, topk=None):
+            self.queries.append(query)
+            return [Passage("p", titles[query], "a passage")]
+
+        async def aclose(self):
+            pass
+
+    monkeypatch.setattr(engines, "build_engine", lambda *a, **k: (EvalEngine(qwen_tokenizer), qwen_tokenizer, "x"))
+    monkeypatch.setattr(retriever_check, "check_retrievers", lambda urls: None)
+    monkeypatch.setattr(cli_eval, "_retriever_info", lambda url: {})
+    monkeypatch.setattr(RetrievalClient, "from_config", classmethod(lambda cls, cfg: Client()))
+    out = tmp_path / "out"
+    assert cli_eval.main(["--model", "scripted", "--protocol", "chat_tools", "--datasets", "bamboogle",
+                          "--data_dir", shared_path(), "--limit", "8", "--max_turns", "3", "--max_length", "4096",
+                          "--out_dir", str(out)]) == 0
+    rows = [json.loads(line) for line in open(out / "bamboogle.predictions.jsonl")]
+    assert [r["prediction"] for r in rows] == [titles[ex.question] for ex in examples]
+    assert all(r["queries"] == [r["question"]] and r["searches"] == 1 and r["stop_reason"] == "answer"
+               for r in rows)
+    summary = json.load(open(out / "summary.json"))
+    assert summary["datasets"]["bamboogle"]["em"] == pytest.approx(0.75)
+    assert summary["setup"]["protocol"] == "chat_tools"

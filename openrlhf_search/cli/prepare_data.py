@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="file (jsonl/json/parquet) or dataset name (flashrag:nq, bamboogle, ...); repeatable")
     p.add_argument("--split", default=None, help="split for FlashRAG hub datasets (default: test/dev as evaluated)")
     p.add_argument("--data_dir", default=None, help="shared data folder for dataset names (default ../shared/data)")
-    p.add_argument("--protocol", default="r1searcher", help="r1searcher | searchr1 (any registered protocol)")
+    p.add_argument("--protocol", default="r1searcher",
+                   help="r1searcher | searchr1 | chat_tools | chat_tools_nothink (any registered protocol); "
+                        "chat_tools* declare search as a tool of the policy's chat template (needs --tokenizer)")
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat_template", dest="chat", action="store_true", default=None,
                       help="wrap with the policy tokenizer's chat template (needs --tokenizer)")
