@@ -355,3 +355,35 @@ def test_cli_eval_scores_a_scripted_policy_on_bamboogle(tmp_path, qwen_tokenizer
     summary = json.load(open(out / "summary.json"))
     assert summary["datasets"]["bamboogle"]["em"] == pytest.approx(0.75)
     assert summary["setup"]["protocol"] == "chat_tools"
+
+
+# ------------------------------------------------------------------------------------------------ launchers
+@pytest.mark.parametrize("size", ["4b", "8b"])
+def test_launchers_pass_openrlhf_parser_with_the_chat_tools_protocol(size):
+    from openrlhf_search.cli import train as cli
+    from tests.test_launchers import _argv
+
+    script = f"chat_tools_grpo_qwen3-{size}.sh"
+    args, cfg = cli.parse_args(_argv(script))
+    assert args.actor.model_name_or_path == f"Qwen/Qwen3-{size.upper()}"
+    assert cfg.protocol == "chat_tools" and cfg.reward_scheme == "searchr1_em"
+    assert args.algo.advantage.estimator == "group_norm" and args.rollout.n_samples_per_prompt == 5
+    assert args.vllm.num_engines * args.vllm.tensor_parallel_size == 8
+    assert args.train.agent_func_path == cli.DEFAULT_AGENT_PATH
+    nothink, cfg = cli.parse_args(_argv(script, THINKING="0"))
+    assert cfg.protocol == "chat_tools_nothink" and "chat_tools_nothink" in nothink.data.prompt_dataset
+
+
+def test_launcher_dry_run_checks_the_prompt_file_and_starts_nothing(tmp_path):
+    from tests.test_launchers import CORPUS, HAVE_SHARED, _inputs, _run
+
+    if not HAVE_SHARED:
+        pytest.skip("../shared/data not found")
+    script = "chat_tools_grpo_qwen3-4b.sh"
+    res = _run(script, DRY_RUN="1", timeout=120, **_inputs(tmp_path, script))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout)["search_config"]["protocol"] == "chat_tools"
+    assert f"corpus: {CORPUS}" in res.stderr
+    # prompts rendered for the papers' tags are refused in one line
+    res = _run(script, DRY_RUN="1", timeout=120, **_inputs(tmp_path, "searchr1_grpo_qwen2.5-3b_base.sh"))
+    assert res.returncode != 0 and "chat_tools" in res.stderr
