@@ -25,10 +25,11 @@ shift 1
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 case "$SIZE" in
-    qwen3-4b) MODEL="${MODEL:-Qwen/Qwen3-4B}" ;;
-    qwen3-8b) MODEL="${MODEL:-Qwen/Qwen3-8B}" ;;
+    qwen3-4b) HF=Qwen/Qwen3-4B ;;
+    qwen3-8b) HF=Qwen/Qwen3-8B ;;
     *) log "unknown model size $SIZE"; exit 2 ;;
 esac
+MODEL="${MODEL:-$HF}"
 case "${THINKING:-1}" in
     1) PROTOCOL=chat_tools ;;
     0) PROTOCOL=chat_tools_nothink ;;
