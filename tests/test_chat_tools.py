@@ -387,3 +387,25 @@ def test_launcher_dry_run_checks_the_prompt_file_and_starts_nothing(tmp_path):
     # prompts rendered for the papers' tags are refused in one line
     res = _run(script, DRY_RUN="1", timeout=120, **_inputs(tmp_path, "searchr1_grpo_qwen2.5-3b_base.sh"))
     assert res.returncode != 0 and "chat_tools" in res.stderr
+
+
+# ---------------------------------------------------------------------------------------------- template check
+def test_template_check_command(qwen_tokenizer, capsys):
+    import copy
+
+    from openrlhf_search.chat_tools import check_template, main
+    from openrlhf_search.cpu.main_job.offline_assets import qwen_tokenizer_path
+
+    on = check_template(qwen_tokenizer, "chat_tools")
+    assert on["equal"] and not on["difference"] and on["reward"] == 1.0
+    off = check_template(qwen_tokenizer, "chat_tools_nothink")
+    assert not off["equal"] and "empty think block" in off["named_difference"] and not off["difference"]
+    assert main(["--tokenizer", qwen_tokenizer_path()]) == 0
+    out = capsys.readouterr().out
+    assert "[[<think>\nI should search.\n</think>" in out and "]]\n<|im_start|>user\n<tool_response>" in out
+    # a ChatML template without tools support is refused in one line
+    plain = copy.deepcopy(qwen_tokenizer)
+    plain.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    with pytest.raises(ValueError, match="does not declare tools"):
+        check_template(plain, "chat_tools")
