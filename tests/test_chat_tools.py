@@ -409,3 +409,14 @@ def test_template_check_command(qwen_tokenizer, capsys):
                            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     with pytest.raises(ValueError, match="does not declare tools"):
         check_template(plain, "chat_tools")
+
+
+def test_tool_calls_per_trajectory_are_logged_as_search_curves():
+    import torch
+
+    from openrlhf_search.experience_maker import search_rollout_stats
+
+    exp = SimpleNamespace(info={"tool_calls": torch.tensor([2.0, 1.0, 0.0]), "invalid_tool_calls": torch.tensor(
+        [1.0, 0.0, 0.0]), "retrieval_failed": torch.tensor([0.0, 0.0, 1.0])}, action_mask=torch.ones(3, 4))
+    stats = search_rollout_stats([exp])
+    assert stats["search/tool_calls_mean"] == 1.5 and stats["search/invalid_tool_calls_mean"] == 0.5
