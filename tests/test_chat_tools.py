@@ -259,6 +259,22 @@ def test_answer_is_the_final_messages_answer_block_not_one_in_reasoning_or_tool_
     assert proto.extract_answer("<think>\nx\n</think>\n\n" + call("q")) == ""
 
 
+GOOD = ("<think>\nsearch\n</think>\n\n" + call("q") + "<|im_end|>\n<|im_start|>user\n<tool_response>\nDoc 1(Title: "
+        "Dominic Sena) A director.\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\nok\n</think>\n\n"
+        "<answer> Dominic Sena </answer>")
+
+
+@pytest.mark.parametrize("scheme, good, no_answer", [
+    ("searchr1_em", 1.0, 0.0), ("searchr1_format", 1.0, 0.0), ("r1searcher_stage1", 1.0, 0.5),
+    ("r1searcher_stage2", 1.0, -2.0)])
+def test_reward_schemes_that_apply_to_tool_calls(scheme, good, no_answer):
+    """A retrieval answered by a tool response, then the right answer: each scheme's maximum; the same trajectory
+    whose final message has no answer block: each scheme's value for a well-formed retrieval and a format error."""
+    assert compute_reward(scheme, GOOD, GOLD, "chat_tools").reward == good
+    assert compute_reward(scheme, GOOD.replace("<answer> Dominic Sena </answer>", "Dominic Sena"), GOLD,
+                          "chat_tools").reward == no_answer
+
+
 @pytest.mark.parametrize("text, reason", [
     ("<answer> A </answer>", "each message must open with one closed reasoning block"),
     ("<think>\nx\n</think>\n\nno tags", "no answer block"),
