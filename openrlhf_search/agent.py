@@ -28,6 +28,7 @@ training, and at more than ``--search.max_failed_fraction`` of a batch stop the 
 not absorbed: ``execute`` raises it, and the run stops with its one-line message.
 """
 
+import asyncio
 import logging
 from copy import copy
 from typing import Dict, List, Optional, Tuple
@@ -342,10 +343,6 @@ class SearchAgentExecutor(AgentExecutorBase):
         the tokens of the template's rendering of the tool messages and the next generation prompt, tokenised in one
         piece, and whether a retrieval failed past the client's retries (the sample is then marked failed).
         """
-        import asyncio
-
-        from openrlhf_search.retrieval_client import QueryRejected as _Rejected
-
         cfg, proto = self.config, self.protocol
         parsed = proto.parse_tool_turn(tokenizer.decode(action, skip_special_tokens=False))
         if parsed.final:
@@ -364,14 +361,14 @@ class SearchAgentExecutor(AgentExecutorBase):
             if isinstance(r, RetrievalStopped):
                 raise r
         for r in results:
-            if isinstance(r, RetrievalError) and not isinstance(r, _Rejected):
+            if isinstance(r, RetrievalError) and not isinstance(r, QueryRejected):
                 logs["retrieval_failures"] += 1
                 SearchAgentExecutor.retrieval_failed_samples += 1
                 logger.warning("retrieval failed; sample marked retrieval_failed and left out of training "
                                "(%d such samples so far in this process): %s",
                                SearchAgentExecutor.retrieval_failed_samples, r)
                 return [], True
-            if isinstance(r, BaseException) and not isinstance(r, _Rejected):
+            if isinstance(r, BaseException) and not isinstance(r, QueryRejected):
                 raise r
         contents: List[str] = []
         it = iter(zip(queries, results))
@@ -380,7 +377,7 @@ class SearchAgentExecutor(AgentExecutorBase):
                 contents.append(proto.invalid_call_message(error))
                 continue
             q, passages = next(it)
-            if isinstance(passages, _Rejected):
+            if isinstance(passages, QueryRejected):
                 logs["rejected_queries"] += 1
                 passages = []
             else:
