@@ -436,3 +436,29 @@ def test_tool_calls_per_trajectory_are_logged_as_search_curves():
         [1.0, 0.0, 0.0]), "retrieval_failed": torch.tensor([0.0, 0.0, 1.0])}, action_mask=torch.ones(3, 4))
     stats = search_rollout_stats([exp])
     assert stats["search/tool_calls_mean"] == 1.5 and stats["search/invalid_tool_calls_mean"] == 0.5
+
+
+@pytest.mark.parametrize("error, failed", [("rejected", False), ("down", True)])
+def test_refused_query_gets_an_empty_tool_response_and_a_dead_retriever_marks_the_sample(qwen_tokenizer, monkeypatch,
+                                                                                         error, failed):
+    from openrlhf_search.retrieval_client import QueryRejected, RetrievalError
+
+    async def search(self, query, topk=None):
+        self.queries.append(query)
+        if query == "bad":
+            raise QueryRejected("refused") if error == "rejected" else RetrievalError("down")
+        return PASSAGES.get(query, [])
+
+    monkeypatch.setattr(FakeClient, "search", search)
+    t1 = call("bad") + "\n" + call("Dominic Sena") + "<|im_end|>"
+    res, engine, client, _ = run(qwen_tokenizer, [t1, "<answer> Dominic Sena </answer><|im_end|>"],
+                                 protocol="chat_tools_nothink")
+    logs = res["extra_logs"]
+    assert sorted(client.queries) == ["Dominic Sena", "bad"]
+    if failed:
+        assert logs["retrieval_failed"] == 1.0 and res["reward"] == 0.0 and len(res["action_ranges"]) == 1
+    else:
+        (_, e1), (s2, _) = res["action_ranges"]
+        env = qwen_tokenizer.decode(res["observation_tokens"][e1:s2], skip_special_tokens=False)
+        assert env.count("<tool_response>\nNo results.\n</tool_response>") == 1 and "Doc 1(Title: Dominic Sena)" in env
+        assert logs["rejected_queries"] == 1.0 and logs["valid_searches"] == 1.0 and res["reward"] == 1.0
