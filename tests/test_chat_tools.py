@@ -388,6 +388,11 @@ def test_launchers_pass_openrlhf_parser_with_the_chat_tools_protocol(size):
     assert args.train.agent_func_path == cli.DEFAULT_AGENT_PATH
     nothink, cfg = cli.parse_args(_argv(script, THINKING="0"))
     assert cfg.protocol == "chat_tools_nothink" and "chat_tools_nothink" in nothink.data.prompt_dataset
+    # the GRPO launchers stay GRPO; chat_tools.sh takes ALGO=ppo
+    assert cli.parse_args(_argv(script, ALGO="ppo"))[0].algo.advantage.estimator == "group_norm"
+    ppo, cfg = cli.parse_args(_argv("chat_tools.sh", f"qwen3-{size}", ALGO="ppo"))
+    assert ppo.algo.advantage.estimator == "gae" and ppo.rollout.n_samples_per_prompt == 1
+    assert ppo.critic.adam.lr == 1e-5 and cfg.protocol == "chat_tools"
 
 
 def test_launcher_dry_run_checks_the_prompt_file_and_starts_nothing(tmp_path):

@@ -2,13 +2,15 @@
 # Search as a native tool call of the policy's chat template (protocol chat_tools): GRPO with the EM reward for a
 # chat model whose template declares tools (Qwen3 with thinking on by default).
 #
-#   bash examples/scripts/chat_tools.sh {qwen3-4b|qwen3-8b} [extra trainer flags]
+#   [ALGO=grpo|ppo] bash examples/scripts/chat_tools.sh {qwen3-4b|qwen3-8b} [extra trainer flags]
 #
 # Settings: ours, no paper trains this protocol. They are Search-R1's released GRPO values (searchr1.sh grpo: lr 1e-6
 # with a linear warm-up over 28.5% of 1,004 steps, 512 prompts per step, group of 5, updates of 256 samples, KL 0.001
 # as a k3 loss, top_p 0.95, entropy bonus 0.001, e5-base-v2 Flat over wiki-18, top-3, EM reward) with the budgets a
 # thinking model needs: 8,192 tokens of context, 1,024 per turn (reasoning included), 500 per tool response, 5 turns
 # (4 searches + the answer). What differs from the papers' protocols: docs/parity.md, "Native tool calling".
+# ALGO=ppo trains with Search-R1's released PPO values instead (GAE gamma = lambda = 1, KL 0.001 as a k1 penalty in
+# the reward, critic lr 1e-5, one sample per prompt, top_p 1.0).
 # THINKING=0 trains with Qwen3's enable_thinking=False (protocol chat_tools_nothink); prompts must be rendered for the
 # same protocol:
 #   python -m openrlhf_search.cli.prepare_data --input nq_hotpotqa_train --protocol chat_tools \
@@ -35,24 +37,36 @@ case "${THINKING:-1}" in
     0) PROTOCOL=chat_tools_nothink ;;
     *) die "THINKING must be 1 or 0, got ${THINKING}" ;;
 esac
-RUN="${PROTOCOL}_grpo_${SIZE}"
+ALGO="${ALGO:-grpo}"
+case "$ALGO" in
+    grpo) ALGO_ARGS=(--algo.advantage.estimator group_norm --rollout.n_samples_per_prompt 5 --rollout.top_p 0.95
+                     --algo.kl.init_coef 0.001 --algo.kl.use_loss --algo.kl.estimator k3)
+          N_SAMPLES=5 CRITIC=false ;;
+    ppo) ALGO_ARGS=(--algo.advantage.estimator gae --algo.advantage.gamma 1.0 --algo.advantage.lambd 1.0
+                    --rollout.n_samples_per_prompt 1 --rollout.top_p 1.0
+                    --algo.kl.init_coef 0.001 --algo.kl.estimator k1
+                    --critic.adam.lr 1e-5 --critic.lr_scheduler constant_with_warmup --critic.lr_warmup_ratio 0.015
+                    --critic.adam.betas 0.9 0.999 --critic.adam.weight_decay 0.01 --critic.value_clip 0.5)
+         N_SAMPLES=1 CRITIC=true ;;
+    *) die "ALGO must be grpo or ppo, got $ALGO" ;;
+esac
+RUN="${PROTOCOL}_${ALGO}_${SIZE}"
 TRAIN_DATA_FILE="${TRAIN_DATA:-$DATA_DIR/${PROTOCOL}_train_qwen3.jsonl}"
 EVAL_DATA_FILE="${EVAL_DATA:-$DATA_DIR/${PROTOCOL}_eval_qwen3.jsonl}"
 ROLLOUT_BS=512 EPISODES=15 STEPS=1004 WARMUP_RATIO=0.285
-TRAIN_BS=256 TRAIN_MICRO=1 ROLLOUT_MICRO=4 N_SAMPLES=5
+TRAIN_BS=256 TRAIN_MICRO=1 ROLLOUT_MICRO=4
 export RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-e5-base-v2}" RETRIEVER_INDEX_TYPE="${RETRIEVER_INDEX_TYPE:-flat}"
 
-RUN_DESC="chat_tools.sh $SIZE (protocol $PROTOCOL)"
-cpu_cluster_setup "$PROTOCOL" true 4
+RUN_DESC="chat_tools.sh $SIZE (protocol $PROTOCOL, $ALGO)"
+cpu_cluster_setup "$PROTOCOL" true "$([[ "$ALGO" == ppo ]] && echo 1 || echo 4)"
 check_inputs
 check_data_steps "$TRAIN_DATA_FILE" "$ROLLOUT_BS" "$EPISODES" "$STEPS" "$WARMUP_RATIO"
-layout_args "$TRAIN_BS" "$TRAIN_MICRO" "$(( ROLLOUT_BS * N_SAMPLES ))" "$ROLLOUT_MICRO" false
+layout_args "$TRAIN_BS" "$TRAIN_MICRO" "$(( ROLLOUT_BS * N_SAMPLES ))" "$ROLLOUT_MICRO" "$CRITIC"
 start_retrievers
 log "protocol: $PROTOCOL | model: $MODEL | data: $TRAIN_DATA_FILE (prompts rendered with $MODEL's chat template and tools) | eval: $EVAL_DATA_FILE"
 launch \
     "${LAYOUT_ARGS[@]}" \
-    --algo.advantage.estimator group_norm --rollout.n_samples_per_prompt "$N_SAMPLES" --rollout.top_p 0.95 \
-    --algo.kl.init_coef 0.001 --algo.kl.use_loss --algo.kl.estimator k3 \
+    "${ALGO_ARGS[@]}" \
     --actor.model_name_or_path "$MODEL" \
     --data.prompt_dataset "$TRAIN_DATA_FILE" \
     --data.input_key prompt --data.label_key label \

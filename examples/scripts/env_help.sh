@@ -40,6 +40,7 @@ Model and data|STAGE1_CKPT|${STAGE1_FROM:-unused (stage-2 launchers only)}|stage
 Model and data|TRAIN_DATA|${TRAIN_DATA_FILE-}|training prompts (jsonl from python -m openrlhf_search.cli.prepare_data with the policy's tokenizer)|searchr1.sh r1searcher.sh common.sh
 Model and data|EVAL_DATA|${EVAL_DATA_FILE-}|evaluation prompts, same format|searchr1.sh r1searcher.sh common.sh
 Model and data|DATA_DIR|${DATA_DIR:-that of cli.eval (../shared/data)}|folder of the default prompt files (training launchers) or of dataset names (eval.sh)|common.sh eval.sh
+Training / steps|ALGO|${ALGO:-grpo}|chat_tools.sh: grpo (group of 5, KL as a k3 loss) or ppo (GAE with a critic, KL as a k1 reward penalty), both with Search-R1 released values|chat_tools.sh
 Training / steps|ESTIMATOR|${ESTIMATOR-}|advantage estimator, overriding the setting's (reinforce_baseline, group_norm, gae, ...)|r1searcher.sh
 Training / steps|ALLOW_SHORT|0|1: start even when TRAIN_DATA gives fewer steps than the LR warm-up|common.sh
 Checkpoints and resume|OUTPUT_ROOT|${OUTPUT_ROOT-}|checkpoints, HF copies, tensorboard logs and retriever logs, one folder per run under it|common.sh
