@@ -502,3 +502,4 @@ def test_launcher_runs_two_steps_in_cpu_cluster_mode(args, algo, tmp_path):
     assert rc == 0, text[-5000:]
     assert "✨ Global step 2" in text and "✨ Global step 3" not in text
     assert f"CPU cluster: ran chat_tools.sh qwen3-4b (protocol chat_tools, {algo})" in text and "for 2 steps" in text
+    assert "'search/tool_calls_mean': " in text and "'search/invalid_tool_calls_mean': " in text
