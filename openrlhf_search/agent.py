@@ -28,6 +28,7 @@ training, and at more than ``--search.max_failed_fraction`` of a batch stop the 
 not absorbed: ``execute`` raises it, and the run stops with its one-line message.
 """
 
+import asyncio
 import logging
 from copy import copy
 from typing import Dict, List, Optional, Tuple
@@ -48,7 +49,7 @@ logger = logging.getLogger(__name__)
 # Keys of ``extra_logs`` written by the executor itself (reward components are added next to them).
 ROLLOUT_LOG_KEYS = ("turns", "valid_searches", "queries", "answer_present", "truncated", "context_full",
                     "retrieval_failures", "retrieval_failed", "response_tokens", "obs_tokens", "invalid_actions",
-                    "retrieval_failovers", "rejected_queries")
+                    "retrieval_failovers", "rejected_queries", "tool_calls", "invalid_tool_calls")
 
 
 class SearchAgentExecutor(AgentExecutorBase):
@@ -199,6 +200,8 @@ class SearchAgentExecutor(AgentExecutorBase):
                            len(tokens), max_length, max_length - 1)
             tokens = tokens[-(max_length - 1):]
         prompt_len = len(tokens)
+        native = bool(getattr(proto, "native_tools", False))  # search is a function of the chat template
+        stop_ids = proto.stop_token_ids(hf_tokenizer) if native else []
 
         want_logprobs = sampling_params.logprobs is not None
         log_probs: Optional[List[float]] = [0.0] * prompt_len if want_logprobs else None
@@ -220,7 +223,12 @@ class SearchAgentExecutor(AgentExecutorBase):
             # A shallow copy is enough: only top-level fields are rebound here, and engines copy what they mutate
             # (RolloutRayActor.generate and HFEngine.generate both deepcopy the params they are given).
             params = copy(sampling_params)
-            params.stop = list(proto.stop_strings) if cfg.stop_at_answer else [proto.query_close]
+            if native:  # a turn is one assistant message: it ends at the end-of-turn token, kept in the output
+                params.stop = []
+                params.stop_token_ids = list(dict.fromkeys(list(params.stop_token_ids or []) + stop_ids))
+                params._all_stop_token_ids = set(getattr(params, "_all_stop_token_ids", ()) or ()) | set(stop_ids)
+            else:
+                params.stop = list(proto.stop_strings) if cfg.stop_at_answer else [proto.query_close]
             params.include_stop_str_in_output = True
             params.output_text_buffer_length = 0  # derived field: no buffering when stop strings are kept
             params.max_tokens = min(cfg.max_new_tokens_per_turn, remaining)
@@ -242,6 +250,22 @@ class SearchAgentExecutor(AgentExecutorBase):
                     entry = entries[i].get(tok) if i < len(entries) and entries[i] is not None else None
                     log_probs.append(float(entry.logprob) if entry is not None else 0.0)
             truncated = output.finish_reason == "length"
+
+            if native:
+                step = await self._tool_turn(action, stop_ids, turn, hf_tokenizer, logs, search_trace)
+                if step is None:
+                    break
+                env_ids, failed = step
+                if failed:
+                    break
+                if len(tokens) + len(env_ids) > max_length:
+                    context_full = True
+                    break
+                tokens.extend(env_ids)
+                obs_tokens += len(env_ids)
+                if want_logprobs:
+                    log_probs.extend([0.0] * len(env_ids))
+                continue
 
             parsed = proto.parse_action(hf_tokenizer.decode(action, skip_special_tokens=False))
             if parsed.kind == "answer":
@@ -327,6 +351,70 @@ class SearchAgentExecutor(AgentExecutorBase):
             "search_trace": search_trace,
             "action_versions": action_versions or None,
         }
+
+    async def _tool_turn(self, action: List[int], stop_ids: List[int], turn: int, tokenizer, logs: dict,
+                         search_trace: List[dict]):
+        """The environment's reply to one assistant message of a ``native_tools`` protocol (``chat_tools``).
+
+        Every call of the message is answered by one ``tool`` message, in order: the passages of a well-formed
+        ``search`` call (all of the message's queries are sent at once, so the client coalesces them), or the
+        protocol's invalid-call message. Returns None when the trajectory ends here (a final message, a message cut
+        before its end-of-turn token, or no generation call left to read the replies), else ``(env_ids, failed)``:
+        the tokens of the template's rendering of the tool messages and the next generation prompt, tokenised in one
+        piece, and whether a retrieval failed past the client's retries (the sample is then marked failed).
+        """
+        cfg, proto = self.config, self.protocol
+        parsed = proto.parse_tool_turn(tokenizer.decode(action, skip_special_tokens=False))
+        if parsed.final:
+            return None
+        n_calls = len(parsed.queries)
+        logs["tool_calls"] += n_calls
+        logs["invalid_tool_calls"] += parsed.n_invalid
+        logs["invalid_actions"] += float(parsed.n_invalid > 0)
+        queries = [q for q in parsed.queries if q is not None]
+        logs["queries"] += len(queries)
+        if action[-1] not in stop_ids or turn == cfg.max_turns - 1:
+            return None  # cut before the end of the message, or no generation call left to read the replies
+        cleaned = [proto.clean_query(q) for q in queries]
+        results = await asyncio.gather(*(self.client.search(q) for q in cleaned), return_exceptions=True)
+        for r in results:
+            if isinstance(r, RetrievalStopped):
+                raise r
+        for r in results:
+            if isinstance(r, RetrievalError) and not isinstance(r, QueryRejected):
+                logs["retrieval_failures"] += 1
+                SearchAgentExecutor.retrieval_failed_samples += 1
+                logger.warning("retrieval failed; sample marked retrieval_failed and left out of training "
+                               "(%d such samples so far in this process): %s",
+                               SearchAgentExecutor.retrieval_failed_samples, r)
+                return [], True
+            if isinstance(r, BaseException) and not isinstance(r, QueryRejected):
+                raise r
+        contents: List[str] = []
+        it = iter(zip(queries, results))
+        for query, error in zip(parsed.queries, parsed.errors):
+            if query is None:
+                contents.append(proto.invalid_call_message(error))
+                continue
+            q, passages = next(it)
+            if isinstance(passages, QueryRejected):
+                logs["rejected_queries"] += 1
+                passages = []
+            else:
+                logs["valid_searches"] += 1
+                search_trace.append({"query": q, "passage_ids": [p.id for p in passages]})
+            contents.append(self._cap_content(proto.render_documents(passages), tokenizer))
+        return self._encode(tokenizer, proto.tool_turn_text(contents, tokenizer)), False
+
+    def _cap_content(self, content: str, tokenizer) -> str:
+        """One tool message's content cut to ``max_obs_tokens`` tokens (at a token boundary, whole characters)."""
+        cap = self.config.max_obs_tokens
+        if cap is None:
+            return content
+        ids = self._encode(tokenizer, content)
+        if len(ids) <= cap:
+            return content
+        return tokenizer.decode(ids[:cap], skip_special_tokens=False).rstrip("\ufffd")
 
     def _reward(self, response_text: str, golds: List[str]):
         from openrlhf_search.rewards import compute_reward

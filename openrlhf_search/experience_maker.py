@@ -57,7 +57,8 @@ FAILED_KEY = "retrieval_failed"
 # extra_logs of openrlhf_search.agent (docs/ARCHITECTURE.md); plotted as search/<key>_mean over trained samples.
 SEARCH_STAT_KEYS = (
     "turns", "valid_searches", "queries", "answer_present", "truncated", "retrieval_failures", "response_tokens",
-    "obs_tokens", "em", "f1", "cover_em", "format_ok", "retrieval_failovers", "context_full",
+    "obs_tokens", "em", "f1", "cover_em", "format_ok", "retrieval_failovers", "context_full", "tool_calls",
+    "invalid_tool_calls",
 )
 GROUP_BASELINE_ESTIMATORS = ("group_norm", "reinforce_baseline", "dr_grpo", "rloo")
 CUMULATIVE_ESTIMATORS = GROUP_BASELINE_ESTIMATORS + ("reinforce", "flash_reinforce")

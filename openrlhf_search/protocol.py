@@ -730,3 +730,8 @@ class SearchR1BareProtocol(SearchR1ShortProtocol):
 
     name = "searchr1_bare"
     template_text = _SEARCHR1_BARE_TEMPLATE
+
+
+# ------------------------------------------------------------------------------- native tool calling (chat_tools)
+# Registered here so that ``get_protocol("chat_tools")`` works wherever protocol.py is imported.
+from openrlhf_search import chat_tools as _chat_tools  # noqa: E402,F401

@@ -147,6 +147,8 @@ def check_format(response_text: str, protocol, answer_max_words: int = 10) -> Tu
         (ok, reason): reason is "" when ok, otherwise a short description of the first failed rule.
     """
     proto = get_protocol(protocol)
+    if getattr(proto, "native_tools", False):  # tool calls of the chat template: the protocol's own rule
+        return proto.check_format(response_text, answer_max_words=answer_max_words)
     text = strip_end_of_turn(response_text or "")
     segments = proto.split_turns(text)
     model = "".join(s.text for s in segments if s.kind == "model")
@@ -239,6 +241,8 @@ def searchr1_valid_sequence(response_text: str, protocol="searchr1") -> Tuple[bo
         (valid, reason).
     """
     proto = get_protocol(protocol)
+    if getattr(proto, "native_tools", False):  # the tool-call format rule is the sequence rule of these protocols
+        return proto.check_format(response_text)
     text = strip_end_of_turn(response_text or "")
     doc_tag = proto.doc_open_tag
     if any(s.kind == "environment" and doc_tag not in s.text for s in proto.split_turns(text)):
@@ -317,6 +321,9 @@ def _base_components(response_text: str, golds: List[str], proto: Protocol, answ
 def _valid_retrievals(text: str, proto: Protocol) -> int:
     """Well-formed retrievals: a non-empty query block immediately answered by a documents block."""
     segments = proto.split_turns(text)
+    if getattr(proto, "native_tools", False):  # well-formed calls of messages the environment answered
+        return sum(sum(1 for q in proto.parse_tool_turn(seg.text).queries if q)
+                   for seg, nxt in zip(segments, segments[1:]) if seg.kind == "model" and nxt.kind == "environment")
     pattern = re.compile(re.escape(proto.query_open) + r"((?:(?!" + re.escape(proto.query_open) + r").)*?)"
                          + re.escape(proto.query_close) + r"\s*$", re.DOTALL)
     count = 0

@@ -32,14 +32,16 @@ Layout|ACTOR_GPUS_PER_NODE|auto${LAYOUT_ACTOR_GPUS:+ (here $LAYOUT_ACTOR_GPUS)}|
 Layout|GPU_MEM_GB|80|GiB of one GPU, for the dry run's per-GPU memory estimate (a warning above 90% names the flag to change)|common.sh
 Layout|RETRIEVER_GPU_GB|estimated|GiB per GPU the node's retriever index takes on the training GPUs (estimated for a dense Flat index sharded by faiss-gpu in fp16; 0 for BM25, HNSW, Serve)|common.sh
 Layout|PLACEMENT_WAIT_S|60|seconds the driver waits for Ray to have the layout's GPUs free before it exits with one line|common.sh
-Model and data|SETTING|${SETTING-}|released or paper: which source the hyper-parameters follow (docs/parity.md lists every value and its source line)|searchr1.sh r1searcher.sh
+Model and data|SETTING|${SETTING-}|released or paper: which source the hyper-parameters follow (docs/parity.md lists every value and its source line)|searchr1.sh r1searcher.sh common.sh
 Model and data|MODEL|${MODEL-}|policy to train: a local folder or a hub name org/name|searchr1.sh r1searcher.sh common.sh
 Model and data|MODEL_CHECK|1|0: skip looking a hub-name MODEL up in the local HF cache and on the hub (offline, only the paper models pass unchecked)|common.sh
 Model and data|BASE_MODEL|${BASE_MODEL-}|R1-Searcher policy of the model key (Qwen/Qwen2.5-7B or meta-llama/Llama-3.1-8B-Instruct); MODEL overrides it|r1searcher.sh
+Model and data|THINKING|1|1: the policy thinks (protocol chat_tools, Qwen3 enable_thinking=True); 0: enable_thinking=False (protocol chat_tools_nothink); prompts must be rendered for the same protocol|chat_tools.sh
 Model and data|STAGE1_CKPT|${STAGE1_FROM:-unused (stage-2 launchers only)}|stage 2's start: stage 1's run folder (its newest global_step*_hf copy) or an HF model folder|r1searcher.sh
 Model and data|TRAIN_DATA|${TRAIN_DATA_FILE-}|training prompts (jsonl from python -m openrlhf_search.cli.prepare_data with the policy's tokenizer)|searchr1.sh r1searcher.sh common.sh
 Model and data|EVAL_DATA|${EVAL_DATA_FILE-}|evaluation prompts, same format|searchr1.sh r1searcher.sh common.sh
 Model and data|DATA_DIR|${DATA_DIR:-data (training launchers); none (eval.sh: hub sets only)}|folder of the default prompt files (training launchers) or of dataset names (eval.sh: R1-Searcher's sets under qa/r1searcher/)|common.sh eval.sh
+Training / steps|ALGO|${ALGO:-grpo}|chat_tools.sh: grpo (group of 5, KL as a k3 loss) or ppo (GAE with a critic, KL as a k1 reward penalty), both with Search-R1 released values|chat_tools.sh
 Training / steps|ESTIMATOR|${ESTIMATOR-}|advantage estimator, overriding the setting's (reinforce_baseline, group_norm, gae, ...)|r1searcher.sh
 Training / steps|ALLOW_SHORT|0|1: start even when TRAIN_DATA gives fewer steps than the LR warm-up|common.sh
 Checkpoints and resume|OUTPUT_ROOT|${OUTPUT_ROOT-}|checkpoints, HF copies, tensorboard logs and retriever logs, one folder per run under it|common.sh

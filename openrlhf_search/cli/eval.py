@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", default=None, help="corpus description for the table (default: asked from /health)")
     p.add_argument("--retriever_name", default=None, help="retriever description (default: asked from /health)")
     p.add_argument("--paper", default=None, choices=["r1searcher", "searchr1", "both"],
-                   help="reference rows to show (default: the protocol's paper)")
+                   help="reference rows to show (default: the protocol's paper); with a protocol of no paper "
+                        "(chat_tools) and no --datasets, also that paper's evaluation sets")
     j = p.add_argument_group("LLM judge (ACC_L)")
     j.add_argument("--judge_url", default=None, help="OpenAI-compatible base URL")
     j.add_argument("--judge_model", default="gpt-4o-mini")
@@ -335,15 +336,19 @@ def run(args) -> int:
         paper = eval_setting(args.protocol, args.setting)
     except ValueError:  # a third protocol: no paper setting, every value from the flags
         paper = None
-    if paper is None and not args.datasets:
-        print(f"error: protocol {args.protocol!r} has no paper eval setting: give --datasets", file=sys.stderr)
+    sets_of = None  # a third protocol with --paper: that paper's evaluation sets (chat_tools on Search-R1's seven)
+    if paper is None and not args.datasets and args.paper in ("r1searcher", "searchr1"):
+        sets_of = eval_setting(args.paper, "released").datasets
+    if paper is None and not args.datasets and not sets_of:
+        print(f"error: protocol {args.protocol!r} has no paper eval setting: give --datasets, or --paper "
+              f"searchr1|r1searcher for that paper's sets", file=sys.stderr)
         return 2
     topk = args.topk or (paper.topk if paper else 3)
     max_turns = args.max_turns or (paper.max_turns if paper else 5)
     max_new_tokens = args.max_new_tokens or (paper.max_new_tokens if paper else 500)
     template = args.template or (paper.template if paper else "train")
     chat = args.chat if args.chat is not None else (paper.chat if paper else None)
-    datasets = args.datasets or list(paper.datasets)
+    datasets = args.datasets or list(sets_of or paper.datasets)
     try:  # every set routed, every config valid, before data or a model is loaded
         per_set = run_settings(args, datasets, paper, topk=topk, max_turns=max_turns,
                                max_new_tokens=max_new_tokens, template=template, chat=chat)

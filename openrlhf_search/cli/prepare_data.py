@@ -65,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder of local copies for dataset names (qa/flashrag/<name>.test.jsonl, qa/r1searcher/...); "
                         "default $OPENRLHF_SEARCH_DATA_DIR, else none: flashrag:<name> and bare FlashRAG names load "
                         "the published split from the hub")
-    p.add_argument("--protocol", default="r1searcher", help="r1searcher | searchr1 (any registered protocol)")
+    p.add_argument("--protocol", default="r1searcher",
+                   help="r1searcher | searchr1 | chat_tools | chat_tools_nothink (any registered protocol); "
+                        "chat_tools* declare search as a tool of the policy's chat template (needs --tokenizer)")
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat_template", dest="chat", action="store_true", default=None,
                       help="wrap with the policy tokenizer's chat template (needs --tokenizer)")

@@ -142,7 +142,8 @@ class EvalSettings:
 
         urls = self.retriever_url if isinstance(self.retriever_url, list) else \
             [u for u in str(self.retriever_url).split(",") if u]
-        scheme = self.reward_scheme or ("searchr1_em" if self.protocol == "searchr1" else "r1searcher_stage2")
+        scheme = self.reward_scheme or ("searchr1_em" if self.protocol == "searchr1" or self.protocol.startswith(
+            "chat_tools") else "r1searcher_stage2")
         return SearchConfig(protocol=self.protocol, chat_template=self.chat, retriever_urls=urls, topk=self.topk,
                             max_turns=self.max_turns, max_new_tokens_per_turn=self.max_new_tokens,
                             max_obs_tokens=self.max_obs_tokens, reward_scheme=scheme, obs_cut=self.obs_cut,

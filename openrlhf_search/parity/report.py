@@ -148,7 +148,27 @@ def render(rows: List[Row]) -> str:
             lines.append(f"- `SETTING={setting}`{default}: {matched} of {len(mine)} settings match; documented "
                          f"differences: {', '.join(f'`{d}`' for d in documented) or 'none'}.")
         lines.append("")
+    lines += NATIVE_TOOLS_SECTION
     return "\n".join(lines)
+
+
+# The chat_tools launchers follow no paper (no reference rows): what differs from the papers' protocols, in words.
+NATIVE_TOOLS_SECTION = [
+    "## Native tool calling (chat_tools launchers, no paper)",
+    "",
+    "`chat_tools_grpo_qwen3-{4b,8b}` train Qwen3 with its own tool-calling format; no paper trains it, so they have",
+    "no reference rows. Their hyper-parameters are Search-R1's released GRPO values above (lr, warm-up, batch and",
+    "group sizes, KL, top_p, top-3 e5 retrieval over wiki-18, EM reward) with 8,192 tokens of context and 1,024 per",
+    "turn for the reasoning. What differs from both papers' protocols: search is a function declared through the",
+    "policy's chat template (`apply_chat_template(tools=...)`) instead of tags explained in the prompt; a call is",
+    "`<tool_call>` JSON read by vLLM's `hermes` parser, several calls in one message are searched together; the",
+    "passages come back as the template's `tool` messages (a user turn of `<tool_response>` blocks, role markers",
+    "included, all masked); a turn ends at the end-of-turn token, not at a closing tag; the reasoning is Qwen3's",
+    "`<think>` block (`THINKING=0`: `enable_thinking=False`); a malformed call gets an error tool message instead of",
+    "Search-R1's invalid-action text; the answer is the `<answer>` block of the final message; the format rule is",
+    "the protocol's own (`ChatToolsProtocol.check_format`).",
+    "",
+]
 
 
 def main(argv=None) -> int:

