@@ -645,7 +645,8 @@ def cuda_python_problem(args) -> Optional[str]:
 def dry_run_memory_estimate(args) -> Dict[str, Any]:
     """:func:`openrlhf_search.memory_estimate.estimate` against ``GPU_MEM_GB`` (default 80) with the retriever
     index the launcher put on the training GPUs (``RETRIEVER_GPU_GB``, default 0); prints its summary line and,
-    above 90%, the warning naming the flag to change (stderr)."""
+    above 90%, the warning naming the flag to change (stderr); adds ``checkpoints``
+    (:func:`~openrlhf_search.memory_estimate.checkpoint_volume`) and prints its line."""
     from openrlhf_search.memory_estimate import estimate
 
     def env_float(name: str, default: float) -> float:
@@ -662,6 +663,12 @@ def dry_run_memory_estimate(args) -> Dict[str, Any]:
               f" GiB of {est['gpu_mem_gb']:g} (GPU_MEM_GB) {json.dumps(est['components'])}", file=sys.stderr)
         if est["warning"]:
             print(f"warning: {est['warning']}", file=sys.stderr)
+    from openrlhf_search.memory_estimate import checkpoint_volume
+
+    disk = checkpoint_volume(args)
+    if "line" in disk:
+        est["checkpoints"] = disk
+        print(f"[dry_run] {disk['line']}", file=sys.stderr)
     return est
 
 
