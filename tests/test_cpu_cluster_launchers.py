@@ -57,6 +57,10 @@ def test_every_launcher_resolves_its_cpu_cluster_settings(script):
     flat = cli.build_parser().parse_args(argv)  # every flag is one OpenRLHF's parser (plus ours) knows
     assert flat.cpu_cluster
     assert getattr(flat, "vllm.enable_prefix_caching", None) is True
+    # ZeRO-3 and gradient checkpointing, as the GPU layouts (a CPU test never ran that combination before)
+    assert getattr(flat, "ds.zero_stage") == 3 and getattr(flat, "actor.gradient_checkpointing_enable") is True
+    args, _ = cli.parse_args(argv)  # the CPU settings keep them
+    assert args.ds.zero_stage == 3 and args.actor.gradient_checkpointing_enable
 
 
 def test_user_flags_still_win_over_the_cpu_cluster_sizes():

@@ -146,10 +146,11 @@ check_gpu_python() {
 # Arguments: train batch, train micro-batch, samples per step, rollout micro-batch, critic (true|false).
 layout_args() {
     if [[ "$CPU_CLUSTER" == "1" ]]; then  # GPUS_PER_NODE DeepSpeed ranks per model and as many vLLM-CPU engines
-        # prefix caching as on GPUs: the CPU mode then also runs the cache reset after every weight sync
+        # prefix caching as on GPUs: the CPU mode then also runs the cache reset after every weight sync; ZeRO-3 and
+        # gradient checkpointing as the GPU layouts (DeepSpeed's sequential ZeRO-3 gather on CPU: runtime.py)
         LAYOUT_ARGS=(--actor.num_gpus_per_node "$CPU_RANKS" --ref.num_gpus_per_node "$CPU_RANKS"
                      --critic.num_gpus_per_node "$CPU_RANKS" --vllm.num_engines "$CPU_RANKS"
-                     --vllm.enable_prefix_caching)
+                     --vllm.enable_prefix_caching --ds.zero_stage 3 --actor.gradient_checkpointing_enable)
         return 0
     fi
     local train_bs="$1" train_micro="$2" samples="$3" rollout_micro="$4" critic="${5:-false}" out
