@@ -139,6 +139,11 @@ def _policy_named_parameters(actor) -> Dict[str, Any]:
     parameters takes DeepSpeed's coalesced path, which on gloo can hand back a buffer still being filled
     (``cpu/cluster_mode/runtime.py``, :data:`~openrlhf_search.cpu.cluster_mode.runtime.ZERO3_CPU_SETTINGS`)."""
     model = actor.actor.model.module if hasattr(actor.actor.model, "module") else actor.actor.model
+    if hasattr(model, "peft_config"):  # LoRA: the merged base-model weights the sync sends, under vLLM's names
+        from openrlhf_search.trainer import lora_sync_tensors
+
+        zero3 = any(hasattr(p, "ds_id") for p in model.parameters())
+        return {n: t.detach().to("cpu").clone() for n, t in lora_sync_tensors(model, zero3=zero3)}
     named = list(model.named_parameters())
     if any(hasattr(p, "ds_id") for _, p in named):  # ZeRO-3 partitioned parameters
         import deepspeed
