@@ -98,7 +98,8 @@ def estimate(args, gpu_mem_gb: float = 80.0, retriever_gpu_gb: float = 0.0) -> D
     uses_ref = args.algo.kl.init_coef > 0 or args.algo.kl.use_loss
     ref = (2 * params / (ranks if zero3 else 1)) / GIB if uses_ref else 0.0
     critic = actor if getattr(args.critic, "model_name_or_path", None) else 0.0
-    colocated = bool(args.train.colocate_all)
+    # vLLM shares the training GPUs only in the synchronous colocate_all (async colocates the DeepSpeed models only)
+    colocated = bool(args.train.colocate_all) and not getattr(args.train, "async_enable", False)
     vllm = (args.vllm.gpu_memory_utilization or 0.9) * gpu_mem_gb if colocated else 0.0
     states = actor + ref + critic
     training = states + logits + (0.0 if args.vllm.enable_sleep else vllm) + retriever_gpu_gb

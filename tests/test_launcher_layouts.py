@@ -123,7 +123,9 @@ def test_async_every_launcher_resolves_with_vllm_on_its_own_gpus(script, nnodes)
     """ASYNC=1 at 1x8 and 2x8: a layout that OpenRLHF runs. vLLM never in the training placement group (no sleep
     mode, which async refuses), DeepSpeed's batch check passes on the chosen ranks, every GPU is used; a PPO critic
     shares the actor's GPUs (colocate_all, which under async colocates only the DeepSpeed models)."""
+    from openrlhf_search.async_checks import gpu_layout
     from openrlhf_search.layout import gpus_needed
+    from openrlhf_search.memory_estimate import estimate
 
     args, _ = cli.parse_args(_argv(script, NNODES=str(nnodes), GPUS_PER_NODE="8", ASYNC="1"))
     assert args.train.async_enable and not args.vllm.enable_sleep
@@ -135,9 +137,12 @@ def test_async_every_launcher_resolves_with_vllm_on_its_own_gpus(script, nnodes)
                                      args.rollout.batch_size * args.rollout.n_samples_per_prompt,
                                      args.rollout.micro_batch_size)
     assert args.vllm.num_engines * args.vllm.tensor_parallel_size == nnodes * (8 - a)
-    assert gpus_needed(args) == nnodes * 8
+    assert gpus_needed(args) == nnodes * 8 == gpu_layout(args)["total_gpus"]
+    parts = estimate(args).get("components")  # None for a stage-2 launcher whose stage-1 folder does not exist
+    assert parts is None or parts["vllm_share"] == 0.0  # the engines' memory is on their own GPUs
     if args.critic.model_name_or_path:
         assert args.train.colocate_all and args.critic.num_gpus_per_node == a
+        assert parts["critic"] > 0
     else:
         assert args.train.colocate_actor_ref
 
