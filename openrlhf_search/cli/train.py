@@ -436,6 +436,7 @@ def layout_summary(args) -> Dict[str, Any]:
                             if getattr(args.critic, "model_name_or_path", None) else 0),
            "vllm_engines": args.vllm.num_engines, "vllm_tensor_parallel_size": args.vllm.tensor_parallel_size,
            "zero_stage": args.ds.zero_stage,
+           "gradient_checkpointing": bool(getattr(args.actor, "gradient_checkpointing_enable", False)),
            "short_batch_unit_samples": unit_of(args, args.rollout.n_samples_per_prompt)}
     if getattr(args, "cpu_cluster", False):
         from openrlhf_search.cpu.cluster_mode.runtime import logical_gpus
