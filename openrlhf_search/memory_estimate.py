@@ -30,8 +30,8 @@ GIB = float(1 << 30)
 FORWARD_LOGITS_BYTES = 6.0  # per token x vocabulary, no gradient: bf16 logits + their float32 copy
 # Per token x vocabulary, peak of forward + backward of OpenRLHF's log-probs (torch path of
 # openrlhf/models/utils.py log_probs_from_logits, float32) measured on CPU with the real functions
-# (tests/test_dry_run_checks.py::test_training_logits_bytes_match_a_measured_peak): 15.9-16.0 at 4096 x 32768 and
-# 2048 x 65536; with compute_entropy 16.8-17.9.
+# (tests/test_dry_run_checks.py::test_training_logits_bytes_match_a_measured_peak, resident memory polled during the
+# step): 16.0 at 2048 x 32768, 18.0 with compute_entropy.
 TRAIN_LOGITS_BYTES = 16.0
 ENTROPY_EXTRA_BYTES = 2.0
 # A ZeRO checkpoint per trained parameter (mixed-precision Adam): bf16 weights 2 + float32 master 4 + two moments 8.
