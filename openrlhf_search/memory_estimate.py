@@ -34,8 +34,11 @@ FORWARD_LOGITS_BYTES = 6.0  # per token x vocabulary, no gradient: bf16 logits +
 # step): 16.0 at 2048 x 32768, 18.0 with compute_entropy.
 TRAIN_LOGITS_BYTES = 16.0
 ENTROPY_EXTRA_BYTES = 2.0
-# A ZeRO checkpoint per trained parameter (mixed-precision Adam): bf16 weights 2 + float32 master 4 + two moments 8.
+# A ZeRO checkpoint per trained parameter (mixed-precision Adam): float32 master 4 + two moments 8, plus the bf16
+# weights 2 below ZeRO-3 (ZeRO-3 rebuilds them from the master copy). Measured on the tiny model of the CPU mode at
+# ZeRO-3, bf16, 2 ranks: 10,298,780 bytes for 853,376 parameters = 12.07 per parameter (actor; critic alike).
 DS_CKPT_BYTES_PER_PARAM = 14.0
+DS_CKPT_BYTES_PER_PARAM_ZERO3 = 12.0
 HF_BYTES_PER_PARAM = 2.0  # a --ckpt.save_hf copy / the final model, bf16 safetensors
 # (parameters, vocabulary) of the launchers' hub models, from their config.json (hidden, layers, intermediate,
 # heads, vocab, tied embeddings) when the model is not a local folder.
@@ -131,11 +134,12 @@ def checkpoint_volume(args) -> Dict[str, Any]:
     """Disk a run writes under ``--ckpt.path`` and ``--ckpt.output_dir`` (GB = 1e9 bytes), from the policy's size.
 
     Per save: a DeepSpeed state per trained model (actor, and the critic for PPO; ``_actor`` / ``_critic``) of
-    :data:`DS_CKPT_BYTES_PER_PARAM` per parameter, plus with ``--ckpt.save_hf`` an HF copy of the actor
-    (:data:`HF_BYTES_PER_PARAM`). At most: ``--ckpt.max_num`` regular saves (OpenRLHF rotates them), one "best" state
-    per model when an evaluation runs (``--eval.dataset`` and ``--eval.steps``; OpenRLHF keeps the newest best),
-    ``--ckpt.max_num`` best HF copies (``trainer.prune_hf_copies``), and the final HF model (actor; critic with
-    ``--critic.save_value_network``). Full fine-tuning is assumed (LoRA or frozen layers write less).
+    :data:`DS_CKPT_BYTES_PER_PARAM_ZERO3` (ZeRO-3) or :data:`DS_CKPT_BYTES_PER_PARAM` per parameter, plus with
+    ``--ckpt.save_hf`` an HF copy of the actor (:data:`HF_BYTES_PER_PARAM`). At most: ``--ckpt.max_num`` regular
+    saves (OpenRLHF rotates them), one "best" state per model when an evaluation runs (``--eval.dataset`` and
+    ``--eval.steps``; OpenRLHF keeps the newest best), ``--ckpt.max_num`` best HF copies
+    (``trainer.prune_hf_copies``), and the final HF model (actor; critic with ``--critic.save_value_network``).
+    Full fine-tuning is assumed (LoRA or frozen layers write less).
 
     Returns ``{"per_checkpoint_gb", "at_most_gb", "trained_models", "line"}`` or ``{"unknown_model": name}``.
     """
@@ -145,7 +149,8 @@ def checkpoint_volume(args) -> Dict[str, Any]:
     params = size[0]
     critic = bool(getattr(args.critic, "model_name_or_path", None))
     models = 2 if critic else 1
-    ds = 0.0 if getattr(args.ckpt, "disable_ds", False) else DS_CKPT_BYTES_PER_PARAM * params * models / 1e9
+    per_param = DS_CKPT_BYTES_PER_PARAM_ZERO3 if args.ds.zero_stage == 3 else DS_CKPT_BYTES_PER_PARAM
+    ds = 0.0 if getattr(args.ckpt, "disable_ds", False) else per_param * params * models / 1e9
     hf = HF_BYTES_PER_PARAM * params / 1e9 if args.ckpt.save_hf else 0.0
     keep = max(1, args.ckpt.max_num)
     evaluates = bool(getattr(args.eval, "dataset", None)) and 0 < (args.eval.steps or -1) < float("inf")
@@ -156,7 +161,7 @@ def checkpoint_volume(args) -> Dict[str, Any]:
     ds_kept = min(ds * keep, max_mem * 2**30 / 1e9 * models + ds) if ds else 0.0  # max_mem rotates per model
     at_most = ds_kept + (ds if best else 0.0) + hf * keep * (2 if best else 1) + final
     per = ds + hf
-    line = (f"checkpoints: {per:.0f} GB per save ({models} trained model(s) x {DS_CKPT_BYTES_PER_PARAM:g} B x "
+    line = (f"checkpoints: {per:.0f} GB per save ({models} trained model(s) x {per_param:g} B x "
             f"{params / 1e9:.2f}B parameters{f' + HF copy {hf:.0f} GB' if hf else ''}), at most {at_most:.0f} GB "
             f"(--ckpt.max_num {args.ckpt.max_num}{', a best checkpoint' if best else ''}, final model {final:.0f} GB)")
     return {"per_checkpoint_gb": round(per, 1), "at_most_gb": round(at_most, 1), "trained_models": models,
