@@ -19,9 +19,10 @@ What runs where, against the synchronous loop (``openrlhf_search.trainer.SearchP
   ``set_reward_scheme`` as the sync trainer does) and drops its over-sampling buffer on a switch
   (``SearchSamplesGenerator.discard_buffer``). Rollouts queued ahead are therefore scored by the scheme of the step
   they are trained at, which the sync trainer cannot promise for its own buffer. With ``--train.max_steps N`` it stops
-  producing after step ``N``'s batch and reports the data exhausted, which ends OpenRLHF's loops (the queue gets its
-  ``"done"``). Eval (``--eval.steps``) runs in the generator as in OpenRLHF, with ``--search.eval_reward_scheme`` and
-  the search eval metrics (``eval_em``, ``eval_f1``, ... per data source).
+  producing after step ``N``'s batch and ends OpenRLHF's generator loop at once (:class:`StepCapReached`; the queue
+  gets its ``"done"``), not one empty round per remaining ``--train.num_episodes``. Eval (``--eval.steps``) runs in
+  the generator as in OpenRLHF, with ``--search.eval_reward_scheme`` and the search eval metrics (``eval_em``,
+  ``eval_f1``, ... per data source).
 * **trainer** (:class:`_SearchTrainingActor`): :class:`SearchExperienceMaker` (masked GAE, failed samples out, group
   baselines over valid samples, failure limit), ``rollout/*`` and ``search/*`` statistics over trained samples, the
   step cap's final checkpoint (:class:`~openrlhf_search.schedules.StepCapTrainerMixin`), the step's time split
@@ -131,6 +132,15 @@ class _TimedLock:
         return getattr(self.lock, name)
 
 
+class StepCapReached(Exception):
+    """Raised inside OpenRLHF's generator loop when ``--train.max_steps`` batches are produced; caught by
+    :meth:`_SearchGenerateSamplesActor.fit`, which ends the loop (``"done"`` on the queue)."""
+
+    def __init__(self, step: int):
+        super().__init__(f"step cap {step} reached")
+        self.step = step
+
+
 class _SearchGenerateSamplesActor(ppo_async.GenerateSamplesActor.__ray_actor_class__):
     """OpenRLHF's ``GenerateSamplesActor`` with :class:`SearchSamplesGenerator`, the reward-stage switch, the step cap
     and the search eval (see the module docstring). Same constructor."""
@@ -146,28 +156,31 @@ class _SearchGenerateSamplesActor(ppo_async.GenerateSamplesActor.__ray_actor_cla
         self.rollout_slots = _TimedQueue(self.rollout_slots)
         self.vllm_lock = _TimedLock(self.vllm_lock)
         self._eval_samples: List = []
-        generate, generate_eval = self.samples_generator.generate_samples, self.samples_generator.generate_eval_samples
-
-        def generate_samples(**kwargs):
-            step = self.start_step + self.produced
-            if self.step_cap is not None and step >= self.step_cap:
-                return [], None, 0, True  # the cap: OpenRLHF's fit loops end as on exhausted data
-            scheme = self.apply_reward_scheme(step)
-            samples, pass_rate, consumed, exhausted = generate(**kwargs)
-            if samples:
-                self.produced += 1
-                for s in samples:
-                    setattr(s, SCHEME_ATTR, scheme)
-                    setattr(s, STEP_ATTR, step)
-                setattr(samples[0], WAIT_ATTR, self.rollout_slots.pop_waited() + self._pop_lock_wait())
-            return samples, pass_rate, consumed, exhausted
+        self._generate = self.samples_generator.generate_samples
+        generate_eval = self.samples_generator.generate_eval_samples
 
         def generate_eval_samples(**kwargs):
             self._eval_samples = generate_eval(**kwargs)
             return self._eval_samples
 
-        self.samples_generator.generate_samples = generate_samples
+        self.samples_generator.generate_samples = self._generate_samples
         self.samples_generator.generate_eval_samples = generate_eval_samples
+
+    def _generate_samples(self, **kwargs):
+        """The generator's batch for step ``start_step + produced``, tagged with its step and reward scheme; raises
+        :class:`StepCapReached` once ``--train.max_steps`` batches have been produced."""
+        step = self.start_step + self.produced
+        if self.step_cap is not None and step >= self.step_cap:
+            raise StepCapReached(step)
+        scheme = self.apply_reward_scheme(step)
+        samples, pass_rate, consumed, exhausted = self._generate(**kwargs)
+        if samples:
+            self.produced += 1
+            for s in samples:
+                setattr(s, SCHEME_ATTR, scheme)
+                setattr(s, STEP_ATTR, step)
+            setattr(samples[0], WAIT_ATTR, self.rollout_slots.pop_waited() + self._pop_lock_wait())
+        return samples, pass_rate, consumed, exhausted
 
     def _pop_lock_wait(self) -> float:
         waited, self.vllm_lock.waited = self.vllm_lock.waited, 0.0
@@ -185,7 +198,14 @@ class _SearchGenerateSamplesActor(ppo_async.GenerateSamplesActor.__ray_actor_cla
             self.rollout_slots.pop_waited()
             self._pop_lock_wait()
             self.rollout_queue.put(("eval", 0, metrics), block=True)
-        return super().fit(episode, total_consumed_prompts)
+        try:
+            return super().fit(episode, total_consumed_prompts)
+        except StepCapReached as cap:
+            # OpenRLHF's loop would treat the cap as exhausted data and run every remaining episode (each a slot
+            # round trip and a progress bar): end it here, as its own end does
+            logger.info(f"step cap --train.max_steps {cap.step} reached: the generator stops")
+            self.rollout_queue.put("done", block=True)
+            return None
 
     def set_start_step(self, step: int) -> int:
         """The global step training starts (or resumes) at; batch k is produced for step ``step + k``."""

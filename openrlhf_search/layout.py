@@ -14,8 +14,9 @@ Two checks a run would otherwise meet only after Ray, DeepSpeed and vLLM have st
 :func:`batch_layout_problems` lists what fails; :func:`working_layouts` names the NNODES x GPUS layouts that pass;
 :func:`choose_layout` is what ``examples/scripts/common.sh`` runs (``python -m openrlhf_search.layout``): every GPU
 colocated (actor, reference, critic and vLLM on each, with sleep mode) when the batch sizes fit all of them, else the
-largest number of actor GPUs per node that fits, with vLLM engines on the rest (no critic: a PPO critic would need
-GPUs of its own).
+largest number of actor GPUs per node that fits, with vLLM engines on the rest (no critic: a synchronous PPO critic
+would need GPUs of its own). Asynchronous (``ASYNC=1``): vLLM always on GPUs of its own, the DeepSpeed models (critic
+included) colocated on the others, the split closest to half that fits.
 """
 
 import argparse
@@ -119,45 +120,81 @@ def check_args(args) -> None:
 
 @dataclass
 class Layout:
-    """What common.sh's ``layout_args`` passes: actor (and reference, critic) GPUs per node, vLLM engines."""
+    """What common.sh's ``layout_args`` passes: actor (and reference, critic) GPUs per node, vLLM engines;
+    ``asynchronous``: vLLM on GPUs of its own while the DeepSpeed models share theirs (``--train.colocate_all`` under
+    ``--train.async_enable`` colocates only the DeepSpeed models, ``train_ppo_ray.py`` passes no placement group to
+    vLLM then)."""
 
     nnodes: int
     gpus_per_node: int
     actor_gpus_per_node: int
     vllm_engines: int
     vllm_tp: int
+    asynchronous: bool = False
+    critic: bool = False
 
     @property
     def colocated(self) -> bool:
         return self.actor_gpus_per_node == self.gpus_per_node
 
     def describe(self) -> str:
+        models = "actor, reference" + (", critic" if self.critic else "")
         if self.colocated:
             return (f"{self.nnodes} node(s) x {self.gpus_per_node} GPUs, all colocated: actor, reference (critic) and "
                     f"{self.vllm_engines} vLLM engine(s) x TP {self.vllm_tp} share every GPU (sleep mode)")
-        return (f"{self.nnodes} node(s) x {self.gpus_per_node} GPUs: actor + reference on {self.actor_gpus_per_node} "
-                f"GPUs per node, {self.vllm_engines} vLLM engine(s) x TP {self.vllm_tp} on the other "
-                f"{self.gpus_per_node - self.actor_gpus_per_node} per node")
+        return (f"{self.nnodes} node(s) x {self.gpus_per_node} GPUs{' (async)' if self.asynchronous else ''}: "
+                f"{models} on {self.actor_gpus_per_node} GPUs per node, {self.vllm_engines} vLLM engine(s) x TP "
+                f"{self.vllm_tp} on the other {self.gpus_per_node - self.actor_gpus_per_node} per node")
+
+
+def _async_order(gpus_per_node: int) -> List[int]:
+    """Actor GPUs per node tried in async mode: every split leaving vLLM at least one GPU, closest to half first
+    (training and generation run at once), the larger share first on a tie."""
+    return sorted(range(1, gpus_per_node), key=lambda a: (abs(2 * a - gpus_per_node), -a))
+
+
+def _why_not(nnodes: int, gpus_per_node: int, vllm_tp: int, a: int, sizes: Tuple[int, int, int, int], critic: bool,
+             asynchronous: bool) -> Optional[str]:
+    """Why ``a`` actor GPUs per node cannot run (None: they can); one clause, the true reason."""
+    problem = batch_layout_problems(nnodes * a, *sizes)
+    if problem:
+        return problem[0]
+    if a == gpus_per_node:
+        if asynchronous:
+            return ("ASYNC=1 keeps vLLM off the training GPUs (OpenRLHF's async mode never colocates it), so the "
+                    "actor cannot take all GPUS_PER_NODE")
+        if (nnodes * gpus_per_node) % vllm_tp:
+            return f"VLLM_TP {vllm_tp} does not divide the {nnodes * gpus_per_node} colocated GPUs"
+        return None
+    rest = gpus_per_node - a
+    if critic and not asynchronous:
+        return ("a synchronous PPO critic trains only in the colocated layout (vLLM sleeps while the actor, reference "
+                "and critic train; a split layout leaves the critic no GPUs; ASYNC=1 runs it beside the actor with "
+                "vLLM on GPUs of its own)")
+    if rest % vllm_tp:
+        return f"VLLM_TP {vllm_tp} does not divide the {rest} GPUs per node left for vLLM"
+    return None
 
 
 def choose_layout(nnodes: int, gpus_per_node: int, vllm_tp: int, train_batch: int, train_micro: int,
                   rollout_samples: int, rollout_micro: int, actor_gpus_per_node: Optional[int] = None,
-                  critic: bool = False) -> Layout:
-    """The launcher's layout (see the module doc); raises :class:`LayoutError` naming the layouts that work.
+                  critic: bool = False, asynchronous: bool = False) -> Layout:
+    """The launcher's layout (see the module doc); raises :class:`LayoutError` naming the true reason and what works.
 
     Args:
         actor_gpus_per_node: force this many actor GPUs per node (``ACTOR_GPUS_PER_NODE``); equal to
             ``gpus_per_node`` means colocated.
-        critic: a PPO critic is trained (it is colocated with the actor; split layouts are refused).
+        critic: a PPO critic is trained. Synchronous: only colocated (split layouts are refused). Asynchronous: it
+            shares the actor's GPUs with the reference (``--train.colocate_all``), vLLM keeps its own.
+        asynchronous: ``ASYNC=1``: vLLM never shares the training GPUs; without ``actor_gpus_per_node`` the split
+            closest to half that fits is taken.
     """
     for name, value in (("NNODES", nnodes), ("GPUS_PER_NODE", gpus_per_node), ("VLLM_TP", vllm_tp)):
         if value <= 0:
             raise LayoutError(f"{name} must be a positive integer, got {value}")
     sizes = (train_batch, train_micro, rollout_samples, rollout_micro)
     names = format_layouts(working_layouts(*sizes))
-
-    def fits(a: int) -> bool:
-        return not batch_layout_problems(nnodes * a, *sizes)
+    everything = _async_order(gpus_per_node) if asynchronous else list(range(gpus_per_node, 0, -1))
 
     if actor_gpus_per_node is not None:
         a = actor_gpus_per_node
@@ -165,25 +202,27 @@ def choose_layout(nnodes: int, gpus_per_node: int, vllm_tp: int, train_batch: in
             raise LayoutError(f"ACTOR_GPUS_PER_NODE {a} must be in 1..GPUS_PER_NODE {gpus_per_node}")
         candidates = [a]
     else:
-        candidates = list(range(gpus_per_node, 0, -1))
+        candidates = everything
     for a in candidates:
-        rest = gpus_per_node - a
-        if not fits(a):
-            continue
-        if a == gpus_per_node:
-            if (nnodes * gpus_per_node) % vllm_tp:
-                continue
-            return Layout(nnodes, gpus_per_node, a, nnodes * gpus_per_node // vllm_tp, vllm_tp)
-        if critic or rest % vllm_tp:
-            continue
-        return Layout(nnodes, gpus_per_node, a, nnodes * rest // vllm_tp, vllm_tp)
-    problem = batch_layout_problems(nnodes * (candidates[0]), *sizes)
-    why = problem[0] if problem else f"VLLM_TP {vllm_tp} does not divide the GPUs left for vLLM"
-    if critic and (actor_gpus_per_node is None or actor_gpus_per_node < gpus_per_node):
-        why += " (and a PPO critic trains only in the colocated layout: it has no GPUs of its own)"
+        if _why_not(nnodes, gpus_per_node, vllm_tp, a, sizes, critic, asynchronous) is None:
+            engines = nnodes * (gpus_per_node if a == gpus_per_node else gpus_per_node - a) // vllm_tp
+            return Layout(nnodes, gpus_per_node, a, engines, vllm_tp, asynchronous, critic)
+    if not candidates:
+        why = (f"ASYNC=1 needs at least 2 GPUs per node (vLLM on GPUs of its own), GPUS_PER_NODE is "
+               f"{gpus_per_node}")
+    else:
+        why = _why_not(nnodes, gpus_per_node, vllm_tp, candidates[0], sizes, critic, asynchronous)
+        fitting = [a for a in candidates if not batch_layout_problems(nnodes * a, *sizes)]
+        if len(candidates) > 1 and fitting:  # the batch sizes fit some split: name what stops that one
+            other = _why_not(nnodes, gpus_per_node, vllm_tp, fitting[0], sizes, critic, asynchronous)
+            why = f"{other} (at {fitting[0]} actor GPUs per node; at {candidates[0]}: {why})"
+    here = [a for a in everything if a not in candidates
+            and _why_not(nnodes, gpus_per_node, vllm_tp, a, sizes, critic, asynchronous) is None]
+    fix = f"ACTOR_GPUS_PER_NODE={here[0]} works here; " if here else ""
     raise LayoutError(f"{why}: no layout on NNODES={nnodes} x GPUS_PER_NODE={gpus_per_node} with VLLM_TP={vllm_tp}"
-                      f"{f' and ACTOR_GPUS_PER_NODE={actor_gpus_per_node}' if actor_gpus_per_node else ''}; "
-                      f"actor layouts that work for these batch sizes (NNODES x actor GPUs per node): {names}")
+                      f"{f' and ACTOR_GPUS_PER_NODE={actor_gpus_per_node}' if actor_gpus_per_node else ''}"
+                      f"{' (ASYNC=1)' if asynchronous else ''}; {fix}actor layouts that work for these batch sizes "
+                      f"(NNODES x actor GPUs per node): {names}")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -193,10 +232,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.add_argument(f"--{name}", type=int, required=True)
     p.add_argument("--actor_gpus_per_node", type=int, default=None)
     p.add_argument("--critic", action="store_true")
+    p.add_argument("--async_mode", action="store_true", help="ASYNC=1: vLLM on GPUs of its own")
     a = p.parse_args(argv)
     try:
         lay = choose_layout(a.nnodes, a.gpus_per_node, a.vllm_tp, a.train_batch, a.train_micro, a.rollout_samples,
-                            a.rollout_micro, a.actor_gpus_per_node, a.critic)
+                            a.rollout_micro, a.actor_gpus_per_node, a.critic, a.async_mode)
     except LayoutError as e:
         print(str(e), file=sys.stderr)
         return 2
@@ -211,15 +251,17 @@ if __name__ == "__main__":
 
 def gpus_needed(args) -> int:
     """GPUs OpenRLHF's ``train()`` places for ``args``: the actor group (reference and critic on it when
-    colocated), else each model group plus the vLLM engines (``train_ppo_ray.py:39-110``)."""
+    colocated; under async ``colocate_all`` the engines apart), else each model group plus the vLLM engines
+    (``train_ppo_ray.py:39-110``)."""
     actor = args.actor.num_nodes * args.actor.num_gpus_per_node
     engines = (args.vllm.num_engines or 0) * args.vllm.tensor_parallel_size
     if args.train.colocate_all and not getattr(args.train, "async_enable", False):
         return actor
     uses_ref = args.algo.kl.init_coef > 0 or args.algo.kl.use_loss
-    ref = 0 if (args.train.colocate_actor_ref or not uses_ref) else args.ref.num_nodes * args.ref.num_gpus_per_node
+    shared = args.train.colocate_actor_ref or args.train.colocate_all  # async colocate_all: the DeepSpeed models
+    ref = 0 if (shared or not uses_ref) else args.ref.num_nodes * args.ref.num_gpus_per_node
     critic = (args.critic.num_nodes * args.critic.num_gpus_per_node
-              if getattr(args.critic, "model_name_or_path", None) else 0)
+              if getattr(args.critic, "model_name_or_path", None) and not args.train.colocate_all else 0)
     return actor + ref + critic + engines
 
 

@@ -266,7 +266,10 @@ class SearchActorPPOTrainer(empty_mask_safe_actor_trainer()):
         """OpenRLHF's sync; with frozen layers it sends only ``requires_grad`` tensors (the engines loaded the frozen
         ones from the same checkpoint, and they never change). OpenRLHF's own filter does exactly that for a VLM
         (``p.requires_grad or not is_vlm``, :data:`SYNC_FILTER_LINE`), and ``is_vlm`` is read nowhere else during a
-        sync, so the flag is raised for its duration instead of copying the method."""
+        sync, so the flag is raised for its duration instead of copying the method. With LoRA
+        (``--ds.lora.rank``) the merged base-model weights are sent under vLLM's names (:meth:`_broadcast_lora`)."""
+        if getattr(self.strategy.args.ds, "lora", None) is not None and (self.strategy.args.ds.lora.rank or 0) > 0:
+            return self._broadcast_lora()
         if not getattr(self.strategy.args.actor, "trainable_layers", 0):
             return super().broadcast_to_vllm()
         saved = getattr(self.actor, "is_vlm", False)
@@ -275,6 +278,118 @@ class SearchActorPPOTrainer(empty_mask_safe_actor_trainer()):
             return super().broadcast_to_vllm()
         finally:
             self.actor.is_vlm = saved
+
+
+    def _broadcast_lora(self) -> int:
+        """The LoRA weight sync: OpenRLHF 0.11.2 would send the PEFT model's own parameters
+        (``base_model.model....base_layer.weight``, ``...lora_A.default.weight``), which vLLM's ``load_weights``
+        rejects. Here every base-model parameter is sent once, merged (``W + scaling x B @ A``, PEFT's own
+        ``get_delta_weight``) and named as in the base model (:func:`lora_sync_tensors`), over OpenRLHF's transport
+        (the model-update group or CUDA IPC, as ``ActorPPOTrainer.broadcast_to_vllm``); the trained weights stay
+        unmerged. Every rank runs it (ZeRO-3 gathers are collective); rank 0 sends. Returns the tensors sent."""
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        args = self.strategy.args
+        cache_resets = []
+        if getattr(args.vllm, "enable_prefix_caching", False) and rank == 0:
+            cache_resets = [engine.reset_prefix_cache.remote() for engine in self.vllm_engines]
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.empty_cache()
+        model = self.actor.model.module if hasattr(self.actor.model, "module") else self.actor.model
+        names = lora_sync_names(model)
+        sent = 0
+        for name, tensor in lora_sync_tensors(model, zero3=args.ds.zero_stage == 3):
+            sent += 1
+            last = sent == len(names)
+            if getattr(self, "use_cuda_ipc", False):
+                self._lora_send_cuda_ipc(name, tensor, last, rank)
+            elif rank == 0:
+                refs = [engine.update_weight.remote(name, dtype=tensor.dtype, shape=tensor.shape, empty_cache=last)
+                        for engine in self.vllm_engines]
+                if getattr(args.vllm, "sync_with_ray", False):
+                    import ray.util.collective as collective
+
+                    collective.broadcast(tensor, 0, group_name=self._model_update_group)
+                else:
+                    self._model_update_group.broadcast(tensor, src=0,
+                                                       stream=torch.cuda.current_stream() if cuda else None)
+                ray.get(refs)
+        if cache_resets:
+            ray.get(cache_resets)
+        if cuda:
+            torch.cuda.empty_cache()
+        if dist.is_initialized():
+            from openrlhf.utils.distributed_util import torch_dist_barrier_and_cuda_sync
+
+            torch_dist_barrier_and_cuda_sync()
+        return sent
+
+    def _lora_send_cuda_ipc(self, name, tensor, last: bool, rank: int) -> None:
+        """One merged tensor over CUDA IPC, as OpenRLHF's ``_handle_cuda_ipc`` (every rank hands its handle)."""
+        import torch.distributed as dist
+        from openrlhf.utils.distributed_util import torch_dist_barrier_and_cuda_sync
+        from openrlhf.utils.utils import get_physical_gpu_id
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        handle = {get_physical_gpu_id(): reduce_tensor(tensor.clone())}
+        handles = [None] * dist.get_world_size()
+        dist.all_gather_object(handles, handle)
+        if rank == 0:
+            merged = {}
+            for h in handles:
+                merged.update(h)
+            ray.get([engine.update_weight_cuda_ipc.remote(name, dtype=tensor.dtype, shape=tensor.shape,
+                                                          ipc_handles=merged, empty_cache=last)
+                     for engine in self.vllm_engines])
+        torch_dist_barrier_and_cuda_sync()
+
+
+LORA_PREFIX = "base_model.model."
+
+
+def lora_sync_names(model) -> List[str]:
+    """The base-model names (vLLM's) of a PEFT LoRA model's parameters, in :func:`lora_sync_tensors` order:
+    ``base_model.model.`` dropped, ``.base_layer`` removed, the adapters' own tensors left out."""
+    out = []
+    for name, _ in model.named_parameters():
+        if ".lora_" in name or ".lora_magnitude_vector" in name:
+            continue
+        out.append(_base_name(name))
+    return out
+
+
+def _base_name(name: str) -> str:
+    if name.startswith(LORA_PREFIX):
+        name = name[len(LORA_PREFIX):]
+    return name.replace(".base_layer.", ".")
+
+
+def lora_sync_tensors(model, zero3: bool = False):
+    """Yield ``(base-model name, tensor)`` for every base parameter of a PEFT LoRA model, one at a time: a LoRA
+    layer's weight merged with its active adapters (``base + get_delta_weight``, in the base weight's dtype), every
+    other parameter as it is. Under ZeRO-3 the base weight and its adapters are gathered together (a collective:
+    every rank must iterate). The model is not changed."""
+    import deepspeed
+    from peft.tuners.lora import LoraLayer
+
+    modules = dict(model.named_modules())
+    for name, param in list(model.named_parameters()):
+        if ".lora_" in name or ".lora_magnitude_vector" in name:
+            continue
+        owner = modules.get(name.rsplit(".base_layer.", 1)[0]) if ".base_layer." in name else None
+        merge = isinstance(owner, LoraLayer) and name.endswith(".base_layer.weight") and not owner.merged
+        adapters = [a for a in (owner.active_adapters if merge else []) if a in owner.lora_A]
+        extra = [p for a in adapters for p in (owner.lora_A[a].weight, owner.lora_B[a].weight)]
+        with deepspeed.zero.GatheredParameters([param] + extra, enabled=zero3):
+            tensor = param.data
+            if adapters:
+                delta = sum(owner.get_delta_weight(a) for a in adapters)
+                tensor = (tensor.float() + delta.float()).to(param.dtype)
+            elif zero3:
+                tensor = tensor.clone()  # the gathered buffer is released on exit
+        yield _base_name(name), tensor
 
 
 # The line of openrlhf/trainer/ray/ppo_actor.py that SearchActorPPOTrainer.broadcast_to_vllm relies on (checked by

@@ -259,3 +259,69 @@ def test_training_actor_weight_sync_runs_inside_ray():
     finally:
         if started:
             ray.shutdown()
+
+
+# ------------------------------------------------------------------ step cap
+def test_async_generator_stops_at_the_step_cap_without_spinning_over_episodes(monkeypatch):
+    """--train.max_steps 1 --train.num_episodes 1000: OpenRLHF's real generator loop (GenerateSamplesActor.fit) with
+    our cap produces one batch, then ends: one progress bar, not one per remaining episode; the queue ends in
+    "done" exactly once; the trainer's slot is taken twice (the batch, then the capped call) and no more."""
+    from types import SimpleNamespace
+
+    import openrlhf.trainer.ppo_trainer_async as ppo_async
+
+    from openrlhf_search.async_trainer import _SearchGenerateSamplesActor
+
+    bars = []
+
+    class Bar:
+        def __init__(self, *a, **k):
+            bars.append(self)
+
+        def update(self, n):
+            pass
+
+        def close(self):
+            pass
+
+    class Slots:
+        gets = 0
+
+        def get(self, block=True):
+            Slots.gets += 1
+            if Slots.gets > 50:
+                raise RuntimeError("generator spins over episodes")
+            return 0
+
+        def put(self, step, block=True):
+            pass
+
+        def pop_waited(self):
+            return 0.0
+
+    queue = []
+    lock = SimpleNamespace(acquire=SimpleNamespace(remote=lambda: None), release=SimpleNamespace(remote=lambda: None),
+                           waited=0.0)
+    monkeypatch.setattr(ppo_async, "tqdm", Bar)
+    monkeypatch.setattr(ppo_async, "ray", SimpleNamespace(get=lambda x: x))
+    gen = object.__new__(_SearchGenerateSamplesActor)
+    calls = []
+
+    def generate(**kwargs):
+        calls.append(kwargs)
+        return [SimpleNamespace()], 1.0, 2, False
+
+    gen.__dict__.update(
+        args=SimpleNamespace(train=SimpleNamespace(num_episodes=1000, max_steps=1),
+                             eval=SimpleNamespace(before_training=False, steps=-1)),
+        rollout_slots=Slots(),
+        rollout_queue=SimpleNamespace(put=lambda item, block=True: queue.append(item)), vllm_lock=lock,
+        _partial_rollout=False, eval_dataloader=None, _eval_just_done=False, _last_eval_step=-1, generate_kwargs={},
+        samples_generator=None, step_cap=1, start_step=0, produced=0, _generate=generate,
+        apply_reward_scheme=lambda step: "f1")
+    gen.prompts_dataloader = type("Loader", (), {"__len__": lambda self: 4, "state_dict": lambda self: {}})()
+    gen.samples_generator = SimpleNamespace(generate_samples=gen._generate_samples)
+    gen.fit(0, 0)
+    assert len(calls) == 1 and gen.produced == 1
+    assert len(bars) == 1 and Slots.gets == 2
+    assert queue[-1] == "done" and queue.count("done") == 1 and len(queue) == 2

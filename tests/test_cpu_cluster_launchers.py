@@ -57,6 +57,10 @@ def test_every_launcher_resolves_its_cpu_cluster_settings(script):
     flat = cli.build_parser().parse_args(argv)  # every flag is one OpenRLHF's parser (plus ours) knows
     assert flat.cpu_cluster
     assert getattr(flat, "vllm.enable_prefix_caching", None) is True
+    # ZeRO-3 and gradient checkpointing, as the GPU layouts (a CPU test never ran that combination before)
+    assert getattr(flat, "ds.zero_stage") == 3 and getattr(flat, "actor.gradient_checkpointing_enable") is True
+    args, _ = cli.parse_args(argv)  # the CPU settings keep them
+    assert args.ds.zero_stage == 3 and args.actor.gradient_checkpointing_enable
 
 
 def test_user_flags_still_win_over_the_cpu_cluster_sizes():
@@ -78,3 +82,13 @@ def test_cpu_cluster_cannot_be_submitted_to_a_cluster(tmp_path):
     res = subprocess.run(["bash", os.path.join(SCRIPTS, "searchr1_grpo_qwen2.5-3b_base.sh")], env=env,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "cannot be combined with SUBMIT=1" in res.stderr
+
+
+def test_the_cpu_ppo_launchers_layout_says_zero3_with_gradient_checkpointing():
+    """What the dry run prints (``layout`` in its JSON) for CPU_CLUSTER=1 GPUS_PER_NODE=2 on the Search-R1 PPO
+    launcher: 2 ranks per model and a critic, ZeRO-3, gradient checkpointing."""
+    argv, _, _ = _argv("searchr1_ppo_qwen2.5-3b_base.sh", GPUS_PER_NODE="2")
+    args, _ = cli.parse_args(argv)
+    layout = cli.layout_summary(args)
+    assert layout["zero_stage"] == 3 and layout["gradient_checkpointing"] is True
+    assert layout["actor_ranks"] == layout["critic_ranks"] == 2 and layout["vllm_engines"] == 2

@@ -175,14 +175,14 @@ def test_cpu_settings_turn_a_gpu_launcher_into_a_cpu_run():
            "--ds.packing_samples", "--vllm.gpu_memory_utilization", "0.6"]
     flat = cli.build_parser().parse_args(gpu + ["--cpu_cluster"])
     changes = cpu_cluster.apply_cpu_settings(flat)
-    assert any(c.startswith("--ds.zero_stage 3 -> 2") for c in changes)  # not reliable on DeepSpeed's CPU path
+    assert not any(c.startswith("--ds.zero_stage") for c in changes)  # ZeRO-3 runs as on GPUs
     assert any(c.startswith("--train.colocate_all True -> False") for c in changes)
     args, _ = cli.parse_args(gpu + ["--cpu_cluster"])
     assert args.cpu_cluster is True
     assert (args.actor.num_gpus_per_node, args.ref.num_gpus_per_node, args.vllm.num_engines) == (1, 1, 1)
     assert not args.train.colocate_all and not args.vllm.enable_sleep and not args.ds.enable_sleep
     assert not args.ds.packing_samples and args.ds.attn_implementation == "sdpa"
-    assert args.vllm.sync_backend == "gloo" and args.ds.zero_stage == 2 and args.vllm.enforce_eager
+    assert args.vllm.sync_backend == "gloo" and args.ds.zero_stage == 3 and args.vllm.enforce_eager
     plain, _ = cli.parse_args(gpu)  # without the switch nothing changes
     assert plain.ds.zero_stage == 3 and plain.train.colocate_all
     # 2 to 4 ranks per model and engines are kept (the data-parallel path), and Ray gets a logical GPU for each
@@ -346,3 +346,36 @@ def test_cpu_cluster_refuses_to_run_inside_a_ray_job(monkeypatch):
     monkeypatch.delenv("OPENRLHF_SEARCH_CONFIG", raising=False)  # run() sets it: restored afterwards
     with pytest.raises(ConfigError, match="cannot run inside a Ray job"):
         cli.run(args, cfg)
+
+
+def test_every_deepspeed_config_of_the_cpu_mode_gathers_zero3_parameters_sequentially():
+    """DeepSpeed's coalesced ZeRO-3 gather races on gloo (runtime.py ZERO3_CPU_SETTINGS): the patched strategy's
+    train and eval configs (the ones transformers' ZeRO-3 loader and deepspeed.initialize read) ask for the
+    sequential gather, and DeepSpeed's own config model reads the key."""
+    from types import SimpleNamespace
+
+    import openrlhf.utils.deepspeed.deepspeed as ds_module
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    strategy_cls = ds_module.DeepspeedStrategy
+    saved = (strategy_cls.get_ds_train_config, strategy_cls.get_ds_eval_config, ds_module.init_device_mesh,
+             getattr(ds_module, "_openrlhf_search_cpu", False))
+    try:
+        ds_module._openrlhf_search_cpu = False
+        cpu_cluster._patch_openrlhf_deepspeed(ds_module)
+        args = SimpleNamespace(ds=SimpleNamespace(zero_stage=3, param_dtype="bf16", adam_offload=False,
+                                                  zpg=1, grad_accum_dtype=None, overlap_comm=False,
+                                                  deepcompile=False))
+        strategy = object.__new__(strategy_cls)
+        strategy.__dict__.update(args=args, stage=3, adam_offload=False, zpg=1, param_dtype="fp32",
+                                 use_ds_universal_ckpt=False, use_dynamic_batch=False,
+                                 train_batch_size=8, micro_train_batch_size=2, max_norm=1.0, world_size=2,
+                                 grad_accum_dtype=None, overlap_comm=False, deepcompile=False,
+                                 ds_tensor_parallel_size=1, ring_attn_size=1, accumulated_gradient=2)
+        for config in (strategy.get_ds_train_config(), strategy.get_ds_eval_config(offload=False)):
+            zero = config["zero_optimization"]
+            assert zero["allgather_sequential"] is True and zero["stage"] == 3
+            assert DeepSpeedZeroConfig(**zero).allgather_sequential is True
+    finally:
+        (strategy_cls.get_ds_train_config, strategy_cls.get_ds_eval_config, ds_module.init_device_mesh,
+         ds_module._openrlhf_search_cpu) = saved

@@ -12,7 +12,14 @@ import pytest
 
 from openrlhf_search.cli import train as cli
 from openrlhf_search.layout import LayoutError, gpus_needed, wait_for_free_gpus
-from openrlhf_search.memory_estimate import GIB, estimate, params_from_config
+from openrlhf_search.memory_estimate import (
+    ENTROPY_EXTRA_BYTES,
+    GIB,
+    TRAIN_LOGITS_BYTES,
+    checkpoint_volume,
+    estimate,
+    params_from_config,
+)
 from tests.test_launchers import _argv, _common, _inputs, _run, needs_shared
 
 LLAMA1 = "r1searcher_llama8b_instruct_stage1.sh"
@@ -52,8 +59,14 @@ def test_memory_estimate_counts_logits_shards_and_vllm():
     est = estimate(args, gpu_mem_gb=80)
     ranks = args.actor.num_gpus_per_node
     assert est["components"]["logits_largest_forward"] == round(1 * 30024 * 128256 * 6 / GIB, 1)
+    # the training step holds the float32 logits, their gradient and autograd's slices: 16 B per token x vocabulary
+    assert est["components"]["logits_training_backward"] == round(1 * 30024 * 128256 * 16 / GIB, 1)
+    assert est["training_gb"] >= est["components"]["logits_training_backward"] + est["components"]["actor_zero_shard"]
     assert est["components"]["actor_zero_shard"] == round(16 * 8.03e9 / ranks / GIB, 1)
-    assert est["components"]["vllm_share"] == 0.0 and est["warning"] is None  # vLLM on GPUs of its own
+    assert est["components"]["vllm_share"] == 0.0  # vLLM on GPUs of its own
+    # 57 GiB of logits in the backward + 22 GiB of ZeRO shards: at 30,024 tokens the longest trajectories risk OOM
+    assert est["warning"] and "training backward" in est["warning"] and "--data.max_len 30024" in est["warning"]
+    assert estimate(args, gpu_mem_gb=141)["warning"] is None  # an H200 holds it
     # the former rollout micro-batch of 4 at 30,024 tokens: ~86 GiB of logits on one GPU
     big, _ = cli.parse_args(_argv(LLAMA1) + ["--rollout.micro_batch_size", "4"])
     warn = estimate(big, gpu_mem_gb=80)["warning"]
@@ -83,6 +96,8 @@ def test_dry_run_prints_the_memory_line_and_the_warning(tmp_path):
     res = _run(LLAMA1, DRY_RUN="1", timeout=180, **env)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "memory per actor GPU: training" in res.stderr
+    assert "[dry_run] checkpoints: 112 GB per save" in res.stderr  # 12 B x 8.03B (ZeRO-3) + the HF copy
+    assert json.loads(res.stdout)["memory_estimate"]["checkpoints"]["at_most_gb"] > 300
     warn = [ln for ln in res.stderr.splitlines() if ln.startswith("warning: estimated")]
     assert len(warn) == 1 and "GPU_MEM_GB 30" in warn[0]
     assert json.loads(res.stdout)["memory_estimate"]["gpu_mem_gb"] == 30
@@ -212,3 +227,69 @@ def test_hf_copies_are_bounded_like_the_deepspeed_states(tmp_path):
                                             "global_step30_hf", "global_step40_hf"]
     assert prune_hf_copies(str(tmp_path), 1) == [str(tmp_path / "global_step30_hf"),
                                                  str(tmp_path / "best_global_step10_hf")]
+
+
+_LOGITS_PEAK = r"""
+import os, sys, threading, torch
+import openrlhf_search._cpu_compat  # noqa: F401
+sys.modules["flash_attn.ops.triton.cross_entropy"] = None  # the torch path, as the CPU cluster mode
+from openrlhf.models.utils import compute_entropy, log_probs_from_logits
+T, V, ent = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+hidden = torch.randn(T, 64, dtype=torch.bfloat16, requires_grad=True)
+head = torch.randn(V, 64, dtype=torch.bfloat16, requires_grad=True)
+labels = torch.randint(0, V, (1, T))
+page = os.sysconf("SC_PAGE_SIZE")
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * page
+def step(h, lab):  # Actor.forward's logits path: bf16 logits -> float32 -> log-probs (+ entropy) -> backward
+    logits = (h @ head.t()).unsqueeze(0).to(torch.float32)
+    loss = -log_probs_from_logits(logits, lab).mean()
+    if ent:
+        loss = loss - 0.001 * compute_entropy(logits).mean()
+    loss.backward()
+step(hidden[:8].detach().requires_grad_(), labels[:, :8])
+head.grad = None
+base = rss()  # resident now (not the high-water mark, which the imports may have set)
+peak, done = [base], []
+def poll():
+    while not done:
+        peak[0] = max(peak[0], rss())
+watcher = threading.Thread(target=poll)
+watcher.start()
+step(hidden, labels)
+done.append(1)
+watcher.join()
+print((peak[0] - base) / (T * V))
+"""
+
+
+@pytest.mark.parametrize("entropy", [False, True])
+def test_training_logits_bytes_match_a_measured_peak(entropy):
+    """The estimate's bytes per token x vocabulary of a training micro-batch against the peak resident memory of
+    OpenRLHF's own log-prob (and entropy) functions, forward + backward, on a long micro-batch (2,048 tokens x a
+    32,768 vocabulary: 0.25 GiB per float32 copy; the bytes of this path do not depend on the device), read from
+    /proc/self/statm by a thread polling during the step."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    res = subprocess.run([sys.executable, "-c", _LOGITS_PEAK, "2048", "32768", "1" if entropy else "0"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    measured = float(res.stdout.strip().splitlines()[-1])
+    expected = TRAIN_LOGITS_BYTES + (ENTROPY_EXTRA_BYTES if entropy else 0.0)
+    assert 0.85 * expected <= measured <= 1.15 * expected, (measured, expected)
+    assert measured > 6 * 2  # twice what the forward-only estimate counted: the backward is what sizes the run
+
+
+def test_checkpoint_volume_per_save_and_at_most():
+    ppo, _ = cli.parse_args(_argv("searchr1_ppo_qwen2.5-7b_base.sh"))
+    vol = checkpoint_volume(ppo)
+    params = 7.62e9
+    assert vol["trained_models"] == 2  # actor and critic
+    hf = 2 * params / 1e9 if ppo.ckpt.save_hf else 0.0
+    assert ppo.ds.zero_stage == 3  # master + moments, 12 B: measured 12.07 on the CPU mode's tiny model
+    assert vol["per_checkpoint_gb"] == pytest.approx(12 * params * 2 / 1e9 + hf, abs=0.1)
+    assert vol["at_most_gb"] > ppo.ckpt.max_num * vol["per_checkpoint_gb"] > 550  # ~0.84 TB with best + final
+    grpo, _ = cli.parse_args(_argv("searchr1_grpo_qwen2.5-7b_base.sh", ) + ["--ckpt.max_num", "1"])
+    one = checkpoint_volume(grpo)
+    assert one["trained_models"] == 1 and one["at_most_gb"] < vol["at_most_gb"] / 2
+    assert "per save" in one["line"] and "--ckpt.max_num 1" in one["line"]

@@ -115,3 +115,65 @@ def test_serve_replicas_on_the_node_leave_their_gpus_out_of_the_layout():
     assert cfg.retriever_urls == ["http://10.0.0.9:8000"]
     cpu_replicas, _ = cli.parse_args(_argv("searchr1_ppo_qwen2.5-7b_base.sh", **dict(env, RETRIEVER_REPLICA_GPUS="0")))
     assert cpu_replicas.actor.num_gpus_per_node == 8
+
+
+@pytest.mark.parametrize("nnodes", [1, 2])
+@pytest.mark.parametrize("script", TRAINING_SCRIPTS)
+def test_async_every_launcher_resolves_with_vllm_on_its_own_gpus(script, nnodes):
+    """ASYNC=1 at 1x8 and 2x8: a layout that OpenRLHF runs. vLLM never in the training placement group (no sleep
+    mode, which async refuses), DeepSpeed's batch check passes on the chosen ranks, every GPU is used; a PPO critic
+    shares the actor's GPUs (colocate_all, which under async colocates only the DeepSpeed models)."""
+    from openrlhf_search.async_checks import gpu_layout
+    from openrlhf_search.layout import gpus_needed
+    from openrlhf_search.memory_estimate import estimate
+
+    args, _ = cli.parse_args(_argv(script, NNODES=str(nnodes), GPUS_PER_NODE="8", ASYNC="1"))
+    assert args.train.async_enable and not args.vllm.enable_sleep
+    a = args.actor.num_gpus_per_node
+    assert 1 <= a < 8
+    ranks = nnodes * a
+    _deepspeed_batch_check(args.train.batch_size, args.train.micro_batch_size, ranks)
+    assert not batch_layout_problems(ranks, args.train.batch_size, args.train.micro_batch_size,
+                                     args.rollout.batch_size * args.rollout.n_samples_per_prompt,
+                                     args.rollout.micro_batch_size)
+    assert args.vllm.num_engines * args.vllm.tensor_parallel_size == nnodes * (8 - a)
+    assert gpus_needed(args) == nnodes * 8 == gpu_layout(args)["total_gpus"]
+    parts = estimate(args).get("components")  # None for a stage-2 launcher whose stage-1 folder does not exist
+    assert parts is None or parts["vllm_share"] == 0.0  # the engines' memory is on their own GPUs
+    if args.critic.model_name_or_path:
+        assert args.train.colocate_all and args.critic.num_gpus_per_node == a
+        assert parts["critic"] > 0
+    else:
+        assert args.train.colocate_actor_ref
+
+
+def test_async_ppo_split_and_refusals_name_the_true_reason():
+    ppo = (256, 4, 512, 8)  # batch sizes of Search-R1 PPO's shape: 4 actor GPUs of 8 fit
+    lay = choose_layout(1, 8, 1, *ppo, critic=True, asynchronous=True)
+    assert (lay.actor_gpus_per_node, lay.vllm_engines) == (4, 4) and "critic" in lay.describe()
+    with pytest.raises(LayoutError) as e:  # the old refusal blamed VLLM_TP
+        choose_layout(1, 8, 1, *ppo, actor_gpus_per_node=8, critic=True, asynchronous=True)
+    msg = str(e.value)
+    assert "ASYNC=1 keeps vLLM off the training GPUs" in msg and "VLLM_TP" not in msg.split(":")[0]
+    assert "ACTOR_GPUS_PER_NODE=4 works here" in msg
+    with pytest.raises(LayoutError, match=r"^VLLM_TP 4 does not divide the 6 GPUs per node left for vLLM.*"
+                                          r"ACTOR_GPUS_PER_NODE=4 works here"):
+        choose_layout(1, 8, 4, *ppo, actor_gpus_per_node=2, critic=True, asynchronous=True)
+    with pytest.raises(LayoutError, match="at least 2 GPUs per node"):
+        choose_layout(2, 1, 1, *ppo, asynchronous=True)
+    # synchronous PPO in a split is refused for the critic, not for VLLM_TP
+    with pytest.raises(LayoutError, match=r"^a synchronous PPO critic trains only in the colocated layout.*ASYNC=1"):
+        choose_layout(1, 8, 1, 60, 1, 240, 1, actor_gpus_per_node=6, critic=True)
+    with pytest.raises(LayoutError, match=r"^a synchronous PPO critic .* \(at 6 actor GPUs per node; at 8: "
+                                          r"--train.batch_size 60"):
+        choose_layout(1, 8, 1, 60, 1, 240, 1, critic=True)
+
+
+def test_async_llama_picks_a_split_that_fits_itself():
+    """Released Llama batches (60 / 260 samples per update): 8 ranks at 2x8 do not fit, so the split moves off
+    half by itself (no ACTOR_GPUS_PER_NODE needed)."""
+    lay = choose_layout(2, 8, 1, 60, 1, 240, 1, asynchronous=True)
+    assert lay.actor_gpus_per_node in (3, 5) and not batch_layout_problems(2 * lay.actor_gpus_per_node, 60, 1, 240, 1)
+    lay = choose_layout(2, 8, 1, 260, 1, 1040, 1, asynchronous=True)
+    assert lay.actor_gpus_per_node == 5
+    assert choose_layout(1, 8, 1, 60, 1, 240, 1, asynchronous=True).actor_gpus_per_node == 4

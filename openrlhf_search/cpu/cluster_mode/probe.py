@@ -134,16 +134,26 @@ def _rank() -> int:
 
 
 def _policy_named_parameters(actor) -> Dict[str, Any]:
-    """Runs in each policy actor (``__ray_call__``): its DeepSpeed module's full parameters on CPU. Under ZeRO-3 the
-    parameters are gathered first, a collective: call it on every rank of the group at once."""
+    """Runs in each policy actor (``__ray_call__``): its DeepSpeed module's full parameters on CPU. Under ZeRO-3 each
+    parameter is gathered on its own (a collective: call it on every rank of the group at once); one gather of many
+    parameters takes DeepSpeed's coalesced path, which on gloo can hand back a buffer still being filled
+    (``cpu/cluster_mode/runtime.py``, :data:`~openrlhf_search.cpu.cluster_mode.runtime.ZERO3_CPU_SETTINGS`)."""
     model = actor.actor.model.module if hasattr(actor.actor.model, "module") else actor.actor.model
-    params = list(model.parameters())
-    if any(hasattr(p, "ds_id") for p in params):  # ZeRO-3 partitioned parameters
+    if hasattr(model, "peft_config"):  # LoRA: the merged base-model weights the sync sends, under vLLM's names
+        from openrlhf_search.trainer import lora_sync_tensors
+
+        zero3 = any(hasattr(p, "ds_id") for p in model.parameters())
+        return {n: t.detach().to("cpu").clone() for n, t in lora_sync_tensors(model, zero3=zero3)}
+    named = list(model.named_parameters())
+    if any(hasattr(p, "ds_id") for _, p in named):  # ZeRO-3 partitioned parameters
         import deepspeed
 
-        with deepspeed.zero.GatheredParameters(params):
-            return {n: p.detach().to("cpu").clone() for n, p in model.named_parameters()}
-    return {n: p.detach().to("cpu").clone() for n, p in model.named_parameters()}
+        out = {}
+        for n, p in named:
+            with deepspeed.zero.GatheredParameters([p]):  # one parameter: DeepSpeed's sequential, blocking gather
+                out[n] = p.detach().to("cpu").clone()
+        return out
+    return {n: p.detach().to("cpu").clone() for n, p in named}
 
 
 # ---------------------------------------------------------------------------------------------------- trainer hooks

@@ -70,8 +70,8 @@ trainer (``load_weights``, bit-exact after every sync) and ``reset_prefix_cache`
 Settings (:func:`apply_cpu_settings`, printed by the CLI): one node; 1 to 4 DeepSpeed ranks per model and vLLM
 engines as the flags ask (``--actor.num_gpus_per_node 2 --vllm.num_engines 2``: one logical GPU each, ranks talk over
 gloo), tensor parallel 1, nothing colocated, no sleep mode, no sample packing (flash-attn),
-``--ds.attn_implementation sdpa``, ``--vllm.sync_backend gloo``, ``--vllm.enforce_eager``, ZeRO stage at most 2
-(:data:`MAX_ZERO_STAGE`).
+``--ds.attn_implementation sdpa``, ``--vllm.sync_backend gloo``, ``--vllm.enforce_eager``; ZeRO-3 as on GPUs, with
+DeepSpeed's sequential parameter gather (:data:`ZERO3_CPU_SETTINGS`).
 Ray (:func:`ray_init_kwargs`) is started locally with logical GPU resources, a small object store and a private temp
 folder; vLLM's CPU KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB (default 1 here: RAM is shared).
 """
@@ -199,15 +199,21 @@ def _patch_openrlhf_deepspeed(module) -> None:
     strategy = module.DeepspeedStrategy
     real_config = strategy.get_ds_train_config
 
+    real_eval_config = strategy.get_ds_eval_config
+
     def get_ds_train_config(self, *args, **kwargs):
-        config = real_config(self, *args, **kwargs)
+        config = zero3_cpu_config(real_config(self, *args, **kwargs))
         optimizer = config.get("optimizer")
         if isinstance(optimizer, dict) and optimizer.get("type") in ("AdamW", "Adam"):
             # torch.optim.AdamW: the same update as DeepSpeed's CPU fused_adam, with nothing to compile
             optimizer.setdefault("params", {})["torch_adam"] = True
         return config
 
+    def get_ds_eval_config(self, *args, **kwargs):
+        return zero3_cpu_config(real_eval_config(self, *args, **kwargs))
+
     strategy.get_ds_train_config = get_ds_train_config
+    strategy.get_ds_eval_config = get_ds_eval_config
     module._openrlhf_search_cpu = True
 
 
@@ -652,17 +658,32 @@ CPU_SETTINGS: Tuple[Tuple[str, Any, str], ...] = (
     ("ds.load_in_4bit", False, "bitsandbytes 4-bit needs a GPU"),
     ("ds.use_liger_kernel", False, "Liger kernels are Triton (GPU)"),
 )
-# ZeRO-3 starts and trains on DeepSpeed's CPU path, but not reliably: of three 2-rank GRPO runs of
-# tests/test_cpu_cluster_ranks.py (2026-12-02), one passed, one ended step 1 with rank 1 holding other weights than
-# rank 0, and one with NaN weights after step 1. It is therefore lowered to 2 here and checked on GPUs only.
-MAX_ZERO_STAGE = 2
+# ZeRO-3 on DeepSpeed 0.19's CPU path: Init._allgather_params_coalesced (partition_parameters.py) launches one async
+# all_gather_into_tensor per parameter, waits on the last handle only and relies on an accelerator synchronize that
+# the CPU accelerator skips (cpu_accelerator.py: synchronize is a no-op); gloo fills the buffers on a thread pool, so
+# a parameter can be read half-gathered: at weight loading, after every optimizer step (stage3.py _post_step) and at
+# checkpoint saves. Without the setting below, of three 2-rank GRPO runs (2026-12-02) one passed, one ended step 1
+# with the ranks holding different weights, one with NaN weights. DeepSpeed's own sequential gather (one blocking
+# all_gather per parameter) avoids the race; upstream fixed the coalesced path later ("Wait for all async
+# all-gathers in coalesced ZeRO-3 parameter gather", DeepSpeed PR #8539). Set in every DeepSpeed config of the mode
+# (train and eval: transformers' ZeRO-3 loader reads it from the same dict through HfDeepSpeedConfig).
+ZERO3_CPU_SETTINGS = {"allgather_sequential": True}
+
+
+def zero3_cpu_config(config: Dict[str, Any]) -> Dict[str, Any]:
+    """``config`` (a DeepSpeed config dict, changed in place and returned) with :data:`ZERO3_CPU_SETTINGS` in its
+    ``zero_optimization`` section; stages 0-2 ignore them."""
+    zero = config.setdefault("zero_optimization", {})
+    if isinstance(zero, dict):
+        zero.update(ZERO3_CPU_SETTINGS)
+    return config
 MAX_RANKS = 4  # per model: 2 cores and 24 GiB hold 2 ranks of actor, reference and critic beside 2 engines
 
 
 def apply_cpu_settings(flat: argparse.Namespace) -> List[str]:
     """Force the CPU cluster settings onto OpenRLHF's flat (not yet hierarchized) args, before its validation.
 
-    Returns one line per changed value (``--ds.zero_stage 3 -> 2 (...)``) for the CLI to print.
+    Returns one line per changed value (``--ds.packing_samples True -> False (...)``) for the CLI to print.
     """
     changes = []
     for key, value, why in CPU_SETTINGS:
@@ -672,11 +693,6 @@ def apply_cpu_settings(flat: argparse.Namespace) -> List[str]:
         if old != value:
             setattr(flat, key, value)
             changes.append(f"--{key} {old} -> {value} ({why})")
-    stage = getattr(flat, "ds.zero_stage", None)
-    if stage is not None and stage > MAX_ZERO_STAGE:
-        setattr(flat, "ds.zero_stage", MAX_ZERO_STAGE)
-        changes.append(f"--ds.zero_stage {stage} -> {MAX_ZERO_STAGE} (ZeRO-3 on DeepSpeed's CPU path is not reliable: "
-                       "openrlhf_search/cpu/cluster_mode/runtime.py MAX_ZERO_STAGE)")
     for key in ("actor.num_gpus_per_node", "ref.num_gpus_per_node", "critic.num_gpus_per_node",
                 "reward.num_gpus_per_node", "vllm.num_engines"):
         value = getattr(flat, key, None)
