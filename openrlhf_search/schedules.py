@@ -212,7 +212,8 @@ class StepCapTrainerMixin:
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
         ckpt = self.args.ckpt
-        append_step_metrics(os.path.join(ckpt.output_dir, METRICS_FILE), global_step, logs_dict)
+        if getattr(ckpt, "output_dir", None):  # OpenRLHF's parser always sets it; a bare trainer may not
+            append_step_metrics(os.path.join(ckpt.output_dir, METRICS_FILE), global_step, logs_dict)
         final = self.step_cap is not None and global_step == self.step_cap
         if final and math.isfinite(ckpt.save_steps) and global_step % ckpt.save_steps != 0:
             saved = ckpt.save_steps
