@@ -14,7 +14,7 @@ from typing import Optional
 
 #: the launchers' default policies: accepted without a check when neither the cache nor the hub can be asked
 PAPER_MODELS = ("Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct",
-                "meta-llama/Llama-3.1-8B-Instruct")
+                "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-4B", "Qwen/Qwen3-8B")
 
 
 class ModelCheckError(ValueError):

@@ -158,6 +158,9 @@ def test_a_layout_ray_cannot_place_fails_within_the_wait(ray_with_4_gpus):
 
     holder = Replica.remote()
     ray.get(holder.ready.remote())
+    deadline = time.monotonic() + 30  # Ray's resource view follows the placement asynchronously (slower when loaded)
+    while ray.available_resources().get("GPU", 0) > 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
     with pytest.raises(LayoutError, match=r"places 4 GPUs .* Ray has 2 free of 4"):
         wait_for_free_gpus(four, timeout_s=1, poll_s=0.5)
     ray.kill(holder)
