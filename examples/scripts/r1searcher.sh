@@ -29,7 +29,7 @@
 #             stages; every other value as released. qwen7b-base stages 1 and 2 exist only in this setting (the
 #             released Qwen recipe is the single run).
 # Data (prompt/label jsonl from python -m openrlhf_search.cli.prepare_data with the policy's tokenizer, e.g.
-#   python -m openrlhf_search.cli.prepare_data --input ../shared/data/qa/r1searcher/stage_1.jsonl \
+#   python -m openrlhf_search.cli.prepare_data --input "$DATA_DIR"/qa/r1searcher/stage_1.jsonl \
 #       --protocol r1searcher --tokenizer meta-llama/Llama-3.1-8B-Instruct --chat_template --bucket --mix 0:2:1.5 \
 #       --out data/r1searcher_stage1_llama8b-instruct.jsonl
 # ; with --tokenizer the special tokens vLLM added to the released run's text prompts are written in front, so the

@@ -30,9 +30,9 @@ strings).
 
 Examples::
 
-    python -m openrlhf_search.cli.prepare_data --input ../shared/data/qa/r1searcher/stage_2.jsonl \\
+    python -m openrlhf_search.cli.prepare_data --input "$DATA_DIR"/qa/r1searcher/stage_2.jsonl \\
         --protocol r1searcher --out data/stage2.jsonl --eval_out data/stage2_eval.jsonl --eval_size 200
-    python -m openrlhf_search.cli.prepare_data --input ../shared/data/qa/r1searcher/stage_1.jsonl \\
+    python -m openrlhf_search.cli.prepare_data --input "$DATA_DIR"/qa/r1searcher/stage_1.jsonl \\
         --protocol r1searcher --bucket --mix 0:2:1.5 --out data/stage1.jsonl
     python -m openrlhf_search.cli.prepare_data --input nq_hotpotqa_train \\
         --protocol searchr1 --tokenizer Qwen/Qwen2.5-7B --out data/searchr1_train_qwen2.5_base.jsonl
