@@ -404,14 +404,9 @@ class ChatToolsProtocol(Protocol):
             if i == len(turns) - 1 and calls:
                 return False, "no final message (the last message makes tool calls)"
         body = self._body(turns[-1])
-        n_open, n_close = body.count(self.answer_open), body.count(self.answer_close)
-        if n_open == 0 and n_close == 0:
-            return False, "no answer block"
-        if n_open != 1 or n_close != 1:
-            return False, f"expected one answer block, found {n_open} open / {n_close} close tags"
-        a_open, a_close = body.find(self.answer_open), body.find(self.answer_close)
-        if a_close < a_open:
-            return False, "answer close tag before open tag"
+        error, a_open, a_close = self.answer_block(body)
+        if error:
+            return False, error
         words = body[a_open + len(self.answer_open):a_close].split()
         if not words:
             return False, "empty answer"

@@ -154,6 +154,19 @@ class Protocol(ABC):
         return (self.think_open, self.think_close, self.query_open, self.query_close, self.doc_open_tag,
                 self.doc_close_tag, self.answer_open, self.answer_close)
 
+    def answer_block(self, text: str) -> Tuple[Optional[str], int, int]:
+        """``(error, open, close)``: the positions of the open and close tags of the one answer block in ``text``, or
+        the format rule it breaks (none, several or misordered tags) with ``-1, -1``."""
+        n_open, n_close = text.count(self.answer_open), text.count(self.answer_close)
+        if n_open == 0 and n_close == 0:
+            return "no answer block", -1, -1
+        if n_open != 1 or n_close != 1:
+            return f"expected one answer block, found {n_open} open / {n_close} close tags", -1, -1
+        a_open, a_close = text.find(self.answer_open), text.find(self.answer_close)
+        if a_close < a_open:
+            return "answer close tag before open tag", -1, -1
+        return None, a_open, a_close
+
     # ---------------------------------------------------------------- prompt
     def instructions(self) -> str:
         """The task instructions (system message in chat form). Subclasses override."""

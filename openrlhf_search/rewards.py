@@ -160,14 +160,9 @@ def check_format(response_text: str, protocol, answer_max_words: int = 10) -> Tu
     if any(s.kind == "environment" and doc_tag not in s.text for s in segments):
         return False, "invalid action in trajectory"
 
-    n_open, n_close = model.count(proto.answer_open), model.count(proto.answer_close)
-    if n_open == 0 and n_close == 0:
-        return False, "no answer block"
-    if n_open != 1 or n_close != 1:
-        return False, f"expected one answer block, found {n_open} open / {n_close} close tags"
-    a_open, a_close = model.find(proto.answer_open), model.find(proto.answer_close)
-    if a_close < a_open:
-        return False, "answer close tag before open tag"
+    error, a_open, a_close = proto.answer_block(model)
+    if error:
+        return False, error
     answer = model[a_open + len(proto.answer_open):a_close]
     for tag in proto.all_tags:
         if tag and tag in answer:
