@@ -258,54 +258,47 @@ class SearchAgentExecutor(AgentExecutorBase):
                 env_ids, failed = step
                 if failed:
                     break
-                if len(tokens) + len(env_ids) > max_length:
-                    context_full = True
-                    break
-                tokens.extend(env_ids)
-                obs_tokens += len(env_ids)
-                if want_logprobs:
-                    log_probs.extend([0.0] * len(env_ids))
-                continue
-
-            parsed = proto.parse_action(hf_tokenizer.decode(action, skip_special_tokens=False))
-            if parsed.kind == "answer":
-                break
-            query = proto.clean_query(parsed.content) if parsed.kind == "query" else ""
-            if parsed.kind == "query" and not query:  # nothing left to search for: invalid, as released
-                parsed = Action("invalid", "query empty after cleaning")
-            if parsed.kind == "query":
-                logs["queries"] += 1
-                if turn == cfg.max_turns - 1:
-                    break  # no generation call left to read the documents
-                rejected = False
-                try:
-                    passages = await self.client.search(query)
-                except RetrievalStopped:  # the retriever says the run must stop (a refused web API key, ...)
-                    raise
-                except QueryRejected as e:  # the query is at fault, not the retriever: empty block, sample kept
-                    rejected = True
-                    passages = []
-                    logs["rejected_queries"] += 1
-                    logger.info("retriever refused a query of the policy; the turn gets an empty documents block "
-                                "(sample kept): %s", e)
-                except RetrievalError as e:
-                    failed = True
-                    logs["retrieval_failures"] += 1
-                    SearchAgentExecutor.retrieval_failed_samples += 1
-                    logger.warning("retrieval failed; sample marked retrieval_failed and left out of training "
-                                   "(%d such samples so far in this process): %s",
-                                   SearchAgentExecutor.retrieval_failed_samples, e)
-                    break
-                search_trace.append({"query": parsed.content, "passage_ids": [p.id for p in passages]})
-                env_ids = self.observation_tokens(passages, hf_tokenizer)
+                parsed, rejected = None, False  # the tool turn counted its own calls
             else:
-                logs["invalid_actions"] += 1
-                message = proto.invalid_action_message()
-                if message is None:
-                    break  # R1-Searcher: an invalid turn ends the trajectory
-                if turn == cfg.max_turns - 1:
-                    break  # no generation call left to read the message: it would only cost context
-                env_ids = self._encode_cached(hf_tokenizer, message)
+                parsed = proto.parse_action(hf_tokenizer.decode(action, skip_special_tokens=False))
+                if parsed.kind == "answer":
+                    break
+                query = proto.clean_query(parsed.content) if parsed.kind == "query" else ""
+                if parsed.kind == "query" and not query:  # nothing left to search for: invalid, as released
+                    parsed = Action("invalid", "query empty after cleaning")
+                if parsed.kind == "query":
+                    logs["queries"] += 1
+                    if turn == cfg.max_turns - 1:
+                        break  # no generation call left to read the documents
+                    rejected = False
+                    try:
+                        passages = await self.client.search(query)
+                    except RetrievalStopped:  # the retriever says the run must stop (a refused web API key, ...)
+                        raise
+                    except QueryRejected as e:  # the query is at fault, not the retriever: empty block, sample kept
+                        rejected = True
+                        passages = []
+                        logs["rejected_queries"] += 1
+                        logger.info("retriever refused a query of the policy; the turn gets an empty documents block "
+                                    "(sample kept): %s", e)
+                    except RetrievalError as e:
+                        failed = True
+                        logs["retrieval_failures"] += 1
+                        SearchAgentExecutor.retrieval_failed_samples += 1
+                        logger.warning("retrieval failed; sample marked retrieval_failed and left out of training "
+                                       "(%d such samples so far in this process): %s",
+                                       SearchAgentExecutor.retrieval_failed_samples, e)
+                        break
+                    search_trace.append({"query": parsed.content, "passage_ids": [p.id for p in passages]})
+                    env_ids = self.observation_tokens(passages, hf_tokenizer)
+                else:
+                    logs["invalid_actions"] += 1
+                    message = proto.invalid_action_message()
+                    if message is None:
+                        break  # R1-Searcher: an invalid turn ends the trajectory
+                    if turn == cfg.max_turns - 1:
+                        break  # no generation call left to read the message: it would only cost context
+                    env_ids = self._encode_cached(hf_tokenizer, message)
             if len(tokens) + len(env_ids) > max_length:
                 # A partial block would teach the model a context it never sees in full. Not ``truncated``: the
                 # policy stopped properly, so OpenRLHF's stop-properly penalty must not see it.
@@ -315,7 +308,7 @@ class SearchAgentExecutor(AgentExecutorBase):
             obs_tokens += len(env_ids)
             if want_logprobs:
                 log_probs.extend([0.0] * len(env_ids))
-            if parsed.kind == "query" and not rejected:
+            if parsed is not None and parsed.kind == "query" and not rejected:
                 logs["valid_searches"] += 1
 
         response_text = self._decode_response(hf_tokenizer, tokens[prompt_len:])
