@@ -53,6 +53,7 @@ writes them to ``extra_logs``, so OpenRLHF logs them next to the ``search/*`` st
 
 import asyncio
 import contextvars
+import email.utils
 import logging
 import time
 import weakref
@@ -213,6 +214,8 @@ class RetrievalClient:
         max_cooldown_s: cap on the doubled cooldown, seconds.
         health_timeout_s: deadline of one ``GET /health`` (probe or limits look-up), seconds of wall time (default
             ``min(timeout_s, 5)``).
+        max_retry_after_s: longest Retry-After (of a 503 / 429 answer, or of a query the server marks unavailable)
+            waited before a retry, seconds; a server asking for longer fails those queries at once.
 
     Attributes:
         stats: counters ``requests`` (HTTP attempts), ``queries`` (search calls), ``queries_sent`` (queries in
@@ -226,7 +229,9 @@ class RetrievalClient:
             that raised :class:`QueryRejected`), ``splits`` (batches re-sent in parts), ``timeouts`` (attempts
             or probes ended by their deadline), ``stopped`` (requests answered with ``stop_run``), and from a web
             retriever ``web_calls`` (queries answered by a provider call), ``web_cache_hits``, ``web_skipped``
-            (queries the spent budget left without passages).
+            (queries the spent budget left without passages), ``web_credits`` and ``web_usd`` (what those calls
+            cost; ``web_usd`` only counts answers that carry a price), ``query_retries`` (queries the server marked
+            unavailable, sent again alone), ``retry_after_waits`` (retries that waited a server's Retry-After).
     Raises:
         ValueError: no URL, or a count / duration out of range.
     """
@@ -234,7 +239,8 @@ class RetrievalClient:
     def __init__(self, urls: List[str], topk: int = 3, timeout_s: float = 30, max_retries: int = 4,
                  backoff_s: float = 0.5, coalesce_window_ms: float = 5, max_batch_queries: int = 256,
                  max_query_chars: int = 1000, failed_endpoint_cooldown_s: Optional[float] = None,
-                 breaker_failures: int = 1, max_cooldown_s: float = 60.0, health_timeout_s: Optional[float] = None):
+                 breaker_failures: int = 1, max_cooldown_s: float = 60.0, health_timeout_s: Optional[float] = None,
+                 max_retry_after_s: float = 300.0):
         if isinstance(urls, str):
             urls = [u for u in urls.split(",") if u]
         if not urls:
@@ -257,6 +263,7 @@ class RetrievalClient:
         self.breaker_failures = breaker_failures
         self.max_cooldown_s = max(max_cooldown_s, self.failed_endpoint_cooldown_s)
         self.health_timeout_s = health_timeout_s if health_timeout_s is not None else min(timeout_s, 5.0)
+        self.max_retry_after_s = max_retry_after_s
         self._endpoints: Dict[str, _Endpoint] = {u: _Endpoint(u) for u in self.urls}
         self._next_endpoint = 0
         self._states: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState]" = weakref.WeakKeyDictionary()
@@ -265,7 +272,8 @@ class RetrievalClient:
                       "health_check_failures": 0, "truncated_queries": 0, "empty_queries": 0,
                       "sanitized_queries": 0, "limit_reads": 0, "server_cut_queries": 0, "rejected_requests": 0,
                       "rejected_queries": 0, "splits": 0, "timeouts": 0, "stopped": 0, "web_calls": 0,
-                      "web_cache_hits": 0, "web_skipped": 0}
+                      "web_cache_hits": 0, "web_skipped": 0, "web_credits": 0.0, "web_usd": 0.0,
+                      "query_retries": 0, "retry_after_waits": 0}
 
     @classmethod
     def from_config(cls, cfg) -> "RetrievalClient":
@@ -549,14 +557,19 @@ class RetrievalClient:
             else:
                 item.future.set_result(list(result))
 
-    async def _resolve(self, state: _LoopState, queries: List[str], topk: int, waiters: List[_Pending]) -> list:
+    async def _resolve(self, state: _LoopState, queries: List[str], topk: int, waiters: List[_Pending],
+                       round_: int = 0) -> list:
         """Per query, its passages or the exception its ``search`` raises. A batch an endpoint cannot take whole
         (over its advertised ``max_queries``, or rejected with a 4xx by a server without per-query errors) is
-        re-sent in parts, concurrently; a part that fails gives its own queries the error, not the others."""
+        re-sent in parts, concurrently; a part that fails gives its own queries the error, not the others. Queries
+        the server marks unavailable (a web provider failing for them alone) are sent again on their own after
+        the backoff or the server's Retry-After, whichever is longer, at most ``max_retries`` times."""
         try:
-            return await self._post_with_retries(state, queries, topk, waiters)
+            results = await self._post_with_retries(state, queries, topk, waiters)
         except _Split as split:
             size = split.size
+        else:
+            return await self._retry_unavailable(state, queries, topk, waiters, results, round_)
         self.stats["splits"] += 1
         parts = [queries[i: i + size] for i in range(0, len(queries), size)]
         outcomes = await asyncio.gather(
@@ -575,6 +588,32 @@ class RetrievalClient:
                 results.extend(outcome)
         return results
 
+    async def _retry_unavailable(self, state: _LoopState, queries: List[str], topk: int, waiters: List[_Pending],
+                                 results: list, round_: int) -> list:
+        """``results`` with every :class:`_Unavailable` query searched again (alone) or turned into its error."""
+        again = [i for i, r in enumerate(results) if isinstance(r, _Unavailable)]
+        if not again:
+            return results
+        wait = max([self.backoff_s * 2 ** round_] + [results[i].retry_after or 0.0 for i in again])
+        if round_ >= self.max_retries or wait > self.max_retry_after_s:
+            why = (f"after {round_} retries" if round_ >= self.max_retries else
+                   f"the server asks to wait {wait:g}s > max_retry_after_s {self.max_retry_after_s:g}")
+            for i in again:
+                results[i] = RetrievalError(f"retriever could not serve the query ({why}): {results[i]}")
+            return results
+        self.stats["query_retries"] += len(again)
+        self.stats["retry_after_waits"] += wait > self.backoff_s * 2 ** round_
+        await asyncio.sleep(wait)
+        subset = [queries[i] for i in again]
+        try:
+            found = await self._resolve(state, subset, topk, [w for w in waiters if w.query in set(subset)],
+                                        round_ + 1)
+        except Exception as e:  # only these queries fail; the others' answers stand
+            found = [e if isinstance(e, RetrievalError) else RetrievalError(f"retrieval failed: {e!r}")] * len(subset)
+        for i, r in zip(again, found):
+            results[i] = r
+        return results
+
     async def _post_with_retries(self, state: _LoopState, queries: List[str], topk: int,
                                  waiters: List[_Pending]) -> list:
         """POST one batch; fail over to each untried healthy endpoint at once, then up to ``max_retries`` retries
@@ -582,6 +621,7 @@ class RetrievalClient:
         retries are spent or the server refused the request as a whole, ``_Split`` when the batch must go in
         parts."""
         last_error = None
+        retry_after = 0.0  # the longest Retry-After a failed attempt's answer asked for, seconds
         tried: Set[str] = set()
         attempts = retries = 0
         while True:
@@ -596,9 +636,14 @@ class RetrievalClient:
             elif attempts:  # no untried healthy endpoint: wait, then take the best there is
                 if retries >= self.max_retries:
                     break
+                backoff = self.backoff_s * (2 ** retries)
+                if retry_after > self.max_retry_after_s:
+                    break
                 retries += 1
                 self.stats["retries"] += 1
-                await asyncio.sleep(self.backoff_s * (2 ** (retries - 1)))
+                self.stats["retry_after_waits"] += retry_after > backoff
+                await asyncio.sleep(max(backoff, retry_after))  # never before the server said it can serve
+                retry_after = 0.0
                 endpoint = self._pick_endpoint(state, tried)
             if endpoint is None:
                 endpoint = self._fallback_endpoint(state)
@@ -648,6 +693,8 @@ class RetrievalClient:
                     raise RetrievalError(f"retriever refused the request (not a query): {e}") from e
                 return [QueryRejected(f"retriever refused the query: {e}")]
             except (httpx.HTTPError, ValueError, KeyError, TypeError, TimeoutError) as e:
+                if isinstance(e, httpx.HTTPStatusError):
+                    retry_after = max(retry_after, _retry_after(e.response) or 0.0)
                 if isinstance(e, TimeoutError):
                     self.stats["timeouts"] += 1
                     e = TimeoutError(f"no complete answer from {url} within the {self.timeout_s}s deadline")
@@ -658,23 +705,27 @@ class RetrievalClient:
                                retries, self.max_retries, e)
             finally:
                 endpoint.in_flight -= 1
+        asked = (f"; the server asks to wait {retry_after:g}s > max_retry_after_s {self.max_retry_after_s:g}"
+                 if retry_after > self.max_retry_after_s else "")
         raise RetrievalError(f"retriever unavailable after {attempts} attempts ({retries} retries) over "
-                             f"{self.urls}: {last_error!r}")
+                             f"{self.urls}: {last_error!r}{asked}")
 
     def _count_web(self, body) -> None:
-        """Add a web retriever's per-answer counts (``"web": {"calls", "cache_hits", "skipped"}``) to ``stats``."""
+        """Add a web retriever's per-answer counts (``"web": {"calls", "cache_hits", "skipped", "credits",
+        "usd"}``) to ``stats``."""
         web = body.get("web") if isinstance(body, dict) else None
         if isinstance(web, dict):
-            for key in ("calls", "cache_hits", "skipped"):
+            for key in ("calls", "cache_hits", "skipped", "credits", "usd"):
                 value = web.get(key)
-                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
                     self.stats[f"web_{key}"] += value
 
     @staticmethod
     def _parse(body, n_queries: int, url: str = "") -> list:
-        """Parse ``{"result": [[{"document": {...}, "score": s}, ...], ...], "errors": [null | str, ...]}``
-        (``errors`` optional): per query its passages, or a :class:`QueryRejected` where ``errors`` names one.
-        ValueError when malformed."""
+        """Parse ``{"result": [[{"document": {...}, "score": s}, ...], ...], "errors": [null | str, ...],
+        "unavailable": [i, ...], "retry_after": s}`` (all but ``result`` optional): per query its passages, an
+        ``_Unavailable`` for an index in ``unavailable`` (retried), or a :class:`QueryRejected` where ``errors``
+        names one. ValueError when malformed."""
         if not isinstance(body, dict) or "result" not in body:
             raise ValueError("retriever response has no 'result'")
         result = body["result"]
@@ -685,8 +736,17 @@ class RetrievalClient:
         if errors is not None and (not isinstance(errors, list) or len(errors) != n_queries
                                    or not all(e is None or isinstance(e, str) for e in errors)):
             raise ValueError(f"retriever returned malformed per-query errors for {n_queries} queries")
+        unavailable = body.get("unavailable") or []
+        if not isinstance(unavailable, list) or not all(isinstance(i, int) and 0 <= i < n_queries and errors
+                                                        and errors[i] for i in unavailable):
+            raise ValueError("retriever returned malformed 'unavailable' indices")
+        wait = body.get("retry_after")
+        wait = float(wait) if isinstance(wait, (int, float)) and not isinstance(wait, bool) and wait > 0 else None
         parsed = []
         for i, hits in enumerate(result):
+            if i in unavailable:  # the server could not serve this query now: worth sending again
+                parsed.append(_Unavailable(f"retriever {url}: {errors[i]}", wait))
+                continue
             if errors is not None and errors[i] is not None:
                 parsed.append(QueryRejected(f"retriever {url} refused the query: {errors[i]}"))
                 continue
@@ -698,6 +758,30 @@ class RetrievalClient:
                     passages.append(passage_from_document(hit))
             parsed.append(passages)
         return parsed
+
+
+class _Unavailable(Exception):
+    """Internal: the server could not serve this query now (``"unavailable"`` in its answer); ``retry_after``:
+    seconds it asks to wait (None: not said)."""
+
+    def __init__(self, message: str, retry_after: Optional[float] = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _retry_after(response: httpx.Response) -> Optional[float]:
+    """Seconds of a ``Retry-After`` header (delta-seconds or an HTTP date); None when absent or unreadable."""
+    value = (response.headers.get("retry-after") or "").strip()
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
 
 
 def _stop_message(response: httpx.Response, url: str) -> Optional[str]:

@@ -11,7 +11,9 @@ class is changed; :func:`install_in_rollout_actor`):
   ``qps`` (searches per second of generation wall time), and the client's own counters over the batch:
   ``retries`` (attempts after a backoff), ``failovers`` (attempts sent at once to another endpoint), ``attempts``,
   and against a web retriever (``retriever.server --web``) ``web_calls`` (queries the provider answered, i.e. paid
-  for), ``web_cache_hits`` and ``web_skipped`` (queries the spent budget left without passages);
+  for), ``web_cache_hits``, ``web_skipped`` (queries the spent budget left without passages), ``web_credits`` /
+  ``web_usd`` (what the step's calls cost; US$ when the server knows the price, ``--web_usd_per_1k``) and
+  ``web_credits_run`` / ``web_usd_run`` (the same since the run's rollout engines started);
 * ``step_time/search_in_flight_s``: wall time during the batch's generation with at least one search in flight in
   any engine (the union of the calls' spans), and its fraction of the generation time;
 * async mode (:mod:`openrlhf_search.async_trainer`): ``async/trainer_wait_s`` (the trainer blocked on the rollout
@@ -36,7 +38,8 @@ logger = logging.getLogger(__name__)
 TIMING_ATTR = "_search_rollout_timing"
 VERSION_ATTR = "_search_policy_version"  # on the rollout actor: the trainer step whose weights it holds
 COUNTER_KEYS = ("retries", "failovers", "requests")
-WEB_COUNTER_KEYS = ("web_calls", "web_cache_hits", "web_skipped")  # RetrievalClient.stats of a web retriever
+# RetrievalClient.stats of a web retriever
+WEB_COUNTER_KEYS = ("web_calls", "web_cache_hits", "web_skipped", "web_credits", "web_usd")
 VERSION_KEYS = ("policy_version_start", "policy_version_end")
 
 
@@ -179,8 +182,9 @@ def retrieval_stats(spans: Sequence[Tuple[float, float, bool]], window: Tuple[fl
     Returns:
         ``retrieval/searches``, ``failed_searches``, ``latency_p50_ms``, ``latency_p99_ms`` (NaN without a search),
         ``qps``, ``retries``, ``failovers``, ``attempts``, ``step_time/search_in_flight_s`` /
-        ``step_time/search_in_flight_frac``, and ``retrieval/web_calls``, ``web_cache_hits``, ``web_skipped`` once
-        any engine's client has counted a web answer (never against a local index).
+        ``step_time/search_in_flight_frac``, and ``retrieval/web_calls``, ``web_cache_hits``, ``web_skipped``,
+        ``web_credits``, ``web_usd`` (this window) and ``web_credits_run``, ``web_usd_run`` (since the clients
+        started) once any engine's client has counted a web answer (never against a local index).
     """
     duration = max(window[1] - window[0], 1e-9)
     latencies = [(e - s) * 1000.0 for s, e, _ok in spans]
@@ -198,6 +202,8 @@ def retrieval_stats(spans: Sequence[Tuple[float, float, bool]], window: Tuple[fl
         for key in WEB_COUNTER_KEYS:
             out[f"retrieval/{key}"] = float(sum(a.get(key, 0) - b.get(key, 0)
                                                 for b, a in zip(counters_before, counters_after)))
+        for key in ("web_credits", "web_usd"):  # since the engines' clients started: the run so far
+            out[f"retrieval/{key}_run"] = float(sum(a.get(key, 0) for a in counters_after))
     in_flight = union_seconds([(s, e) for s, e, _ in spans], window)
     out["step_time/search_in_flight_s"] = in_flight
     out["step_time/search_in_flight_frac"] = in_flight / duration
@@ -248,7 +254,13 @@ def split_line(global_step: int, status: Dict[str, Any]) -> str:
                 detail.append(f"{int(status['retrieval/web_calls'])} web calls, "
                               f"{int(status.get('retrieval/web_cache_hits', 0))} cache hits"
                               + (f", {int(status['retrieval/web_skipped'])} skipped by the web budget"
-                                 if status.get("retrieval/web_skipped") else ""))
+                                 if status.get("retrieval/web_skipped") else "")
+                              + (f", US${status['retrieval/web_usd']:.4f} "
+                                 f"(run US${status['retrieval/web_usd_run']:.4f})" if _f(status, "retrieval/web_usd_run")
+                                 else
+                                 f", {status['retrieval/web_credits']:g} credits (run "
+                                 f"{status['retrieval/web_credits_run']:g})"
+                                 if _f(status, "retrieval/web_credits_run") else ""))
         parts.append(f"generation {gen}" + (f" ({', '.join(detail)})" if detail else ""))
     for key, name in (("timing/make_experience", "experience"), ("timing/ppo_train", "update"),
                       ("timing/broadcast", "weight sync")):

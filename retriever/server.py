@@ -1,7 +1,7 @@
 """Retrieval service: FastAPI + uvicorn over one index directory.
 
     python -m retriever.server --index_dir D [--host 127.0.0.1] [--port 8000]
-    python -m retriever.server --web serper|serpapi [--web_endpoint URL] [cost controls, see --help]
+    python -m retriever.server --web serper|serpapi|searxng [--web_endpoint URL] [cost controls, see --help]
 
 Endpoints:
 - ``POST /retrieve`` (Search-R1's schema) ``{"queries": [...], "topk": 3, "return_scores": true}`` ->
@@ -17,8 +17,11 @@ Endpoints:
 schemas, passages built from the provider's results, a query cache, a run budget and a rate limit; the API key comes
 from the provider's environment variable (``SERPER_API_KEY``, ``SERPAPI_API_KEY``) and is never logged. A backend
 failure is a :class:`BackendError` answer: 503 (the client retries / fails over) or, with ``"stop_run": true``, a 4xx
-after which the run must stop (refused key, empty account, budget spent). Each ``/retrieve`` answer from the web
-backend carries ``"web": {"calls", "cache_hits", "skipped"}`` for its queries.
+after which the run must stop (refused key, empty account, budget spent). The web backend searches every query on
+its own (``ConcurrentSearcher``, no batches): with ``per_query_errors`` a query the provider could not serve now gets
+``[]``, its message in ``errors`` and its index in ``"unavailable"`` (with ``"retry_after"``), so the client retries
+it alone. Each ``/retrieve`` answer from the web backend carries ``"web": {"calls", "cache_hits", "skipped",
+"credits", "usd"?}`` for its queries.
 
 Dynamic micro-batching: requests that queue while the previous batch is being searched are encoded and
 searched as one batch by a single worker thread, so the event loop never blocks; a request that finds the server
@@ -33,6 +36,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -40,6 +44,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+from .errors import BackendError  # one class whether this module runs as __main__ or is imported
 
 logger = logging.getLogger("retriever.server")
 
@@ -53,19 +59,6 @@ class Limits:
     max_topk: int = 100
     default_topk: int = 3
     max_body_bytes: int = 8 * 1024 * 1024
-
-
-class BackendError(RuntimeError):
-    """The search backend (a web provider) failed for a request.
-
-    ``status`` 503 (or 504): temporary, the client's retry / failover rules apply; ``retry_after`` seconds go out
-    as a Retry-After header. A 4xx with ``stop_run`` True: no retry can help (refused API key, empty account, the
-    run's budget spent): the body says so and the client stops the run with the message, which is one line."""
-
-    def __init__(self, message: str, status: int = 503, stop_run: bool = False,
-                 retry_after: float | None = None):
-        super().__init__(message)
-        self.status, self.stop_run, self.retry_after = status, stop_run, retry_after
 
 
 class BadRequest(ValueError):
@@ -336,6 +329,55 @@ class PerRequestSearcher:
         return results
 
 
+class ConcurrentSearcher:
+    """For an index whose queries are independent and I/O-bound (the web backend, ``independent_queries``): every
+    request goes to ``index.submit`` at once, and each of its queries is searched on its own, so one query in
+    back-off or failing never holds or fails another request's (nor another query of its own request: the result
+    is, per query, its passages or its :class:`BackendError`). Same interface and stats as ``MicroBatcher``."""
+
+    def __init__(self, index):
+        self.index = index
+        self.stats = BatcherStats()
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def search(self, queries: list[str], topk: int) -> list:
+        self.stats.requests += 1
+        self.stats.queries += len(queries)
+        t0 = time.perf_counter()
+        try:
+            results = await asyncio.wrap_future(self.index.submit(queries, topk))
+        finally:
+            self.stats.busy_seconds += time.perf_counter() - t0
+        self.stats.batches += 1
+        self.stats.errors += sum(isinstance(r, BackendError) for r in results)
+        self.stats.max_batch_queries_seen = max(self.stats.max_batch_queries_seen, len(queries))
+        return results
+
+
+def backend_failures(results: list) -> list:
+    """Indices of the queries whose result is a :class:`BackendError` (the backend's per-query failures).
+
+    Raises:
+        BackendError: the first that says the run must stop (the whole request gets it), or the first 503 (with
+            the longest Retry-After among them) when every query failed."""
+    failed = [i for i, r in enumerate(results) if isinstance(r, BackendError)]
+    if not failed:
+        return failed
+    stop = next((results[i] for i in failed if results[i].stop_run), None)
+    if stop is not None:
+        raise stop
+    if len(failed) == len(results):
+        waits = [results[i].retry_after for i in failed if results[i].retry_after]
+        first = results[failed[0]]
+        raise BackendError(str(first), status=first.status, retry_after=max(waits) if waits else None)
+    return failed
+
+
 def _log_search_failure(e: Exception, what: str, n: int) -> None:
     if isinstance(e, BackendError):  # already explained in one line (a provider outage, a refused key)
         logger.warning("search failed for a %s of %d queries: %s", what, n, e)
@@ -343,13 +385,28 @@ def _log_search_failure(e: Exception, what: str, n: int) -> None:
         logger.exception("search failed for a %s of %d queries", what, n)
 
 
+def _raise_first_failure(results: list) -> None:
+    """A request without per-query errors fails whole: a stop first, else the 503 with the longest Retry-After."""
+    failed = backend_failures(results)
+    if failed:
+        waits = [results[i].retry_after for i in failed if results[i].retry_after]
+        first = results[failed[0]]
+        raise BackendError(str(first), status=first.status, retry_after=max(waits) if waits else None)
+
+
 def web_counts(results: list) -> dict | None:
-    """Per request, where its queries' passages came from (``WebHits.source`` of the web backend): ``{"calls",
-    "cache_hits", "skipped"}``; None for an index (its lists carry no source)."""
+    """Per request, where its queries' passages came from (``WebHits.source`` of the web backend) and what they
+    cost: ``{"calls", "cache_hits", "skipped", "credits", "usd"?}`` (``usd`` when the price is known: set with
+    ``--web_usd_per_1k``, or 0 for a free engine); None for an index (its lists carry no source)."""
     sources = [getattr(hits, "source", None) for hits in results]
     if not any(sources):
         return None
-    return {"calls": sources.count("web"), "cache_hits": sources.count("cache"), "skipped": sources.count("skipped")}
+    counts = {"calls": sources.count("web"), "cache_hits": sources.count("cache"), "skipped": sources.count("skipped"),
+              "credits": sum(getattr(h, "credits", 0.0) for h in results)}
+    usd = [getattr(h, "usd", None) for h in results if getattr(h, "source", None) == "web"]
+    if usd and all(u is not None for u in usd):
+        counts["usd"] = sum(usd)
+    return counts
 
 
 def _document(p: dict) -> dict:
@@ -371,8 +428,12 @@ def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_
     from fastapi.responses import JSONResponse
 
     limits = limits or Limits()
-    batcher = (MicroBatcher(index, window_ms=window_ms, max_batch_queries=max_batch_queries, max_wait_ms=max_wait_ms)
-               if batching else PerRequestSearcher(index))
+    if getattr(index, "independent_queries", False):
+        batcher = ConcurrentSearcher(index)
+    elif batching:
+        batcher = MicroBatcher(index, window_ms=window_ms, max_batch_queries=max_batch_queries, max_wait_ms=max_wait_ms)
+    else:
+        batcher = PerRequestSearcher(index)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -399,7 +460,8 @@ def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_
 
     @app.exception_handler(BackendError)
     async def backend_error(_request, exc: BackendError):
-        headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if exc.retry_after else None
+        # rounded up: a client that waits what the header says never comes back before the provider's pause ends
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))} if exc.retry_after else None
         return JSONResponse({"detail": str(exc), "stop_run": exc.stop_run}, status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
@@ -445,21 +507,33 @@ def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_
         for name, value in (("return_scores", return_scores), ("per_query_errors", per_query)):
             if not isinstance(value, bool):
                 raise BadRequest(f"{name} must be true or false")
-        errors = None
+        errors, unavailable = None, []
         if per_query:
             queries, topk, errors = validate_request_per_query(body.get("queries"), body.get("topk"), limits)
-            good = [q for q, err in zip(queries, errors) if err is None]
-            found = iter(await batcher.search(good, topk) if good else [])
-            results = [next(found) if err is None else [] for err in errors]
+            good = [i for i, err in enumerate(errors) if err is None]
+            found = await batcher.search([queries[i] for i in good], topk) if good else []
+            results = [[] for _ in queries]
+            failed = set(backend_failures(found))
+            for j, (i, hits) in enumerate(zip(good, found)):
+                if j in failed:  # this query alone could not be served now: the client retries it
+                    errors[i] = str(hits)
+                    unavailable.append((i, hits.retry_after))
+                else:
+                    results[i] = hits
         else:
             queries, topk = validate_request(body.get("queries"), body.get("topk"), limits)
             results = await batcher.search(queries, topk)
+            _raise_first_failure(results)
         if return_scores:
             out = {"result": [[{"document": _document(p), "score": p["score"]} for p in hits] for hits in results]}
         else:
             out = {"result": [[_document(p) for p in hits] for hits in results]}
         if errors is not None:
             out["errors"] = errors
+        if unavailable:  # per-query errors worth retrying (a provider outage for these queries), not rejections
+            out["unavailable"] = [i for i, _ in unavailable]
+            waits = [w for _, w in unavailable if w]
+            out["retry_after"] = max(waits) if waits else None
         counts = web_counts(results)
         if counts is not None:
             out["web"] = counts
@@ -472,6 +546,7 @@ def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_
         body = await _json_body(request)
         queries, topk = validate_request(body.get("queries"), body.get("k", body.get("topk")), limits)
         results = await batcher.search(queries, topk)
+        _raise_first_failure(results)
         out = {"queries": queries, "answers": [[p["contents"] for p in hits] for hits in results]}
         counts = web_counts(results)
         if counts is not None:
@@ -502,8 +577,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--index_dir", help="folder made by python -m retriever.build_index")
     source.add_argument("--web", metavar="PROVIDER", choices=WEB_PROVIDERS,
-                        help="serve a web search provider instead of an index: serper (API key in $SERPER_API_KEY) "
-                             "or serpapi (API key in $SERPAPI_API_KEY); the key is never logged")
+                        help="serve a web search provider instead of an index: serper (API key in $SERPER_API_KEY), "
+                             "serpapi (API key in $SERPAPI_API_KEY) or searxng (a self-hosted SearxNG instance, no "
+                             "key, no charge: give its URL with --web_endpoint); the key is never logged")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (see --port_file)")
     p.add_argument("--port_file", default=None, help="write the bound port here once listening")
@@ -538,8 +614,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "'none': no cache)")
     w.add_argument("--web_cache_max_age_days", type=float, default=None,
                    help="cached answers older than this are fetched again (default: kept forever)")
+    w.add_argument("--web_cache_max_entries", type=int, default=None,
+                   help="most answers kept in the cache; past it the oldest are dropped (default: no cap)")
     w.add_argument("--web_max_queries", type=int, default=10000,
-                   help="most queries sent to the provider in this run (cache hits are free); default 10000")
+                   help="most paid provider calls (answered queries) in this run; cache hits and failed attempts are "
+                        "free; default 10000")
     w.add_argument("--web_max_usd", type=float, default=None,
                    help="most money for this run, US$ (needs --web_usd_per_1k)")
     w.add_argument("--web_usd_per_1k", type=float, default=None,
@@ -552,7 +631,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "passages; cached ones are still served)")
     w.add_argument("--web_qps", type=float, default=5.0, help="most provider calls per second (0: no pacing)")
     w.add_argument("--web_concurrency", type=int, default=8, help="provider calls in flight at once")
-    w.add_argument("--web_timeout_s", type=float, default=10.0, help="deadline of one provider call, seconds")
+    w.add_argument("--web_timeout_s", type=float, default=10.0,
+                   help="total deadline of one provider call or page read, from connecting to the last byte, seconds")
     w.add_argument("--web_max_retry_wait_s", type=float, default=30.0,
                    help="longest Retry-After of a 429 waited here; a longer one answers 503 (the client retries)")
     w.add_argument("--web_retries_429", type=int, default=3, help="provider calls per query after a 429")
@@ -563,6 +643,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="reader service for page text (GET ENDPOINT/<page url>, Jina Reader's convention, e.g. "
                         "https://r.jina.ai; key in $WEB_READER_API_KEY); default: title + snippet only")
     w.add_argument("--web_page_words", type=int, default=200, help="words of page text per passage (with a reader)")
+    w.add_argument("--web_reader_qps", type=float, default=5.0, help="most page reads per second (0: no pacing)")
+    w.add_argument("--web_max_page_reads", type=int, default=None,
+                   help="most pages read in this run; past it passages keep their snippet (default: no cap)")
     a = p.parse_args(argv)
     # limits that would make the server refuse every request (or hold it forever) are refused at start
     for name in ("max_topk", "max_queries", "max_query_chars", "max_batch_queries"):
@@ -570,10 +653,12 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name} must be >= 1, got {getattr(a, name)}")
     if not 1 <= a.topk <= a.max_topk:
         p.error(f"--topk must be in [1, --max_topk {a.max_topk}], got {a.topk}")
-    for name in ("batch_window_ms", "batch_max_wait_ms", "added_latency_ms", "web_qps", "web_max_retry_wait_s"):
+    for name in ("batch_window_ms", "batch_max_wait_ms", "added_latency_ms", "web_qps", "web_max_retry_wait_s",
+                 "web_reader_qps"):
         if not 0 <= getattr(a, name) < float("inf"):  # NaN fails too
             p.error(f"--{name} must be a finite number >= 0, got {getattr(a, name)}")
-    for name in ("web_max_queries", "web_max_usd", "web_usd_per_1k", "web_retries_429", "web_cache_max_age_days"):
+    for name in ("web_max_queries", "web_max_usd", "web_usd_per_1k", "web_retries_429", "web_cache_max_age_days",
+                 "web_max_page_reads"):
         if getattr(a, name) is not None and not 0 <= getattr(a, name) < float("inf"):
             p.error(f"--{name} must be a finite number >= 0, got {getattr(a, name)}")
     for name in ("web_concurrency", "web_page_words"):
@@ -581,12 +666,14 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name} must be >= 1, got {getattr(a, name)}")
     if not 0 < a.web_timeout_s < float("inf"):
         p.error(f"--web_timeout_s must be a finite number > 0, got {a.web_timeout_s}")
+    if a.web_cache_max_entries is not None and a.web_cache_max_entries < 1:
+        p.error(f"--web_cache_max_entries must be >= 1, got {a.web_cache_max_entries}")
     if a.web_max_usd is not None and not a.web_usd_per_1k:
         p.error("--web_max_usd needs --web_usd_per_1k (your plan's US$ per 1,000 searches)")
     return a
 
 
-WEB_PROVIDERS = ("serper", "serpapi")
+WEB_PROVIDERS = ("serper", "serpapi", "searxng")
 READER_KEY_ENV = "WEB_READER_API_KEY"
 
 
@@ -601,19 +688,23 @@ def load_web_index(a: argparse.Namespace):
     provider = get_provider(a.web)
     key_env = a.web_key_env or provider.key_env
     key = os.environ.get(key_env, "").strip()
-    if not key:
+    if not key and provider.needs_key:
         raise ValueError(f"no API key for --web {a.web}: set the environment variable {key_env}")
+    if a.web == "searxng" and not a.web_endpoint:
+        raise ValueError("--web searxng needs --web_endpoint: your instance's search URL, e.g. "
+                         "http://127.0.0.1:8888/search")
     cache = None
     if a.web_cache and a.web_cache.lower() != "none":
         max_age = None if a.web_cache_max_age_days is None else a.web_cache_max_age_days * 86400.0
-        cache = QueryCache(a.web_cache, max_age_s=max_age)
+        cache = QueryCache(a.web_cache, max_age_s=max_age, max_entries=a.web_cache_max_entries)
     budget = RunBudget(a.web_max_queries, a.web_max_usd, a.web_usd_per_1k, store=cache, run=a.web_run)
     reader = None
     if a.web_reader_endpoint:
         reader = PageReader(a.web_reader_endpoint, os.environ.get(READER_KEY_ENV) or None, a.web_page_words,
                             a.web_timeout_s)
     return WebIndex(provider, key, endpoint=a.web_endpoint, cache=cache, budget=budget,
-                    limiter=RateLimiter(a.web_qps), reader=reader, site=a.web_site, on_budget=a.web_on_budget,
+                    limiter=RateLimiter(a.web_qps), reader=reader, reader_limiter=RateLimiter(a.web_reader_qps),
+                    max_page_reads=a.web_max_page_reads, site=a.web_site, on_budget=a.web_on_budget,
                     timeout_s=a.web_timeout_s, concurrency=a.web_concurrency, max_retry_wait_s=a.web_max_retry_wait_s,
                     retries_429=a.web_retries_429)
 
@@ -661,7 +752,7 @@ def main(argv=None) -> int:
         os.replace(tmp, a.port_file)
     if a.web:
         b = index.budget
-        logger.info("web search: %s at %s%s; cache %s; at most %s provider calls%s this run (%s when reached); "
+        logger.info("web search: %s at %s%s; cache %s; at most %s paid provider calls%s this run (%s when reached); "
                     "%s calls/s", a.web, index.endpoint, f", site:{a.web_site}" if a.web_site else "",
                     a.web_cache if index.cache else "off", b.max_queries if b.max_queries is not None else "unlimited",
                     f" and US${b.max_usd:g}" if b.max_usd is not None else "", a.web_on_budget,

@@ -10,11 +10,15 @@ provider outcome                        error                      retriever ans
 =====================================  =========================  ==========================================
 200                                     (results; may be empty)    passages
 401, 403                                :class:`AuthError`         403 with ``stop_run``: the run stops
-402, a quota message                    :class:`QuotaError`        402 with ``stop_run``: the run stops
+402, a 4xx (not 429) naming credits     :class:`QuotaError`        402 with ``stop_run``: the run stops
 429                                     :class:`RateLimited`       waits Retry-After, then retries; 503 past the cap
 other 4xx                               :class:`BadQuery`          no passages for that query
 5xx, timeout, connection, bad JSON      :class:`Unavailable`       503: the client retries / fails over
 =====================================  =========================  ==========================================
+
+The status decides before the text: a 429 or a 5xx is temporary even when its message mentions a quota or credits
+(a rate-limit text often does); only a provider's documented empty-account answer (SerpApi's 429 "Your account has
+run out of searches.", sent without Retry-After) is read as one. Only a 200 is taken as charged.
 
 The API key never appears in an error message: every text taken from a provider answer goes through
 :func:`redact`, and messages never include a request URL (SerpApi's carries the key).
@@ -22,6 +26,7 @@ The API key never appears in an error message: every text taken from a provider 
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import logging
 import time
@@ -43,7 +48,7 @@ class WebResult:
 @dataclass
 class ProviderAnswer:
     """A provider's answer to one query: results best first, and the credits it says the call cost (1 when it
-    does not say)."""
+    does not say; 0 for a self-hosted engine)."""
 
     results: list = field(default_factory=list)
     credits: float = 1.0
@@ -74,7 +79,12 @@ class RateLimited(ProviderError):
 
 
 class Unavailable(ProviderError):
-    """5xx, a timeout, a refused connection or an answer that is not the documented JSON: worth retrying."""
+    """5xx, a timeout, a refused connection or an answer that is not the documented JSON: worth retrying
+    (``retry_after``: the provider's Retry-After on a 503, None when it gave none)."""
+
+    def __init__(self, message: str, status: Optional[int] = None, retry_after: Optional[float] = None):
+        super().__init__(message, status)
+        self.retry_after = retry_after
 
 
 class BadQuery(ProviderError):
@@ -137,6 +147,8 @@ class Provider:
     key_env = ""
     default_endpoint = ""
     docs = ""
+    needs_key = True        # False: a self-hosted engine without a key (SearxNG)
+    credits_per_call = 1.0  # what one answered call is expected to cost, before the provider says
 
     def request(self, endpoint: str, query: str, topk: int, key: str) -> dict:  # pragma: no cover - abstract
         """Keyword arguments of ``httpx.Client.request`` for one query (method, url, headers, params / json)."""
@@ -155,23 +167,26 @@ class Provider:
                     return body[key]
         return ""
 
-    def is_quota(self, status: int, message: str) -> bool:
-        """True when an error answer says the account is out of searches / credits."""
+    def is_quota(self, status: int, message: str, retry_after: Optional[float] = None) -> bool:
+        """True when an error answer says the account is out of searches / credits: a 402, or another 4xx (not a
+        429: that is a rate limit) whose text says so. A 429 / 5xx is never taken for an empty account here."""
         text = message.lower()
-        return status == 402 or "run out of searches" in text or "credits" in text or "quota" in text
+        return status == 402 or (400 <= status < 500 and status not in (408, 429)
+                                 and ("credits" in text or "quota" in text or "run out of searches" in text))
 
 
-def call(provider: Provider, client: httpx.Client, endpoint: str, key: str, query: str, topk: int,
-         timeout_s: float) -> ProviderAnswer:
+async def call(provider: Provider, client: httpx.AsyncClient, endpoint: str, key: str, query: str, topk: int,
+               timeout_s: float) -> ProviderAnswer:
     """One provider call for one query; the answer or one :class:`ProviderError` (see the module table).
 
-    ``timeout_s`` is httpx's connect / write / read timeout of the call (the client's own deadline bounds the
-    wall time a search waits)."""
+    ``timeout_s`` is a deadline on the whole call, from connecting to the last byte of the answer (httpx's own
+    timeouts bound only each phase: a provider trickling its answer held a call for 5 s against 1 s)."""
     who = provider.name
     try:
-        response = client.request(**provider.request(endpoint, query, topk, key), timeout=timeout_s)
-    except httpx.TimeoutException:
-        raise Unavailable(f"{who}: no answer within {timeout_s:g}s") from None
+        async with asyncio.timeout(timeout_s):
+            response = await client.request(**provider.request(endpoint, query, topk, key), timeout=timeout_s)
+    except (TimeoutError, httpx.TimeoutException):
+        raise Unavailable(f"{who}: no complete answer within {timeout_s:g}s") from None
     except httpx.HTTPError as e:  # connection refused / reset, protocol errors: the class name, never the URL
         raise Unavailable(f"{who}: request failed ({type(e).__name__})") from None
     status = response.status_code
@@ -184,13 +199,15 @@ def call(provider: Provider, client: httpx.Client, endpoint: str, key: str, quer
         if not isinstance(body, dict):
             raise Unavailable(f"{who}: HTTP 200 without the documented JSON object")
         return provider.parse(body, topk)
-    if provider.is_quota(status, message):  # before 401/403: a quota message is the more precise reason
+    retry_after = parse_retry_after(response.headers.get("retry-after"))
+    # the status decides first: a 429 or a 5xx is temporary whatever its text says ("quota" in a rate-limit
+    # message), unless the provider documents that exact answer as an empty account (SerpApi's 429)
+    if provider.is_quota(status, message, retry_after):
         raise QuotaError(f"{who} says the account is out of searches (HTTP {status}: {message})", status)
+    if status == 429:
+        raise RateLimited(f"{who} rate limit (HTTP 429: {message})", status, retry_after)
     if status in (401, 403):
         raise AuthError(f"{who} refused the API key (HTTP {status}: {message})", status)
-    if status == 429:
-        raise RateLimited(f"{who} rate limit (HTTP 429: {message})", status,
-                          parse_retry_after(response.headers.get("retry-after")))
     if 400 <= status < 500 and status != 408:
         raise BadQuery(f"{who} refused the query (HTTP {status}: {message})", status)
-    raise Unavailable(f"{who}: HTTP {status} ({message})", status)
+    raise Unavailable(f"{who}: HTTP {status} ({message})", status, retry_after)

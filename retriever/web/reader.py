@@ -11,6 +11,7 @@ snippet is found (as Search-R1's Google server keeps the paragraphs that hold th
 
 from __future__ import annotations
 
+import asyncio
 import html
 import re
 from html.parser import HTMLParser
@@ -97,7 +98,7 @@ class PageReader:
         endpoint: the reader's base URL (``https://r.jina.ai`` for Jina Reader).
         api_key: sent as a bearer token when given; never logged.
         max_words: words of page text per passage.
-        timeout_s: deadline of one page read, seconds.
+        timeout_s: total deadline of one page read, seconds.
 
     Attributes:
         reads, failures: pages read / pages that fell back to their snippet.
@@ -118,14 +119,16 @@ class PageReader:
         """Cache variant: what a cached passage's text is (``page<N>w``)."""
         return f"page{self.max_words}w"
 
-    def read(self, client: httpx.Client, url: str, snippet: str) -> Optional[str]:
-        """Cleaned, capped text of ``url``; None when the page cannot be read or holds no text."""
+    async def read(self, client: httpx.AsyncClient, url: str, snippet: str) -> Optional[str]:
+        """Cleaned, capped text of ``url``; None when the page cannot be read within ``timeout_s`` (a total
+        deadline) or holds no text."""
         if not url.startswith(("http://", "https://")):
             return None
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
-            response = client.get(f"{self.endpoint}/{url}", headers=headers, timeout=self.timeout_s)
-        except httpx.HTTPError:
+            async with asyncio.timeout(self.timeout_s):
+                response = await client.get(f"{self.endpoint}/{url}", headers=headers, timeout=self.timeout_s)
+        except (httpx.HTTPError, TimeoutError):
             self.failures += 1
             return None
         if response.status_code != 200:

@@ -17,6 +17,8 @@ with 400, 401 (``"Invalid API key. ..."``), 403, 429 (hourly throughput, or ``"Y
 searches."``), 500 / 503.
 """
 
+from typing import Optional
+
 from .provider import Provider, ProviderAnswer, Unavailable, WebResult
 
 
@@ -28,6 +30,12 @@ class SerpApi(Provider):
 
     def request(self, endpoint: str, query: str, topk: int, key: str) -> dict:
         return {"method": "GET", "url": endpoint, "params": {"engine": "google", "q": query, "api_key": key}}
+
+    def is_quota(self, status: int, message: str, retry_after: Optional[float] = None) -> bool:
+        """Also SerpApi's documented empty account: a 429 "Your account has run out of searches." (no Retry-After;
+        its hourly-throughput 429 says otherwise and is a rate limit)."""
+        return super().is_quota(status, message, retry_after) or (
+            status == 429 and retry_after is None and "run out of searches" in message.lower())
 
     def parse(self, body: dict, topk: int) -> ProviderAnswer:
         status = (body.get("search_metadata") or {}).get("status")

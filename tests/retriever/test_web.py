@@ -8,17 +8,18 @@ account, 5xx, the cache across a restart (hit rate logged), the budget (stop / c
 credits, spend kept under a run name), the rate limit, the page reader. Nothing reaches a real provider: the
 autouse guard fails any request to a host other than 127.0.0.1."""
 
+import asyncio
 import logging
 import time
 
 import pytest
 
-from retriever.server import BackendError
+from retriever.errors import BackendError
 from retriever.web import get_provider
 from retriever.web.backend import WebIndex
 from retriever.web.cache import QueryCache, RunBudget
 from retriever.web.provider import parse_retry_after
-from retriever.web.ratelimit import RateLimiter
+from retriever.web.ratelimit import Paused, RateLimiter
 from retriever.web.reader import PageReader, clean_page_text, window
 from tests.retriever.web_standins import KEY, ProviderStandIn, no_real_provider  # noqa: F401 (autouse fixture)
 
@@ -155,7 +156,7 @@ def test_a_provider_slower_than_the_call_timeout_is_a_503():
     s.delay_s = 1.0
     index = make(s, timeout_s=0.3)
     try:
-        with pytest.raises(BackendError, match="serpapi: no answer within 0.3s") as e:
+        with pytest.raises(BackendError, match="serpapi: no complete answer within 0.3s") as e:
             index.search(["q"], 3)
     finally:
         index.close()
@@ -248,13 +249,12 @@ def test_budget_spend_is_kept_under_a_run_name(tmp_path):
     path = str(tmp_path / "c.sqlite")
     b = RunBudget(max_queries=3, store=QueryCache(path), run="exp1")
     for _ in range(2):
-        b.reserve()
-        b.settle(1)
+        b.settle(b.reserve(), charged=1)
     again = RunBudget(max_queries=3, store=QueryCache(path), run="exp1")
     other = RunBudget(max_queries=3, store=QueryCache(path), run="exp2")
     assert (again.calls, again.credits) == (2, 2.0) and (other.calls, other.credits) == (0, 0.0)
     again.reserve()
-    with pytest.raises(Exception, match="3 provider calls of --web_max_queries 3"):
+    with pytest.raises(Exception, match="2 provider calls \\(1 in flight\\) of --web_max_queries 3"):
         again.reserve()
 
 
@@ -262,17 +262,46 @@ def test_rate_limiter_spaces_calls_and_honours_a_pause():
     now = [100.0]
     slept = []
 
-    def sleep(s):
+    async def sleep(s):
         slept.append(s)
         now[0] += s
 
     limiter = RateLimiter(4.0, clock=lambda: now[0], sleep=sleep)
-    for _ in range(3):
-        limiter.acquire()
-    assert slept == [pytest.approx(0.25), pytest.approx(0.25)]
-    limiter.pause(2.0)
-    limiter.acquire()
-    assert slept[-1] == pytest.approx(2.0) and limiter.waits == 3
+
+    async def run():
+        for _ in range(3):
+            await limiter.acquire()
+        assert slept == [pytest.approx(0.25), pytest.approx(0.25)]
+        limiter.pause(2.0)
+        await limiter.acquire()
+        assert slept[-1] == pytest.approx(2.0) and limiter.waits == 3
+        limiter.pause(10.0)
+        with pytest.raises(Paused) as e:  # a pause longer than the caller may wait: told at once, no sleep
+            await limiter.acquire(max_wait=5.0)
+        assert e.value.retry_after == pytest.approx(10.0) and len(slept) == 3
+
+    asyncio.run(run())
+
+
+def test_a_pause_that_begins_while_a_call_waits_for_its_slot_holds_that_call_too():
+    now = [0.0]
+    slept = []
+    limiter = RateLimiter(1.0, clock=lambda: now[0])
+
+    async def sleep(s):
+        slept.append(s)
+        if len(slept) == 1:  # while the second call sleeps towards its slot, a 429 pauses the provider
+            limiter.pause(5.0)
+        now[0] += s
+
+    limiter._sleep = sleep
+
+    async def run():
+        await limiter.acquire()
+        await limiter.acquire()
+
+    asyncio.run(run())
+    assert slept == [pytest.approx(1.0), pytest.approx(4.0)]  # woke at 1 s, saw the pause, waited to 5 s
 
 
 def test_calls_are_paced_by_the_rate_limit():
@@ -324,7 +353,7 @@ def test_default_endpoints_are_the_public_ones_and_tests_never_reach_them():
         index = WebIndex(get_provider(name), KEY)
         assert index.endpoint == url
         try:
-            with pytest.raises(AssertionError, match="a test tried to reach"):
+            with pytest.raises(BackendError, match="a test tried to reach"):  # the guard's failure, as a 503
                 index.search(["q"], 3)
         finally:
             index.close()

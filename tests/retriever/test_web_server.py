@@ -120,13 +120,14 @@ def test_cli_serves_both_schemas_from_a_standin_and_never_logs_the_key(provider,
     assert health["backend"] == "web" and health["provider"] == provider and health["fingerprint"]
     assert health["per_query_errors"] is True and health["site"] == "en.wikipedia.org"
     result = body["result"]
-    assert [len(h) for h in result] == [3, 3] and body["web"] == {"calls": 2, "cache_hits": 0, "skipped": 0}
+    assert [len(h) for h in result] == [3, 3] and body["web"] == {"calls": 2, "cache_hits": 0, "skipped": 0,
+                                                                      "credits": 2.0}
     doc = result[0][0]["document"]
     assert set(doc) == {"id", "title", "text", "contents"} and result[0][0]["score"] == 1.0
     assert doc["contents"] == f'"{doc["title"]}"\n{doc["text"]}'
     assert plain["result"] == [[h["document"] for h in result[0]]] and plain["web"]["cache_hits"] == 1
     assert r1 == {"queries": ["Ed Wood"], "answers": [[h["document"]["contents"] for h in result[0]]],
-                  "web": {"calls": 0, "cache_hits": 1, "skipped": 0}}
+                  "web": {"calls": 0, "cache_hits": 1, "skipped": 0, "credits": 0.0}}
     assert len(standin.searches) == 2
     web = after["web"]
     assert web["calls"] == 2 and web["cache_hits"] == 2 and web["budget"]["calls"] == 2

@@ -36,12 +36,18 @@ def no_real_provider(monkeypatch):
     """Import it into a test module: any httpx request to a host other than the loopback (a provider's default
     endpoint left in place) fails the test, in this process and its threads."""
     real = httpx.HTTPTransport.handle_request
+    real_async = httpx.AsyncHTTPTransport.handle_async_request
 
     def guarded(self, request):
         assert request.url.host in LOOPBACK, f"a test tried to reach {request.url.host}"
         return real(self, request)
 
+    async def guarded_async(self, request):
+        assert request.url.host in LOOPBACK, f"a test tried to reach {request.url.host}"
+        return await real_async(self, request)
+
     monkeypatch.setattr(httpx.HTTPTransport, "handle_request", guarded)
+    monkeypatch.setattr(httpx.AsyncHTTPTransport, "handle_async_request", guarded_async)
 
 
 def page_html(url: str) -> str:
