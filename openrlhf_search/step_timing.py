@@ -251,16 +251,16 @@ def split_line(global_step: int, status: Dict[str, Any]) -> str:
             detail.append(f"{int(status['retrieval/retries'])} retries, {int(status['retrieval/failovers'])} "
                           "failovers")
             if _f(status, "retrieval/web_calls") is not None:
-                detail.append(f"{int(status['retrieval/web_calls'])} web calls, "
-                              f"{int(status.get('retrieval/web_cache_hits', 0))} cache hits"
-                              + (f", {int(status['retrieval/web_skipped'])} skipped by the web budget"
-                                 if status.get("retrieval/web_skipped") else "")
-                              + (f", US${status['retrieval/web_usd']:.4f} "
-                                 f"(run US${status['retrieval/web_usd_run']:.4f})" if _f(status, "retrieval/web_usd_run")
-                                 else
-                                 f", {status['retrieval/web_credits']:g} credits (run "
-                                 f"{status['retrieval/web_credits_run']:g})"
-                                 if _f(status, "retrieval/web_credits_run") else ""))
+                web = (f"{int(status['retrieval/web_calls'])} web calls, "
+                       f"{int(status.get('retrieval/web_cache_hits', 0))} cache hits")
+                if status.get("retrieval/web_skipped"):
+                    web += f", {int(status['retrieval/web_skipped'])} skipped by the web budget"
+                if _f(status, "retrieval/web_usd_run"):
+                    web += f", US${status['retrieval/web_usd']:.4f} (run US${status['retrieval/web_usd_run']:.4f})"
+                elif _f(status, "retrieval/web_credits_run"):
+                    web += (f", {status['retrieval/web_credits']:g} credits "
+                            f"(run {status['retrieval/web_credits_run']:g})")
+                detail.append(web)
         parts.append(f"generation {gen}" + (f" ({', '.join(detail)})" if detail else ""))
     for key, name in (("timing/make_experience", "experience"), ("timing/ppo_train", "update"),
                       ("timing/broadcast", "weight sync")):
