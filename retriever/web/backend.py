@@ -117,6 +117,8 @@ class WebIndex:
         self.retries_429, self.default_retry_s = retries_429, default_retry_s
         self.log_every = log_every
         self._credit_estimate = provider.credits_per_call  # what a call is held at; raised to the dearest seen
+        self._cost_seen = False
+        self._first_paid = asyncio.Lock()
         # httpx logs every request URL at INFO, and SerpApi's URL carries the key
         self._log_filter = SecretFilter([api_key, getattr(reader, "api_key", None)])
         logging.getLogger("httpx").addFilter(self._log_filter)
@@ -249,6 +251,13 @@ class WebIndex:
             raise
 
     async def _fetch(self, sent: str, topk: int, variant: str) -> WebHits:
+        if self.budget is not None and self.budget.max_usd is not None and not self._cost_seen:
+            async with self._first_paid:  # under a money cap, the first paid call goes alone: its answer says
+                if not self._cost_seen:   # what a call costs, and later calls are held at that price
+                    return await self._fetch_paid(sent, topk, variant)
+        return await self._fetch_paid(sent, topk, variant)
+
+    async def _fetch_paid(self, sent: str, topk: int, variant: str) -> WebHits:
         held, charged = 0.0, None
         if self.budget is not None:
             try:
@@ -260,6 +269,7 @@ class WebIndex:
             if answer is not None:
                 charged = answer.credits
                 self._credit_estimate = max(self._credit_estimate, answer.credits)
+                self._cost_seen = True
         finally:
             if self.budget is not None:
                 self.budget.settle(held, charged)

@@ -13,6 +13,10 @@ Each speaks its provider's documented request and answer (the pages named in ``r
   this query."``; a wrong key gets 401 ``{"error": "Invalid API key. ..."}``; an empty account 429 ``{"error": "Your
   account has run out of searches."}``.
 
+- SearxNG (https://docs.searxng.org/dev/search_api.html): ``GET /search?q=...&format=json``; answer ``{"query",
+  "number_of_results", "results": [{"url", "title", "content", "engine"}], "answers", "suggestions",
+  "unresponsive_engines"}``; without ``format=json`` (the JSON format not enabled) 403.
+
 A stand-in also serves a reader (``GET /read/<page url>``, Jina Reader's convention) returning a page as HTML.
 Behaviour is set per test through attributes (``mode``, ``retry_after``, ``fail_first``, ``delay_s``, ...); every
 request received is recorded in ``requests``.
@@ -65,7 +69,11 @@ class ProviderStandIn:
 
     Attributes:
         provider: "serper" or "serpapi".
-        mode: "ok", "empty", "429", "500", "timeout_like" (answers after ``delay_s``), "quota", "badquery".
+        mode: "ok", "empty", "429", "500", "timeout_like" (answers after ``delay_s``), "quota", "badquery",
+            "429quota" (a transient 429 whose text mentions quota and credits, with ``retry_after``), "nonjson" (a
+            200 that is an HTML page), "trickle" (a 200 whose body comes one byte every ``trickle_s``).
+        fail_if: a query for which this returns True always gets the provider's 5xx (the others are served).
+        hold: a query for which this returns True waits until ``release`` is set before it is answered.
         retry_after: the Retry-After header value of a 429 (None: no header).
         fail_first: with mode "429" / "500": fail only this many calls, then answer normally (None: always).
         delay_s: seconds every search answer waits.
@@ -80,6 +88,11 @@ class ProviderStandIn:
         self.fail_first = None
         self.delay_s = 0.0
         self.credits = 1
+        self.trickle_s = 0.2
+        self.trickling = False  # a trickled body is being sent right now
+        self.fail_if = None
+        self.hold = None
+        self.release = threading.Event()
         self.requests = []
         self._failed = 0
         self._lock = threading.Lock()
@@ -114,6 +127,7 @@ class ProviderStandIn:
         return [r for r in self.requests if r["path"] == "/search"]
 
     def close(self) -> None:
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -143,9 +157,59 @@ class ProviderStandIn:
             return self._send(h, 404, {"error": "not found"})
         if self.delay_s:
             time.sleep(self.delay_s)
+        q = (body or {}).get("q") if self.provider == "serper" else params.get("q")
+        if self.hold is not None and q and self.hold(q):
+            self.release.wait(60)
+        if self.mode == "nonjson":
+            return self._send(h, 200, "<html><body>Service temporarily moved</body></html>")
+        if self.mode == "trickle":
+            return self._trickle(h)
+        if self.fail_if is not None and q and self.fail_if(q):
+            return self._send(h, 500, {"message": "Internal server error", "statusCode": 500})
+        if self.mode == "429quota" and self._should_fail():
+            return self._send(h, 429, {"message": "Rate limit exceeded: per-second quota, credits are not charged "
+                                                  "for this request", "statusCode": 429},
+                              {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None)
         if self.provider == "serper":
             return self._serper(h, method, body or {})
+        if self.provider == "searxng":
+            return self._searxng(h, method, params)
         return self._serpapi(h, method, params)
+
+    def _trickle(self, h):
+        data = json.dumps({"organic": [], "credits": 1}).encode()
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        self.trickling = True
+        try:
+            for i in range(len(data)):
+                h.wfile.write(data[i:i + 1])
+                h.wfile.flush()
+                time.sleep(self.trickle_s)
+        except OSError:  # the caller gave up (its deadline): what a trickling provider sees
+            pass
+        finally:
+            self.trickling = False
+
+    def _searxng(self, h, method, params):
+        if params.get("format") != "json":
+            return self._send(h, 403, "<html><body>403 Forbidden</body></html>")
+        q = params.get("q", "")
+        results = [] if self.mode == "empty" else [
+            {"url": f"https://example.org/{i}", "title": f"{q} result {i}", "engine": "duckduckgo",
+             "content": f"the result snippet text for this page is here ({q}, {i})", "score": 1.0 / i}
+            for i in range(1, 11)]
+        return self._send(h, 200, {"query": q, "number_of_results": len(results), "results": results,
+                                   "answers": [], "corrections": [], "infoboxes": [], "suggestions": [],
+                                   "unresponsive_engines": []})
+
+    @property
+    def provider_calls(self) -> list:
+        """The queries of the search requests received, in order."""
+        return [(r["json"] or {}).get("q") if self.provider == "serper" else r["params"].get("q")
+                for r in self.searches]
 
     def _should_fail(self) -> bool:
         with self._lock:
