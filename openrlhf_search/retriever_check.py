@@ -165,6 +165,51 @@ def serving_line(health: Dict, paper_encoder: str = "", paper_index_type: str = 
     return lines
 
 
+def web_preflight(health: Dict, prompts: int, samples: int, turns: int, steps: Optional[int] = None
+                  ) -> Optional[tuple]:
+    """Compare a run's likely web search use with a web retriever's budget and rate (its ``GET /health``).
+
+    Args:
+        health: the ``/health`` answer of ``retriever.server --web`` (anything else: None is returned).
+        prompts, samples, turns: rollout batch size, samples per prompt, most turns per trajectory; their product is
+            the most searches one step can make (each turn searches at most once).
+        steps: the run's planned steps (``--train.max_steps``; None: unknown, only one step is checked).
+    Returns:
+        (line, fits): a one-line summary (searches per step, paid calls after the cache's measured hit rate,
+        the budget left and the steps it covers, the seconds per step the provider's rate allows); ``fits`` False
+        when the budget cannot cover the planned steps (one step when unknown) and the server stops the run at
+        its budget (``on_budget`` stop). None for an index retriever.
+    """
+    web = health.get("web") if isinstance(health, dict) else None
+    if health.get("backend") != "web" or not isinstance(web, dict):
+        return None
+    per_step = prompts * samples * turns
+    cache = web.get("cache") or {}
+    hit = float(cache.get("hit_rate") or 0.0) if cache.get("lookups") else 0.0
+    paid = per_step * (1.0 - hit)
+    budget = web.get("budget") or {}
+    left = []
+    if budget.get("max_queries") is not None:
+        left.append(max(0, budget["max_queries"] - budget.get("calls", 0)))
+    if budget.get("max_usd") is not None and budget.get("usd_per_1k"):
+        usd_left = max(0.0, budget["max_usd"] - (budget.get("usd") or 0.0))
+        left.append(int(usd_left / (budget["usd_per_1k"] / 1000.0)))  # at one credit per search
+    calls_left = min(left) if left else None
+    covers = None if calls_left is None else (calls_left / paid if paid else float("inf"))
+    need = steps or 1
+    fits = covers is None or covers >= need or web.get("on_budget") == "continue"
+    cost = (f", about US${paid * budget['usd_per_1k'] / 1000.0:.2f} per step" if budget.get("usd_per_1k") else "")
+    qps = web.get("qps")
+    rate = f"; at {qps:g} calls/s the provider needs about {paid / qps:.0f} s per step" if qps else ""
+    left_text = ("no cap" if calls_left is None else
+                 f"{calls_left} paid calls left, enough for {covers:.1f} of {need if steps else 'the first'} step"
+                 f"{'s' if steps else ''}")
+    line = (f"web search pre-flight ({health.get('provider')}): up to {per_step} searches per step ({prompts} "
+            f"prompts x {samples} samples x {turns} turns), about {paid:.0f} paid after the cache's "
+            f"{100 * hit:.0f}% hit rate{cost}; budget: {left_text}{rate}")
+    return line, fits
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--urls", required=True, help="comma-separated retriever base URLs")

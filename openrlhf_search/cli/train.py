@@ -52,7 +52,7 @@ PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(PACKAGE_DIR)
 DEFAULT_AGENT_PATH = os.path.join(PACKAGE_DIR, "agent.py")
 SCHEDULE_OPTIONS = ("stage2_reward_scheme", "stage2_start_step", "eval_reward_scheme", "max_failed_fraction",
-                    "check_retrievers", "retriever_fingerprint")
+                    "check_retrievers", "retriever_fingerprint", "web_budget_check")
 
 
 class OpenRLHFMain:
@@ -200,6 +200,10 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group.add_argument("--search.retriever_fingerprint", type=str, default=None,
                        help="index fingerprint the retrievers must serve (GET /health 'fingerprint'; default: any, "
                             "as long as all agree); not a paper setting")
+    group.add_argument("--search.web_budget_check", type=_parse_bool_or_auto, default=True,
+                       help="against a web retriever, refuse a run whose expected searches (batch x samples x turns "
+                            "per step, after the cache's hit rate) the server's budget cannot cover, true/false "
+                            "(default true); not a paper setting")
     add_schedule_arguments(parser)  # --train.max_steps (openrlhf_search.schedules)
     parser.add_argument("--actor.trainable_layers", type=int, default=0,
                         help="train only the top K decoder layers and the final norm of the policy (embeddings, LM "
@@ -547,7 +551,33 @@ def check_retrievers_before_training(args, cfg: SearchConfig) -> Optional[str]:
         return None
     from openrlhf_search.retriever_check import check_on_ray_nodes
 
-    return check_on_ray_nodes(cfg.retriever_urls, args.search.retriever_fingerprint)
+    fingerprint = check_on_ray_nodes(cfg.retriever_urls, args.search.retriever_fingerprint)
+    check_web_budget(args, cfg)
+    return fingerprint
+
+
+def check_web_budget(args, cfg: SearchConfig) -> Optional[str]:
+    """Against a web retriever: print how many searches the run may make per step next to its budget and rate;
+    refuse (ConfigError, one line) a run the budget cannot carry through its planned steps while the server stops
+    at its budget, unless ``--search.web_budget_check false``. Returns the line (None for an index, or when the
+    driver cannot read the retriever's ``/health``)."""
+    from openrlhf_search.retriever_check import RetrieverCheckError, fetch_health, web_preflight
+
+    try:
+        health = fetch_health(cfg.retriever_urls[0])
+    except RetrieverCheckError:
+        return None  # a per-node loopback URL the driver cannot reach: the node checks above passed
+    found = web_preflight(health, args.rollout.batch_size, args.rollout.n_samples_per_prompt, cfg.max_turns,
+                          getattr(args.train, "max_steps", None))
+    if found is None:
+        return None
+    line, fits = found
+    print(line, file=sys.stderr)
+    if not fits and args.search.web_budget_check:
+        raise ConfigError(f"{line}: the run would stop at the web budget; raise the server's --web_max_queries / "
+                          "--web_max_usd, lower --train.max_steps, or pass --search.web_budget_check false to start "
+                          "anyway")
+    return line
 
 
 def run(args, cfg: SearchConfig) -> None:

@@ -187,6 +187,7 @@ class WebIndex:
                 "web": {**self.counts, "retry_after_wait_s": round(self.counts["retry_after_wait_s"], 3),
                         "on_budget": self.on_budget, "budget": self.budget.info() if self.budget else None,
                         "cache": cache, "rate_limit_waits": self.limiter.waits if self.limiter else 0,
+                        "qps": 1.0 / self.limiter.interval if self.limiter and self.limiter.interval else None,
                         "paused_s": round(self.limiter.paused_for(), 3) if self.limiter else 0.0,
                         "page_reads": self.reader.reads if self.reader else 0,
                         "stopped": str(self._stopped) if self._stopped else None}}

@@ -293,3 +293,50 @@ def test_searxng_needs_no_key_and_costs_nothing(cli):
     assert all(r["params"]["format"] == "json" for r in standin.searches)
     assert health["provider"] == "searxng" and health["web"]["budget"]["usd"] == 0.0
     assert c.stats["web_calls"] == 2 and c.stats["web_usd"] == 0.0
+
+
+# ------------------------------------------------------------------ cost before the run
+def test_preflight_compares_the_runs_searches_with_the_budget_and_refuses_one_it_cannot_carry(cli):
+    from types import SimpleNamespace
+
+    from openrlhf_search.cli.train import check_web_budget
+    from openrlhf_search.config import ConfigError
+
+    standin = ProviderStandIn("serper")
+    server = cli(standin, "--web_max_queries", "1000", "--web_usd_per_1k", "1", "--web_qps", "5")
+    server.post(["warm"])
+    server.post(["warm"])  # the cache's hit rate is now 50 %
+    args = SimpleNamespace(rollout=SimpleNamespace(batch_size=8, n_samples_per_prompt=5),
+                           train=SimpleNamespace(max_steps=20), search=SimpleNamespace(web_budget_check=True))
+    cfg = SimpleNamespace(retriever_urls=[server.url], max_turns=4)
+    with pytest.raises(ConfigError) as refused:
+        check_web_budget(args, cfg)
+    args.search.web_budget_check = False
+    told = check_web_budget(args, cfg)
+    args.search.web_budget_check, args.train.max_steps = True, 10
+    fits = check_web_budget(args, cfg)
+    server.stop()
+    assert ("up to 160 searches per step (8 prompts x 5 samples x 4 turns), about 80 paid after the cache's 50% "
+            "hit rate, about US$0.08 per step; budget: 999 paid calls left, enough for 12.5 of 20 steps; at 5 "
+            "calls/s the provider needs about 16 s per step") in str(refused.value)
+    assert "--search.web_budget_check false" in str(refused.value) and told in str(refused.value)
+    assert "enough for 12.5 of 10 steps" in fits
+
+
+def test_the_step_line_shows_what_the_steps_searches_cost_and_the_run_so_far(cli):
+    from openrlhf_search import step_timing
+
+    standin = ProviderStandIn("serper")
+    server = cli(standin, "--web_usd_per_1k", "1")
+    c = client(server.url, coalesce_window_ms=20)
+    before = dict(c.stats)
+    search_all(c, ["a", "b"])
+    middle = dict(c.stats)
+    search_all(c, ["a", "c", "d", "e"])
+    server.stop()
+    step1 = step_timing.retrieval_stats([], (0.0, 1.0), [before], [middle])
+    step2 = step_timing.retrieval_stats([], (0.0, 1.0), [middle], [dict(c.stats)])
+    assert step2["retrieval/web_usd"] == pytest.approx(0.003) and step2["retrieval/web_usd_run"] == pytest.approx(0.005)
+    line = step_timing.split_line(2, {"timing/generation": 5.0, "step_time/search_in_flight_s": 1.0, **step2})
+    assert "3 web calls, 1 cache hits, US$0.0030 (run US$0.0050)" in line
+    assert step1["retrieval/web_credits"] == 2 and step1["retrieval/web_credits_run"] == 2
