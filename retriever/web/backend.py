@@ -126,6 +126,7 @@ class WebIndex:
         self._stopped: Optional[BackendError] = None
         self._budget_logged = self._reads_logged = False
         self._inflight: dict = {}
+        self._reads_started = 0
         self.counts = {"calls": 0, "attempts": 0, "retries": 0, "cache_hits": 0, "shared": 0, "skipped": 0,
                        "empty": 0, "rate_limited": 0, "retry_after_wait_s": 0.0, "unavailable": 0,
                        "bad_queries": 0, "credits": 0.0, "page_reads_over_budget": 0}
@@ -295,13 +296,14 @@ class WebIndex:
     async def _read(self, passage: dict, result) -> None:
         """Replace the passage's snippet by its page text (kept when the read cap is reached or the read fails)."""
         with self._lock:
-            if self.max_page_reads is not None and self.reader.reads + self.reader.failures >= self.max_page_reads:
+            if self.max_page_reads is not None and self._reads_started >= self.max_page_reads:
                 self.counts["page_reads_over_budget"] += 1
                 if not self._reads_logged:
                     self._reads_logged = True
                     logger.warning("page reads reached --web_max_page_reads %d: passages keep their snippet from "
                                    "now on", self.max_page_reads)
                 return
+            self._reads_started += 1  # counted when it starts: concurrent reads cannot pass the cap
         if self.reader_limiter is not None:
             await self.reader_limiter.acquire()
         page = await self.reader.read(self._http, result.url, result.snippet)

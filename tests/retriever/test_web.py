@@ -357,3 +357,38 @@ def test_default_endpoints_are_the_public_ones_and_tests_never_reach_them():
                 index.search(["q"], 3)
         finally:
             index.close()
+
+
+def test_the_cache_key_holds_the_endpoint_and_the_cache_keeps_at_most_max_entries(tmp_path):
+    cache = QueryCache(str(tmp_path / "c.sqlite"), max_entries=2)
+    cache.put("serper", "http://a/search", "Q1", 3, "snippet", [{"id": 1}])
+    assert cache.get("serper", "http://b/search", "q1", 3, "snippet") is None  # another endpoint: a miss
+    assert cache.get("serper", "http://a/search", " q1 ", 2, "snippet") == [{"id": 1}]
+    cache.put("serper", "http://a/search", "q2", 3, "snippet", [])
+    cache.put("serper", "http://a/search", "q3", 3, "snippet", [])
+    assert len(cache) == 2 and cache.evicted == 1
+    assert cache.get("serper", "http://a/search", "q1", 3, "snippet") is None  # the oldest went first
+    cache.close()
+
+
+def test_status_decides_before_text_whether_an_account_is_empty():
+    serper, serpapi = get_provider("serper"), get_provider("serpapi")
+    assert serper.is_quota(400, "Not enough credits") and serper.is_quota(402, "")
+    assert not serper.is_quota(429, "quota exceeded, credits not charged") and not serper.is_quota(503, "quota")
+    assert serpapi.is_quota(429, "Your account has run out of searches.")  # SerpApi's documented empty account
+    assert not serpapi.is_quota(429, "Your account has run out of searches.", retry_after=30)
+
+
+def test_page_reads_are_paced_and_capped_by_the_budget(tmp_path):
+    s = ProviderStandIn("serper")
+    reader = PageReader(s.url + "/read", max_words=20)
+    index = make(s, reader=reader, reader_limiter=RateLimiter(20.0), max_page_reads=3)
+    try:
+        hits = index.search(["Ed Wood"], 5)
+    finally:
+        index.close()
+        s.close()
+    reads = [r for r in s.requests if r["path"] == "/read"]
+    assert len(reads) == 3 and index.counts["page_reads_over_budget"] == 2
+    assert sum(p["text"].startswith("the result snippet text") for p in hits[0]) == 2  # the rest kept snippets
+    assert index.reader_limiter.waits == 2  # the 2nd and 3rd read waited for their slot
