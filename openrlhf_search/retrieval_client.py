@@ -40,6 +40,10 @@ A query the server rejects fails alone, never the queries coalesced with it:
   retry). A 4xx that is about the request itself (a topk above the server's maximum, from a server that has
   per-query errors) is a configuration fault: every query of the request raises ``RetrievalError``.
 
+A 503 / 429 with ``Retry-After`` is retried no sooner than the server asks (at most ``max_retry_after_s``). A query
+that a web retriever could not serve now (listed in its answer's ``"unavailable"``) is sent again alone after the
+backoff or the answer's ``retry_after``, while the queries answered with it keep their passages.
+
 A web retriever (``retriever.server --web``) that can no longer serve (the provider refused the API key, the
 account or the run's budget is spent) answers with ``"stop_run": true``: every query of that request raises
 :class:`RetrievalStopped`, which the executor does not absorb, so the run stops with that one-line message. Its
