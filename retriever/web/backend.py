@@ -196,7 +196,7 @@ class WebIndex:
     def close(self) -> None:
         if self._loop.is_closed():
             return
-        self._await(self._http.aclose())
+        self._await(self._shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(30)
         self._loop.close()
@@ -204,6 +204,14 @@ class WebIndex:
         self._log_cache(final=True)
         if self.cache is not None:
             self.cache.close()
+
+    async def _shutdown(self) -> None:
+        """Cancel the searches still running (their requests are gone with the server) and close the client."""
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._http.aclose()
 
     # ------------------------------------------------------------------ one query
     def _variant(self) -> str:
