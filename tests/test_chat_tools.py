@@ -322,6 +322,9 @@ def test_calls_past_max_tool_calls_per_turn_are_answered_as_invalid_and_not_sear
     assert all(r.startswith(f"{INVALID_CALL_PREFIX} more than 2 calls in one message") for r in replies[2:])
     logs = res["extra_logs"]
     assert (logs["tool_calls"], logs["invalid_tool_calls"], logs["valid_searches"], logs["queries"]) == (6, 4, 2, 2)
+    # the reward's count (the retrieval term of the R1-Searcher schemes) agrees: two tool responses hold passages
+    assert compute_reward("r1searcher_stage1", res["response_text"], GOLD, "chat_tools").components[
+        "valid_searches"] == 2.0
     # the flag, and its default
     argv = _argv("chat_tools_grpo_qwen3-4b.sh")
     assert cli.parse_args(argv)[1].max_tool_calls_per_turn == SearchConfig().max_tool_calls_per_turn == 4
