@@ -162,7 +162,8 @@ class SearchAgentExecutor(AgentExecutorBase):
             label: gold answer(s): a string, a JSON list string, a list, or ``{"target": [...]}``.
             sampling_params: ``vllm.SamplingParams`` of the run (temperature, top_p, logprobs...); per turn a copy
                 gets ``stop = protocol.stop_strings`` (only the end-of-query tag with ``config.stop_at_answer``
-                false), ``include_stop_str_in_output=True`` and
+                false; native tool calls: no stop strings and ``stop_token_ids`` += ``protocol.stop_token_ids``, every
+                EOS id of the model), ``include_stop_str_in_output=True`` and
                 ``max_tokens = min(max_new_tokens_per_turn, max_length - tokens so far)``.
             max_length: total token budget (prompt + every action and observation).
             hf_tokenizer: the policy's tokenizer.

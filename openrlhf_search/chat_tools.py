@@ -10,16 +10,20 @@ protocols train that format instead of the papers' tags:
 - ``chat_tools_nothink``: ``enable_thinking=False`` (the template writes an empty ``<think>\\n\\n</think>\\n\\n`` after
   every generation prompt, tool turns included).
 
-The one function is ``search(query)``. A turn (one assistant message, ended by the end-of-turn token ``<|im_end|>``)
-with tool calls is parsed with vLLM's ``hermes`` tool parser (the parser vLLM serves Qwen2.5 / Qwen3 with); every
-call of the turn is searched at once (one coalesced retrieval request), and the environment inserts exactly what the
-policy's chat template renders for the ``tool`` messages (role markers included) followed by the next generation
-prompt: :meth:`ChatToolsProtocol.tool_turn_text`. A turn without a tool call is the final message.
+The one function is ``search(query)``. A turn is one assistant message, ended by the end-of-turn token
+``<|im_end|>`` or another EOS id of the model (:meth:`ChatToolsProtocol.stop_token_ids`). Its tool calls are read one
+``<tool_call>`` block at a time, each the JSON that vLLM's ``hermes`` parser (the one vLLM serves Qwen2.5 / Qwen3
+with) reads, decoded with ``json.loads``, so one bad block is one invalid call; the first
+``SearchConfig.max_tool_calls_per_turn`` calls are searched at once (one coalesced retrieval request), and the
+environment inserts exactly what the policy's chat template renders for the ``tool`` messages (role markers
+included) followed by the next generation prompt: :meth:`ChatToolsProtocol.tool_turn_text`. A turn without a tool
+call is the final message.
 
 The answer rule: the final assistant message's last ``<answer>`` block (the system prompt asks for one; the text
-after the message's ``</think>``), scored by the usual EM / F1 / Cover-EM rewards. A malformed call (JSON the parser
-cannot read, an unknown function, a missing or empty ``query``) gets a ``tool`` message starting with
-``INVALID_CALL_PREFIX`` that says what was wrong, and is counted (``invalid_tool_calls``); it never ends the run.
+after the message's ``</think>``, never inside a ``<think>`` left open), scored by the usual EM / F1 / Cover-EM
+rewards. A malformed call (not JSON, an unknown function, a missing or empty ``query``) or a call over the cap gets a
+``tool`` message starting with ``INVALID_CALL_PREFIX`` that says what was wrong, and is counted
+(``invalid_tool_calls``); it never ends the run. docs/chat_tools.md has the table of what each does to the reward.
 """
 
 from __future__ import annotations
