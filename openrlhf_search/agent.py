@@ -162,7 +162,8 @@ class SearchAgentExecutor(AgentExecutorBase):
             label: gold answer(s): a string, a JSON list string, a list, or ``{"target": [...]}``.
             sampling_params: ``vllm.SamplingParams`` of the run (temperature, top_p, logprobs...); per turn a copy
                 gets ``stop = protocol.stop_strings`` (only the end-of-query tag with ``config.stop_at_answer``
-                false), ``include_stop_str_in_output=True`` and
+                false; native tool calls: no stop strings and ``stop_token_ids`` += ``protocol.stop_token_ids``, every
+                EOS id of the model), ``include_stop_str_in_output=True`` and
                 ``max_tokens = min(max_new_tokens_per_turn, max_length - tokens so far)``.
             max_length: total token budget (prompt + every action and observation).
             hf_tokenizer: the policy's tokenizer.
@@ -251,14 +252,15 @@ class SearchAgentExecutor(AgentExecutorBase):
                     log_probs.append(float(entry.logprob) if entry is not None else 0.0)
             truncated = output.finish_reason == "length"
 
+            searches = 0  # searches the environment block answers: valid once the block is appended
             if native:
-                step = await self._tool_turn(action, stop_ids, turn, hf_tokenizer, logs, search_trace)
+                step = await self._tool_turn(action, stop_ids, turn, max_length - len(tokens), hf_tokenizer, logs,
+                                             search_trace)
                 if step is None:
                     break
-                env_ids, failed = step
+                env_ids, searches, failed = step
                 if failed:
                     break
-                parsed, rejected = None, False  # the tool turn counted its own calls
             else:
                 parsed = proto.parse_action(hf_tokenizer.decode(action, skip_special_tokens=False))
                 if parsed.kind == "answer":
@@ -291,6 +293,7 @@ class SearchAgentExecutor(AgentExecutorBase):
                         break
                     search_trace.append({"query": parsed.content, "passage_ids": [p.id for p in passages]})
                     env_ids = self.observation_tokens(passages, hf_tokenizer)
+                    searches = 0 if rejected else 1
                 else:
                     logs["invalid_actions"] += 1
                     message = proto.invalid_action_message()
@@ -299,7 +302,7 @@ class SearchAgentExecutor(AgentExecutorBase):
                     if turn == cfg.max_turns - 1:
                         break  # no generation call left to read the message: it would only cost context
                     env_ids = self._encode_cached(hf_tokenizer, message)
-            if len(tokens) + len(env_ids) > max_length:
+            if env_ids is None or len(tokens) + len(env_ids) > max_length:
                 # A partial block would teach the model a context it never sees in full. Not ``truncated``: the
                 # policy stopped properly, so OpenRLHF's stop-properly penalty must not see it.
                 context_full = True
@@ -308,8 +311,7 @@ class SearchAgentExecutor(AgentExecutorBase):
             obs_tokens += len(env_ids)
             if want_logprobs:
                 log_probs.extend([0.0] * len(env_ids))
-            if parsed is not None and parsed.kind == "query" and not rejected:
-                logs["valid_searches"] += 1
+            logs["valid_searches"] += searches
 
         response_text = self._decode_response(hf_tokenizer, tokens[prompt_len:])
         result = self._reward(response_text, golds)
@@ -345,19 +347,27 @@ class SearchAgentExecutor(AgentExecutorBase):
             "action_versions": action_versions or None,
         }
 
-    async def _tool_turn(self, action: List[int], stop_ids: List[int], turn: int, tokenizer, logs: dict,
+    async def _tool_turn(self, action: List[int], stop_ids: List[int], turn: int, room: int, tokenizer, logs: dict,
                          search_trace: List[dict]):
         """The environment's reply to one assistant message of a ``native_tools`` protocol (``chat_tools``).
 
         Every call of the message is answered by one ``tool`` message, in order: the passages of a well-formed
         ``search`` call (all of the message's queries are sent at once, so the client coalesces them), or the
-        protocol's invalid-call message. Returns None when the trajectory ends here (a final message, a message cut
-        before its end-of-turn token, or no generation call left to read the replies), else ``(env_ids, failed)``:
-        the tokens of the template's rendering of the tool messages and the next generation prompt, tokenised in one
-        piece, and whether a retrieval failed past the client's retries (the sample is then marked failed).
+        protocol's invalid-call message (a malformed call, or one past ``config.max_tool_calls_per_turn``, which is
+        not searched). A message ended by another end-of-sequence id than ``end_of_turn``'s (Qwen3's
+        ``<|endoftext|>``) is closed with the ``end_of_turn`` text first, so the context reads as the template
+        renders it. Nothing is searched when the reply cannot fit in ``room`` tokens even with empty passages.
+
+        Returns:
+            None when the trajectory ends here (a final message, a message cut before an end-of-sequence token, or
+            no generation call left to read the replies), else ``(env_ids, searches, failed)``: the tokens of the
+            template's rendering of the tool messages and the next generation prompt, tokenised in one piece (None
+            when they cannot fit: nothing was searched), the number of searches they answer (valid searches once
+            appended), and whether a retrieval failed past the client's retries (the sample is then marked failed).
         """
         cfg, proto = self.config, self.protocol
-        parsed = proto.parse_tool_turn(tokenizer.decode(action, skip_special_tokens=False))
+        parsed = proto.parse_tool_turn(tokenizer.decode(action, skip_special_tokens=False),
+                                       max_calls=cfg.max_tool_calls_per_turn)
         if parsed.final:
             return None
         n_calls = len(parsed.queries)
@@ -368,6 +378,19 @@ class SearchAgentExecutor(AgentExecutorBase):
         logs["queries"] += len(queries)
         if action[-1] not in stop_ids or turn == cfg.max_turns - 1:
             return None  # cut before the end of the message, or no generation call left to read the replies
+        # a message ended by another EOS id: the environment writes the end of the message the template renders
+        close = "" if action[-1] == stop_ids[0] else proto.end_of_turn
+
+        def render(contents: List[str]) -> List[int]:
+            return self._encode(tokenizer, close + proto.tool_turn_text(contents, tokenizer))
+
+        def reply(found: List[str]) -> List[str]:  # one content per call, in order
+            it = iter(found)
+            return [proto.invalid_call_message(e) if q is None else next(it)
+                    for q, e in zip(parsed.queries, parsed.errors)]
+
+        if len(render(reply([""] * len(queries)))) > room:
+            return None, 0, False  # full context: not even empty passages fit, so nothing is searched (or paid)
         cleaned = [proto.clean_query(q) for q in queries]
         results = await asyncio.gather(*(self.client.search(q) for q in cleaned), return_exceptions=True)
         for r in results:
@@ -380,24 +403,20 @@ class SearchAgentExecutor(AgentExecutorBase):
                 logger.warning("retrieval failed; sample marked retrieval_failed and left out of training "
                                "(%d such samples so far in this process): %s",
                                SearchAgentExecutor.retrieval_failed_samples, r)
-                return [], True
+                return [], 0, True
             if isinstance(r, BaseException) and not isinstance(r, QueryRejected):
                 raise r
-        contents: List[str] = []
-        it = iter(zip(queries, results))
-        for query, error in zip(parsed.queries, parsed.errors):
-            if query is None:
-                contents.append(proto.invalid_call_message(error))
-                continue
-            q, passages = next(it)
+        found: List[str] = []
+        searches = 0
+        for q, passages in zip(queries, results):
             if isinstance(passages, QueryRejected):
                 logs["rejected_queries"] += 1
                 passages = []
             else:
-                logs["valid_searches"] += 1
+                searches += 1
                 search_trace.append({"query": q, "passage_ids": [p.id for p in passages]})
-            contents.append(self._cap_content(proto.render_documents(passages), tokenizer))
-        return self._encode(tokenizer, proto.tool_turn_text(contents, tokenizer)), False
+            found.append(self._cap_content(proto.render_documents(passages), tokenizer))
+        return render(reply(found)), searches, False
 
     def _cap_content(self, content: str, tokenizer) -> str:
         """One tool message's content cut to ``max_obs_tokens`` tokens (at a token boundary, whole characters)."""

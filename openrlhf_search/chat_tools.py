@@ -10,22 +10,26 @@ protocols train that format instead of the papers' tags:
 - ``chat_tools_nothink``: ``enable_thinking=False`` (the template writes an empty ``<think>\\n\\n</think>\\n\\n`` after
   every generation prompt, tool turns included).
 
-The one function is ``search(query)``. A turn (one assistant message, ended by the end-of-turn token ``<|im_end|>``)
-with tool calls is parsed with vLLM's ``hermes`` tool parser (the parser vLLM serves Qwen2.5 / Qwen3 with); every
-call of the turn is searched at once (one coalesced retrieval request), and the environment inserts exactly what the
-policy's chat template renders for the ``tool`` messages (role markers included) followed by the next generation
-prompt: :meth:`ChatToolsProtocol.tool_turn_text`. A turn without a tool call is the final message.
+The one function is ``search(query)``. A turn is one assistant message, ended by the end-of-turn token
+``<|im_end|>`` or another EOS id of the model (:meth:`ChatToolsProtocol.stop_token_ids`). Its tool calls are read one
+``<tool_call>`` block at a time, each the JSON that vLLM's ``hermes`` parser (the one vLLM serves Qwen2.5 / Qwen3
+with) reads, decoded with ``json.loads``, so one bad block is one invalid call; the first
+``SearchConfig.max_tool_calls_per_turn`` calls are searched at once (one coalesced retrieval request), and the
+environment inserts exactly what the policy's chat template renders for the ``tool`` messages (role markers
+included) followed by the next generation prompt: :meth:`ChatToolsProtocol.tool_turn_text`. A turn without a tool
+call is the final message.
 
 The answer rule: the final assistant message's last ``<answer>`` block (the system prompt asks for one; the text
-after the message's ``</think>``), scored by the usual EM / F1 / Cover-EM rewards. A malformed call (JSON the parser
-cannot read, an unknown function, a missing or empty ``query``) gets a ``tool`` message starting with
-``INVALID_CALL_PREFIX`` that says what was wrong, and is counted (``invalid_tool_calls``); it never ends the run.
+after the message's ``</think>``, never inside a ``<think>`` left open), scored by the usual EM / F1 / Cover-EM
+rewards. A malformed call (not JSON, an unknown function, a missing or empty ``query``) or a call over the cap gets a
+``tool`` message starting with ``INVALID_CALL_PREFIX`` that says what was wrong, and is counted
+(``invalid_tool_calls``); it never ends the run. docs/chat_tools.md has the table of what each does to the reward.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -60,6 +64,11 @@ _SYSTEM = (
 
 _SENTINEL = "\u2063ORS_SENTINEL\u2063"
 
+#: first words of the reason given to a call over ``SearchConfig.max_tool_calls_per_turn``
+_OVER_CAP = "more than"
+#: what :meth:`ChatToolsProtocol._call_blocks` gives for a block json.loads cannot read
+_NOT_JSON = object()
+
 
 # Tags a template wraps tool messages in (Qwen's); escaped inside passages like the protocol tags.
 _TOOL_RESPONSE_TAG = re.compile(r"</?tool_response>")
@@ -85,27 +94,25 @@ class ToolTurn:
         return sum(1 for e in self.errors if e)
 
 
-_PARSERS: Dict[str, Any] = {}
+def _generation_eos_ids(name_or_path: str) -> Tuple[int, ...]:
+    """``eos_token_id`` of the model's ``generation_config.json`` (an int or a list) read from the local folder or
+    the Hugging Face cache, never the network; () when there is none."""
+    if not name_or_path:
+        return ()
+    return _cached_generation_eos_ids(name_or_path)
 
 
-class _NoTokenizer:
-    """Stands in for the tokenizer vLLM's parsers insist on; ``extract_tool_calls`` of ``hermes`` never reads it."""
+@functools.lru_cache(maxsize=16)
+def _cached_generation_eos_ids(name_or_path: str) -> Tuple[int, ...]:
+    from transformers import GenerationConfig
 
-    def get_vocab(self):
-        return {}
-
-
-def _tool_parser(name: str):
-    parser = _PARSERS.get(name)
-    if parser is None:
-        import openrlhf_search._cpu_compat  # noqa: F401  (before vllm)
-        from vllm.tool_parsers import ToolParserManager
-
-        cls = ToolParserManager.get_tool_parser(name)
-        parser = _PARSERS[name] = cls(_NoTokenizer())
-        # a malformed call is the policy's doing and is counted by the executor: no traceback per sample
-        logging.getLogger(cls.__module__).setLevel(logging.CRITICAL)
-    return parser
+    try:
+        eos = GenerationConfig.from_pretrained(name_or_path, local_files_only=True).eos_token_id
+    except (OSError, ValueError):  # no generation config (a tokenizer folder), not cached
+        return ()
+    if eos is None:
+        return ()
+    return tuple(int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos]))
 
 
 @register_protocol
@@ -117,8 +124,8 @@ class ChatToolsProtocol(Protocol):
             :meth:`Protocol.parse_action` and the documents block.
         enable_thinking: passed to the template (Qwen3's switch); False adds an empty think block after every
             generation prompt.
-        tool_parser: vLLM tool-parser name that reads the calls ("hermes").
-        end_of_turn: the token text that ends an assistant message (the engine's stop token).
+        end_of_turn: the token text that ends an assistant message (the engine's stop token; the model's other
+            end-of-sequence tokens end a message too, :meth:`stop_token_ids`).
         turn_open: the text that opens any role's turn; an ``end_of_turn`` followed by it and another role than
             the assistant is the environment's text, up to and including ``assistant_header``.
         tools: the declared functions; ``tools[0]``'s name is the search function.
@@ -127,7 +134,6 @@ class ChatToolsProtocol(Protocol):
     name = "chat_tools"
     native_tools = True
     enable_thinking = True
-    tool_parser = "hermes"
     query_open = "<tool_call>"
     query_close = "</tool_call>"
     doc_open = "<tool_response>"
@@ -152,7 +158,10 @@ class ChatToolsProtocol(Protocol):
         return ()
 
     def stop_token_ids(self, tokenizer) -> List[int]:
-        """Ids of ``end_of_turn`` (the engine stops there, the token is kept in the output).
+        """The ids that end an assistant message (the engine stops there, the token is kept in the output):
+        ``end_of_turn``'s first, then the tokenizer's EOS and every ``eos_token_id`` of the model's generation config
+        (read from ``tokenizer.name_or_path``, local files only). vLLM stops on all of them (Qwen3's generation
+        config lists ``<|im_end|>`` and ``<|endoftext|>``), so a message ended by any of them is a finished message.
 
         Raises:
             ValueError: the tokenizer has no single token for ``end_of_turn``.
@@ -160,7 +169,11 @@ class ChatToolsProtocol(Protocol):
         ids = tokenizer.convert_tokens_to_ids([self.end_of_turn])
         if not ids or ids[0] is None or ids[0] == getattr(tokenizer, "unk_token_id", -1):
             raise ValueError(f"protocol {self.name}: the tokenizer has no {self.end_of_turn!r} token")
-        return [int(ids[0])]
+        out = [int(ids[0])]
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            out.append(int(tokenizer.eos_token_id))
+        out += _generation_eos_ids(getattr(tokenizer, "name_or_path", "") or "")
+        return list(dict.fromkeys(out))
 
     # ------------------------------------------------------------------ prompt
     def instructions(self) -> str:
@@ -255,48 +268,81 @@ class ChatToolsProtocol(Protocol):
         return self.format_passages(passages)
 
     def invalid_call_message(self, reason: str) -> str:
-        """Content of the ``tool`` message answering a malformed call."""
+        """Content of the ``tool`` message answering a malformed call, or a call over the per-message cap (the
+        reasons of :meth:`parse_tool_turn`)."""
+        if reason.startswith(_OVER_CAP):
+            return f"{INVALID_CALL_PREFIX} {reason}."
         return (f"{INVALID_CALL_PREFIX} {reason}. Call the function as "
                 f'{{"name": "{self.function_name}", "arguments": {{"query": "..."}}}}.')
 
     # ------------------------------------------------------------------ parsing
     def _body(self, turn_text: str) -> str:
-        """The turn without its reasoning block and end-of-turn text."""
-        text = turn_text
+        """The turn's own text outside its reasoning, without end-of-sequence text: what follows the last closed
+        ``<think>`` block, up to a ``<think>`` left open (a draft: a turn cut by its token budget, or a block never
+        closed), which never holds a call or an answer."""
+        from openrlhf_search.rewards import strip_end_of_turn
+
+        text = strip_end_of_turn(turn_text)
         if self.think_close in text:
             text = text[text.rindex(self.think_close) + len(self.think_close):]
-        text = text.rstrip()
-        if text.endswith(self.end_of_turn):
-            text = text[:-len(self.end_of_turn)]
+        if self.think_open in text:
+            text = text[:text.index(self.think_open)]
         return text
 
-    def parse_tool_turn(self, turn_text: str) -> ToolTurn:
-        """The tool calls of one assistant turn (decoded with special tokens), read by vLLM's ``tool_parser``.
+    def _call_blocks(self, body: str) -> List[Any]:
+        """Each ``<tool_call>`` block of ``body``, in order, as ``json.loads`` reads it (``_NOT_JSON`` when it does
+        not). A block ends at the first closing tag before which its content is valid JSON, so a closing tag inside
+        a JSON string does not cut it; the last block may run to the end of the message without a closing tag (as
+        vLLM's ``hermes`` parser reads it). A block that is not JSON ends at its first closing tag or at the next
+        opening tag, whichever comes first, so the calls after it are still read."""
+        open_tag, close_tag = self.query_open, self.query_close
+        out: List[Any] = []
+        pos = body.find(open_tag)
+        while pos >= 0:
+            start = pos + len(open_tag)
+            closes = [start + m.start() for m in re.finditer(re.escape(close_tag), body[start:])]
+            end, value = None, _NOT_JSON
+            for cut in closes + [len(body)]:
+                try:
+                    value = json.loads(body[start:cut])
+                except (ValueError, RecursionError):
+                    continue
+                end = cut
+                break
+            if end is None:
+                following = body.find(open_tag, start)
+                end = min(closes[0] if closes else len(body), following if following >= 0 else len(body))
+            out.append(value)
+            pos = body.find(open_tag, end)
+        return out
 
-        Calls inside the reasoning block do not count. When the parser cannot read the turn's calls (bad JSON in any
-        of them, a call without ``name`` or ``arguments``), the turn has one invalid call. A call of another
-        function, or without a non-empty string ``query``, is invalid; the others are kept.
-        """
+    def parse_tool_turn(self, turn_text: str, max_calls: Optional[int] = None) -> ToolTurn:
+        """The tool calls of one assistant turn (decoded with special tokens), one ``<tool_call>`` block at a time
+        (:meth:`_call_blocks`): a block that is not a JSON object with ``name`` and ``arguments``, names another
+        function, or has no non-empty string ``query`` is one invalid call, and the other calls of the turn are
+        kept. Calls inside the reasoning block or a draft (:meth:`_body`) do not count. With ``max_calls``, the
+        calls after the first ``max_calls`` are invalid too (nothing is searched for them)."""
         body = self._body(turn_text)
         if self.query_open not in body:
             return ToolTurn(final=True)
-        info = _tool_parser(self.tool_parser).extract_tool_calls(body, None)
-        if not info.tools_called:
-            return ToolTurn([None], ["the tool call is not valid JSON with \"name\" and \"arguments\""])
         out = ToolTurn()
-        for call in info.tool_calls:
-            query, error = self._check_call(call.function.name, call.function.arguments)
+        for i, value in enumerate(self._call_blocks(body)):
+            if max_calls is not None and i >= max_calls:
+                query, error = None, f"{_OVER_CAP} {max_calls} calls in one message; this call was not run"
+            else:
+                query, error = self._check_call(value)
             out.queries.append(query)
             out.errors.append(error)
         return out
 
-    def _check_call(self, name: str, arguments: str) -> Tuple[Optional[str], str]:
+    def _check_call(self, call: Any) -> Tuple[Optional[str], str]:
+        """(query, "") for a well-formed ``search`` call, else (None, why not). The arguments must be a JSON object
+        (a string holding JSON is not one, as for vLLM's parsers)."""
+        if not isinstance(call, dict) or "name" not in call or "arguments" not in call:
+            return None, "the tool call is not valid JSON with \"name\" and \"arguments\""
+        name, args = call["name"], call["arguments"]
         if name != self.function_name:
             return None, f"unknown function {name!r} (the only function is {self.function_name!r})"
-        try:
-            args = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except ValueError:
-            return None, "arguments are not valid JSON"
         if not isinstance(args, dict):
             return None, "arguments must be a JSON object"
         query = args.get("query")

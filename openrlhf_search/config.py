@@ -66,6 +66,10 @@ class SearchConfig:
             of n_samples_per_prompt values holding n/2 of its samples and n/2 zeros, as R1-Searcher's released Llama
             stage 1 did (its reward server returns ``[score, 0]`` per sample,
             ``train/reward_server_llama_stage1.py:226``; ``openrlhf_search.advantages.zero_padded_group_norm``).
+        max_tool_calls_per_turn: native tool-call protocols (``chat_tools``): the calls of one assistant message
+            that are run; each call after them gets an invalid-call tool message and is neither searched nor paid
+            (a policy that writes 40 calls in one message must not cost 40 web searches). Default 4; the papers'
+            tag protocols search once per turn and ignore it.
         max_query_chars: queries longer than this are cut before retrieval (characters). Default 1000.
         retrieval_timeout_s: wall-clock deadline of one request attempt to the retriever (sending to the parsed
             answer; a server that keeps dribbling bytes is cut off at it), seconds. Default 30.
@@ -99,6 +103,9 @@ class SearchConfig:
         "help": "tokens one generation call may sample; papers: Search-R1 500, R1-Searcher 512"})
     max_obs_tokens: Optional[int] = field(default=500, metadata={
         "help": "tokens of one documents block, 0 = no cap; papers: Search-R1 500, R1-Searcher no cap"})
+    max_tool_calls_per_turn: int = field(default=4, metadata={
+        "help": "chat_tools: tool calls of one message that are run, the others get an invalid-call message; "
+                "papers: one search per turn"})
     max_query_chars: int = field(default=1000, metadata={
         "help": "characters a query is cut to before retrieval; not a paper setting"})
     retrieval_timeout_s: float = field(default=30.0, metadata={
@@ -138,7 +145,7 @@ class SearchConfig:
         """Check every field; raises ConfigError naming the first bad field."""
         if self.max_obs_tokens == 0 and not isinstance(self.max_obs_tokens, bool):
             self.max_obs_tokens = None  # 0 on the command line: no cap
-        positive_ints = ["topk", "max_turns", "max_new_tokens_per_turn", "max_query_chars",
+        positive_ints = ["topk", "max_turns", "max_new_tokens_per_turn", "max_query_chars", "max_tool_calls_per_turn",
                          "max_batch_queries", "answer_max_words"] + (["max_obs_tokens"] if self.max_obs_tokens
                                                                       is not None else [])
         for name in positive_ints:

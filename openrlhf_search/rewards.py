@@ -314,11 +314,12 @@ def _base_components(response_text: str, golds: List[str], proto: Protocol, answ
 
 
 def _valid_retrievals(text: str, proto: Protocol) -> int:
-    """Well-formed retrievals: a non-empty query block immediately answered by a documents block."""
+    """Well-formed retrievals: a non-empty query block immediately answered by a documents block (native tool calls:
+    the tool responses appended with passages; an invalid-call reply, a call over the per-message cap or a call the
+    context had no room for answers none)."""
+    if getattr(proto, "native_tools", False):
+        return len(proto.documents_blocks(text))
     segments = proto.split_turns(text)
-    if getattr(proto, "native_tools", False):  # well-formed calls of messages the environment answered
-        return sum(sum(1 for q in proto.parse_tool_turn(seg.text).queries if q)
-                   for seg, nxt in zip(segments, segments[1:]) if seg.kind == "model" and nxt.kind == "environment")
     pattern = re.compile(re.escape(proto.query_open) + r"((?:(?!" + re.escape(proto.query_open) + r").)*?)"
                          + re.escape(proto.query_close) + r"\s*$", re.DOTALL)
     count = 0

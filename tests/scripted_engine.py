@@ -1,8 +1,8 @@
 """A scripted policy behind vLLM's token-in / token-out ``generate`` for executor tests.
 
 ``ScriptedEngine`` replays a scripted text for each turn of each prompt and then EOS, scripted PAST the stop strings
-(fake documents, text after the answer). It applies vLLM's per-token stop rules (``max_tokens``, EOS kept in
-``token_ids`` and out of ``text``, stop strings through vLLM's own ``check_stop_strings`` on the detokenised text,
+(fake documents, text after the answer). It applies vLLM's per-token stop rules (``max_tokens``, EOS, the generation
+config's other EOS ids and ``stop_token_ids`` kept in ``token_ids`` and out of ``text``, stop strings through vLLM's own ``check_stop_strings`` on the detokenised text,
 ``include_stop_str_in_output``), so what reaches a trajectory is exactly what vLLM would return for these tokens.
 """
 
@@ -18,14 +18,18 @@ class ScriptedEngine:
     """``scripts``: prompt text -> the model's turn texts. The turn index is the number of environment blocks already
     in the context (found with the protocol), so the engine is stateless and concurrent samples are safe. Every
     scripted token gets log-prob ``peak - log(exp(peak) + V - 1)`` (a logit of ``peak`` against 0 for the other
-    ``V - 1`` tokens): a small negative number.
+    ``V - 1`` tokens): a small negative number. ``generation_eos``: the model's generation-config ``eos_token_id``
+    list, which vLLM adds to every request's stop ids (``SamplingParams.update_from_generation_config``) whatever the
+    caller asks; default the tokenizer's EOS alone.
 
     Raises (from ``generate``):
         RuntimeError: the context starts with no scripted prompt.
     """
 
-    def __init__(self, tokenizer, protocol, scripts: Dict[str, Sequence[str]], peak: float = 20.0):
+    def __init__(self, tokenizer, protocol, scripts: Dict[str, Sequence[str]], peak: float = 20.0,
+                 generation_eos: Sequence[int] = ()):
         self.tok, self.proto = tokenizer, protocol
+        self.generation_eos = {int(t) for t in generation_eos}
         self.scripts = {prompt: [tokenizer(t, add_special_tokens=False).input_ids for t in turns]
                         for prompt, turns in scripts.items()}
         vocab = len(tokenizer)
@@ -43,7 +47,8 @@ class ScriptedEngine:
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None) -> RequestOutput:
         params, tok = sampling_params, self.tok
         stops = [params.stop] if isinstance(params.stop, str) else list(params.stop or [])
-        eos = set() if params.ignore_eos else {tok.eos_token_id}
+        eos = set() if params.ignore_eos else {tok.eos_token_id} | self.generation_eos
+        eos |= {int(t) for t in (params.stop_token_ids or ())}
         token_ids, logprobs, text = [], [] if params.logprobs is not None else None, ""
         finish, stop_reason = "length", None
         for token in self._script(list(prompt_token_ids)):
@@ -56,6 +61,7 @@ class ScriptedEngine:
                 shown = token_ids if params.include_stop_str_in_output else token_ids[:-1]
                 text = tok.decode(shown, skip_special_tokens=params.skip_special_tokens)
                 finish = "stop"
+                stop_reason = None if token == tok.eos_token_id else token  # vLLM: a stop id is the stop reason
                 break
             new_text = tok.decode(token_ids, skip_special_tokens=params.skip_special_tokens)
             same = next((i for i, (a, b) in enumerate(zip(text, new_text)) if a != b), min(len(text), len(new_text)))

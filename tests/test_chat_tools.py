@@ -243,6 +243,163 @@ def test_tool_response_content_is_capped_by_max_obs_tokens(qwen_tokenizer):
     assert len(tok(content, add_special_tokens=False).input_ids) <= 8 and env.endswith("assistant\n")
 
 
+# ------------------------------------------- a misbehaving policy, through the vLLM-contract engine
+def rollout(tok, turns, protocol="chat_tools", max_length=4096, generation_eos=(), **cfg_kw):
+    """One trajectory as a rollout runs it: vLLM ``SamplingParams``, the executor, and ``tests.scripted_engine``'s
+    engine, which applies vLLM's stop rules (EOS, the generation config's EOS ids, ``stop_token_ids``,
+    ``max_tokens``) to the scripted turns. Returns (result, client, texts of the environment blocks)."""
+    from vllm import SamplingParams
+
+    from tests.scripted_engine import ScriptedEngine
+
+    proto = get_protocol(protocol)
+    cfg_kw.setdefault("max_obs_tokens", None)
+    cfg = SearchConfig(protocol=protocol, retriever_urls=["http://unused"], reward_scheme="searchr1_em", **cfg_kw)
+    client = FakeClient()
+    prompt = proto.build_prompt(QUESTION, tok)
+    engine = ScriptedEngine(tok, proto, {prompt: turns}, generation_eos=generation_eos)
+    params = SamplingParams(temperature=0.0, logprobs=1, skip_special_tokens=False)
+    res = asyncio.run(SearchAgentExecutor(cfg, retrieval_client=client).execute(prompt, GOLD, params, max_length, tok,
+                                                                                engine))
+    ids, ranges = res["observation_tokens"], res["action_ranges"]
+    envs = [tok.decode(ids[e:s], skip_special_tokens=False) for (_, e), (s, _) in zip(ranges, ranges[1:])]
+    return res, client, envs
+
+
+def tool_responses(env):
+    return env.split("<tool_response>\n")[1:]
+
+
+THINK = "<think>\nsearch\n</think>\n\n"
+ANSWER = "<think>\nok\n</think>\n\n<answer> Dominic Sena </answer><|im_end|>"
+
+
+def test_each_call_block_is_read_alone(qwen_tokenizer):
+    """A malformed block is one invalid call and the good calls around it run; a literal ``</tool_call>`` inside a
+    JSON string does not cut its call nor lose the next one. Mutation caught: vLLM's hermes parser over the whole
+    message (one bad block fails every call; the literal tag cuts the call)."""
+    literal = "Dominic Sena </tool_call> films"
+    bad = '<tool_call>\n{"name": "search", "arguments": {"query": "x"}\n</tool_call>'
+    t1 = THINK + "\n".join([call("Gone in 60 Seconds director"), bad, call(literal), call("Dominic Sena")])
+    t1 += "<|im_end|>"
+    res, client, envs = rollout(qwen_tokenizer, [t1, ANSWER])
+    assert client.queries == ["Gone in 60 Seconds director", literal, "Dominic Sena"]
+    replies = tool_responses(envs[0])
+    assert len(replies) == 4
+    assert replies[0].startswith("Doc 1(Title: Gone in 60 Seconds (2000 film))")
+    assert replies[1].startswith(INVALID_CALL_PREFIX + " the tool call is not valid JSON")
+    assert replies[2].startswith("No results.") and replies[3].startswith("Doc 1(Title: Dominic Sena)")
+    logs = res["extra_logs"]
+    assert (logs["tool_calls"], logs["invalid_tool_calls"], logs["valid_searches"], logs["queries"]) == (4, 1, 3, 3)
+    assert res["reward"] == 1.0 and logs["format_ok"] == 0.0  # the invalid call fails the format rule only
+
+
+def test_call_blocks_without_a_closing_tag_or_too_deep_to_read():
+    proto = get_protocol("chat_tools_nothink")
+    # a bad block without its closing tag ends at the next opening tag; a last block may run to the end (as hermes)
+    turn = proto.parse_tool_turn('<tool_call>\n{"name": "search", \n' + call("a") + '\n<tool_call>{"name": "search", '
+                                 '"arguments": {"query": "b"}}<|im_end|>')
+    assert turn.queries == [None, "a", "b"] and turn.n_invalid == 1
+    deep = proto.parse_tool_turn("<tool_call>" + "[" * 100_000 + "</tool_call>" + call("c"))
+    assert deep.queries == [None, "c"]  # json.loads' recursion limit is an invalid call, not a crash
+    as_string = proto.parse_tool_turn("<tool_call>" + json.dumps({"name": "search", "arguments": '{"query": "x"}'})
+                                      + "</tool_call>")
+    assert as_string.errors == ["arguments must be a JSON object"]  # a string holding JSON is not one (as vLLM's)
+
+
+def test_calls_past_max_tool_calls_per_turn_are_answered_as_invalid_and_not_searched(qwen_tokenizer):
+    """Six calls in one message with ``--search.max_tool_calls_per_turn 2``: two searches; four invalid-call
+    replies, nothing searched (or paid) for them. Mutation caught: no cap (six searches)."""
+    from openrlhf_search.cli import train as cli
+    from tests.test_launchers import _argv
+
+    queries = [f"query {i}" for i in range(6)]
+    t1 = THINK + "\n".join(call(q) for q in queries) + "<|im_end|>"
+    res, client, envs = rollout(qwen_tokenizer, [t1, ANSWER], max_tool_calls_per_turn=2)
+    assert client.queries == queries[:2]
+    replies = tool_responses(envs[0])
+    assert [r.startswith("No results.") for r in replies] == [True, True, False, False, False, False]
+    assert all(r.startswith(f"{INVALID_CALL_PREFIX} more than 2 calls in one message") for r in replies[2:])
+    logs = res["extra_logs"]
+    assert (logs["tool_calls"], logs["invalid_tool_calls"], logs["valid_searches"], logs["queries"]) == (6, 4, 2, 2)
+    # the reward's count (the retrieval term of the R1-Searcher schemes) agrees: two tool responses hold passages
+    assert compute_reward("r1searcher_stage1", res["response_text"], GOLD, "chat_tools").components[
+        "valid_searches"] == 2.0
+    # the flag, and its default
+    argv = _argv("chat_tools_grpo_qwen3-4b.sh")
+    assert cli.parse_args(argv)[1].max_tool_calls_per_turn == SearchConfig().max_tool_calls_per_turn == 4
+    assert cli.parse_args(argv + ["--search.max_tool_calls_per_turn", "2"])[1].max_tool_calls_per_turn == 2
+
+
+def test_full_context_searches_nothing_and_unappended_searches_are_not_valid(qwen_tokenizer):
+    """When not even empty tool responses fit, nothing is searched; when the passages do not fit, the searches made
+    are not counted as valid (the tag protocols count only what is appended). Mutation caught: searching before the
+    context check; counting searches before their block is appended."""
+    tok, proto = qwen_tokenizer, get_protocol("chat_tools")
+    q1, q2 = "Gone in 60 Seconds director", "Dominic Sena"
+    t1 = THINK + call(q1) + "\n" + call(q2) + "<|im_end|>"
+    full, _, _ = rollout(tok, [t1, ANSWER])
+    (_, end), _ = full["action_ranges"]
+    empty = len(tok(proto.tool_turn_text(["", ""], tok), add_special_tokens=False).input_ids)
+    res, client, _ = rollout(tok, [t1, ANSWER], max_length=end + empty - 1)
+    logs = res["extra_logs"]
+    assert client.queries == [] and logs["context_full"] == 1.0 and logs["tool_calls"] == 2.0
+    assert logs["valid_searches"] == 0.0 and res["observation_tokens"] == full["observation_tokens"][:end]
+    res, client, _ = rollout(tok, [t1, ANSWER], max_length=end + empty + 1)
+    logs = res["extra_logs"]
+    assert client.queries == [q1, q2] and logs["context_full"] == 1.0 and logs["valid_searches"] == 0.0
+    assert len(res["observation_tokens"]) == end and res["reward"] == 0.0
+
+
+def test_every_eos_id_of_the_generation_config_ends_a_message(qwen_tokenizer, tmp_path):
+    """Qwen3's generation config stops on ``<|im_end|>`` and ``<|endoftext|>`` (vLLM adds both to every request): a
+    call ended by ``<|endoftext|>`` is answered, after the ``<|im_end|>`` the template closes a message with. Mutation
+    caught: only ``<|im_end|>`` ends a message (the call silently never answered)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from openrlhf_search.cpu.main_job.offline_assets import qwen_tokenizer_path
+
+    proto = get_protocol("chat_tools")
+    im_end, eot = qwen_tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    assert proto.stop_token_ids(qwen_tokenizer) == [im_end]  # no generation config: the tokenizer's EOS only
+    tokenizers = {}
+    for kind, eos in (("list", [im_end, eot]), ("int", eot)):
+        folder = tmp_path / kind
+        shutil.copytree(qwen_tokenizer_path(), folder)
+        (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+        tokenizers[kind] = AutoTokenizer.from_pretrained(str(folder))
+        assert proto.stop_token_ids(tokenizers[kind]) == [im_end, eot]
+    tok = tokenizers["list"]
+    t1 = THINK + call("Dominic Sena") + "<|endoftext|>"
+    t2 = "<think>\nok\n</think>\n\n<answer> Dominic Sena </answer><|endoftext|>"
+    res, client, envs = rollout(tok, [t1, t2], generation_eos=[im_end, eot])
+    assert client.queries == ["Dominic Sena"]
+    assert envs[0] == "<|im_end|>" + proto.tool_turn_text([proto.render_documents(PASSAGES["Dominic Sena"])], tok)
+    assert res["observation_tokens"][res["action_ranges"][0][1] - 1] == eot
+    logs = res["extra_logs"]
+    assert res["reward"] == 1.0 and logs["valid_searches"] == 1.0 and logs["format_ok"] == 1.0
+
+
+@pytest.mark.parametrize("turn, cut", [
+    ("<think>\nmaybe " + call("Dominic Sena") + " or <answer> Dominic Sena </answer> hmm" + " and so on" * 60, 60),
+    ("<think>\nmaybe " + call("Dominic Sena") + " or <answer> Dominic Sena </answer> hmm<|im_end|>", None)])
+def test_a_draft_in_an_unclosed_think_is_neither_a_call_nor_an_answer(qwen_tokenizer, turn, cut):
+    """A message cut by its token budget, or ended, inside its ``<think>`` block: the call there is not run and the
+    answer there does not score. Mutation caught: reading calls and answers after the last ``</think>`` only (a
+    draft with no ``</think>`` read whole: reward 1)."""
+    kw = {"max_new_tokens_per_turn": cut} if cut else {}
+    res, client, envs = rollout(qwen_tokenizer, [turn, ANSWER], **kw)
+    logs = res["extra_logs"]
+    assert client.queries == [] and envs == [] and logs["tool_calls"] == 0.0
+    assert res["reward"] == 0.0 and logs["answer_present"] == 0.0 and res["truncated"] == bool(cut)
+    draft = "<think> maybe <answer> Dominic Sena </answer> hmm"
+    assert compute_reward("searchr1_em", draft, GOLD, "chat_tools").reward == 0.0
+    assert compute_reward("searchr1_em", draft + "</think>\n\n<answer> Dominic Sena </answer>", GOLD,
+                          "chat_tools").reward == 1.0
+
+
 # ------------------------------------------------------------------------------------------------ answers, format
 def test_answer_is_the_final_messages_answer_block_not_one_in_reasoning_or_tool_responses():
     proto = get_protocol("chat_tools")
@@ -408,6 +565,36 @@ def test_launcher_dry_run_checks_the_prompt_file_and_starts_nothing(tmp_path):
     # prompts rendered for the papers' tags are refused in one line
     res = _run(script, DRY_RUN="1", timeout=120, **_inputs(tmp_path, "searchr1_grpo_qwen2.5-3b_base.sh"))
     assert res.returncode != 0 and "chat_tools" in res.stderr
+
+
+def test_the_4b_launcher_takes_the_prompt_file_rendered_with_the_8b_tokenizer(tmp_path, monkeypatch):
+    """README's prompt file, rendered with Qwen3-8B's tokenizer, passes the Qwen3-4B launcher's dry run (the two
+    tokenizers, here in a Hugging Face cache folder, differ only in name: same template hash); a 4B tokenizer with
+    another template is refused in one line."""
+    from huggingface_hub import constants
+
+    from openrlhf_search.cli import prepare_data
+    from tests.conftest import shared_path
+    from tests.test_launchers import HAVE_SHARED, _inputs, _run
+    from tests.test_prepare_data import _hub_cache_tokenizer
+
+    if not HAVE_SHARED:
+        pytest.skip("../shared/data not found")
+    cache = tmp_path / "hub"
+    _hub_cache_tokenizer(cache, "Qwen/Qwen3-8B")
+    _hub_cache_tokenizer(cache, "Qwen/Qwen3-4B")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    out = tmp_path / "chat_tools_train_qwen3.jsonl"
+    assert prepare_data.main(["--input", shared_path("qa", "flashrag", "bamboogle.test.jsonl"), "--limit", "4",
+                              "--protocol", "chat_tools", "--tokenizer", "Qwen/Qwen3-8B", "--out", str(out)]) == 0
+    script = "chat_tools_grpo_qwen3-4b.sh"
+    env = dict(_inputs(tmp_path), TRAIN_DATA=str(out), EVAL_DATA=str(out), HF_HUB_CACHE=str(cache), DRY_RUN="1")
+    res = _run(script, timeout=300, **env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    other = tmp_path / "other"
+    _hub_cache_tokenizer(other, "Qwen/Qwen3-4B", "{{ messages[0].content }}")
+    res = _run(script, timeout=300, **dict(env, HF_HUB_CACHE=str(other)))
+    assert res.returncode != 0 and "has another template" in res.stderr
 
 
 # ---------------------------------------------------------------------------------------------- template check

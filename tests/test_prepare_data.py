@@ -222,3 +222,63 @@ def test_engine_special_tokens_are_recorded_and_need_a_tokenizer(tmp_path, capsy
     assert prepare_data.main(["--input", src, "--protocol", "r1searcher", "--engine_special_tokens",
                               "--out", str(out)]) == 2
     assert "needs the policy's --tokenizer" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------- one prompt file per chat template
+def _hub_cache_tokenizer(cache, name, template=None):
+    """``name`` as the Hugging Face cache holds a downloaded repository (``models--org--name/snapshots/REV``, the
+    ``refs/main`` pointer): the offline Qwen tokenizer's files and a ``config.json``, its chat template replaced by
+    ``template`` if given. The hub client's own layout, so hub names resolve offline without the network."""
+    import os
+    import shutil
+
+    repo = cache / ("models--" + name.replace("/", "--"))
+    snapshot = repo / "snapshots" / "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(_qwen_tokenizer_path(), snapshot)
+    (snapshot / "config.json").write_text(json.dumps({"model_type": "qwen2"}))  # AutoTokenizer reads it from a hub
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(snapshot.name)
+    if template is not None:
+        cfg_path = os.path.join(snapshot, "tokenizer_config.json")
+        cfg = json.load(open(cfg_path))
+        cfg["chat_template"] = template
+        json.dump(cfg, open(cfg_path, "w"))
+
+
+@pytest.mark.parametrize("protocol, rendered_with, policy", [
+    ("chat_tools", "Qwen/Qwen3-8B", "Qwen/Qwen3-4B"), ("searchr1", "Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-3B")])
+def test_a_prompt_file_serves_every_size_whose_chat_template_is_the_same(tmp_path, monkeypatch, protocol,
+                                                                         rendered_with, policy):
+    """Two sizes of one family with byte-identical templates (their tokenizers differ only in name) share a prompt
+    file, matched by the recorded template hash, whichever size rendered it; a policy whose template differs is
+    refused in one line that says so. Mutation caught: comparing the tokenizers' hub names (the file of the other
+    size refused), or not comparing templates at all (the changed template accepted)."""
+    from huggingface_hub import constants
+
+    from openrlhf_search.cli import prepare_data
+    from openrlhf_search.cli.prepare_data import RenderingError, check_prompt_file
+
+    cache = tmp_path / "hub"
+    _hub_cache_tokenizer(cache, rendered_with)
+    _hub_cache_tokenizer(cache, policy)
+    qwen_template = json.load(open(f"{_qwen_tokenizer_path()}/tokenizer_config.json"))["chat_template"]
+    assert "<|im_start|>system" in qwen_template  # the same tokenizer, one space of its template changed:
+    _hub_cache_tokenizer(cache, "example/other-template",
+                         qwen_template.replace("<|im_start|>system", "<|im_start|>system ", 1))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))  # read at call time by huggingface_hub/transformers
+
+    out = tmp_path / "prompts.jsonl"
+    assert prepare_data.main(["--input", shared_path("qa", "flashrag", "bamboogle.test.jsonl"), "--limit", "3",
+                              "--protocol", protocol, "--tokenizer", rendered_with, "--out", str(out)]) == 0
+    record = _rows(out)[0]["rendering"]
+    assert record["tokenizer"] == rendered_with and record["chat_template_sha256"]
+    assert check_prompt_file(str(out), protocol, None, policy) == record
+    assert check_prompt_file(str(out), protocol, None, rendered_with) == record
+    with pytest.raises(RenderingError) as refused:
+        check_prompt_file(str(out), protocol, None, "example/other-template")
+    line = str(refused.value)
+    assert "\n" not in line and f"chat template of {rendered_with!r}" in line and "has another template" in line
+    assert "--tokenizer example/other-template --out NEW_FILE" in line
+    # a policy whose tokenizer is nowhere to be read: the templates cannot be compared, refused in one line
+    with pytest.raises(RenderingError, match="cannot be loaded to compare the templates"):
+        check_prompt_file(str(out), protocol, None, "example/not-downloaded")

@@ -24,7 +24,8 @@ the executor, which tokenises without special tokens, sends the released token i
 without special tokens (``verl/utils/torch_functional.py:236``): off by default. Chat rendering needs
 ``--tokenizer`` (the policy's path or hub name) and never falls back to another tokenizer: a base and an instruct
 policy get separate files. ``rendering`` records how the prompt was made; ``cli.train`` checks it against
-``--search.protocol`` / ``--search.chat_template`` and, when the policy's tokenizer loads, re-renders a prompt
+``--search.protocol`` / ``--search.chat_template``, compares the policy's chat template with the recorded
+``chat_template_sha256`` (one file serves every size of a family that shares a template) and re-renders a prompt
 (:func:`check_prompt_file`). ``label`` is the JSON list of gold answers as a string (OpenRLHF passes labels as
 strings).
 
@@ -202,9 +203,12 @@ def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], polic
     Prompts reach the cluster trainer pre-rendered (``--data.input_key prompt``, no chat template applied by
     OpenRLHF), so ``--search.chat_template`` cannot change them: this check makes the flag a validation of the
     file instead of a silent no-op. Checked on the first row: the ``rendering`` record exists, names the same
-    protocol, and (when ``chat`` is not None) the same chat-template choice; when ``policy`` is a local folder its
-    tokenizer re-renders the row's question and the prompt must be equal character for character; when it is a hub
-    name, a chat-rendered file must name the same tokenizer.
+    protocol, and (when ``chat`` is not None) the same chat-template choice. Then the policy's tokenizer (a local
+    folder, or a hub name whose tokenizer is cached or downloadable) must have the chat template the file records
+    (its SHA-256), so one file serves every size of a family whose sizes share a template (Qwen3-4B and -8B,
+    Qwen2.5-3B and -7B), and re-render the row's question to the same prompt character for character. A hub name
+    that the file itself names is not loaded; another hub name whose tokenizer cannot be loaded is refused (the
+    templates cannot be compared).
 
     Args:
         path: the prompt file (jsonl, as this module writes it); anything that is not a local ``.jsonl`` file (a hub
@@ -235,28 +239,38 @@ def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], polic
         raise RenderingError(f"{path}: prompts rendered with chat_template={bool(record.get('chat_template'))}, "
                              f"--search.chat_template is {chat}; the flag cannot re-render pre-rendered prompts, "
                              f"{fix}" + ("" if chat else " --no_chat_template"))
-    if policy and os.path.isdir(policy):
-        from openrlhf_search.protocol import get_protocol
+    recorded = record.get("tokenizer")
+    if not policy or (not os.path.isdir(policy) and (not record.get("chat_template") or recorded in (None, policy))):
+        return record  # a hub name the file was rendered with, or a plain-text file: nothing to compare
+    from openrlhf_search.protocol import engine_prompt, get_protocol
 
-        from openrlhf_search.protocol import engine_prompt
-
+    try:
         tokenizer = load_policy_tokenizer(policy)
-        try:
-            expected = get_protocol(protocol_name).build_prompt(
-                row["question"], tokenizer=tokenizer, chat=bool(record.get("chat_template")),
-                template=record.get("template", "train"))
-            if resolve_engine_special_tokens(protocol_name, record.get("engine_special_tokens"), tokenizer):
-                expected = engine_prompt(expected, tokenizer)
-        except ValueError as e:
-            raise RenderingError(f"{path}: cannot re-render with the policy tokenizer {policy}: {e}") from e
-        if expected != row["prompt"]:
-            at = next((i for i, (a, b) in enumerate(zip(expected, row["prompt"])) if a != b),
-                      min(len(expected), len(row["prompt"])))
-            raise RenderingError(f"{path}: the first prompt differs from the policy tokenizer's rendering at "
-                                 f"character {at} ({row['prompt'][at:at + 30]!r} vs {expected[at:at + 30]!r}); {fix}")
-    elif policy and record.get("chat_template") and record.get("tokenizer") not in (None, policy):
-        raise RenderingError(f"{path}: prompts rendered with the chat template of {record.get('tokenizer')!r}, the "
-                             f"policy is {policy!r}; {fix}")
+    except RenderingError as e:
+        if os.path.isdir(policy):
+            raise
+        raise RenderingError(f"{path}: prompts rendered with the chat template of {recorded!r}, the policy is "
+                             f"{policy!r}, whose tokenizer cannot be loaded to compare the templates ({e}); "
+                             f"{fix}") from e
+    want, have = record.get("chat_template_sha256"), chat_template_sha256(tokenizer)
+    if record.get("chat_template") and want and have != want:
+        raise RenderingError(f"{path}: prompts rendered with the chat template of {recorded!r} (sha256 "
+                             f"{want[:12]}), the policy {policy!r} has another template (sha256 "
+                             f"{(have or 'none')[:12]}); {fix} --out NEW_FILE (a file per template: the "
+                             f"launchers of the other template read this one)")
+    try:
+        expected = get_protocol(protocol_name).build_prompt(
+            row["question"], tokenizer=tokenizer, chat=bool(record.get("chat_template")),
+            template=record.get("template", "train"))
+        if resolve_engine_special_tokens(protocol_name, record.get("engine_special_tokens"), tokenizer):
+            expected = engine_prompt(expected, tokenizer)
+    except ValueError as e:
+        raise RenderingError(f"{path}: cannot re-render with the policy tokenizer {policy}: {e}") from e
+    if expected != row["prompt"]:
+        at = next((i for i, (a, b) in enumerate(zip(expected, row["prompt"])) if a != b),
+                  min(len(expected), len(row["prompt"])))
+        raise RenderingError(f"{path}: the first prompt differs from the policy tokenizer's rendering at "
+                             f"character {at} ({row['prompt'][at:at + 30]!r} vs {expected[at:at + 30]!r}); {fix}")
     return record
 
 

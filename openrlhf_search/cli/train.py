@@ -361,8 +361,9 @@ def validate_search(args, cfg: SearchConfig) -> None:
 
 def check_prompt_files(args, cfg: SearchConfig) -> None:
     """Prompts arrive pre-rendered (``prepare_data``), so ``--search.protocol`` / ``--search.chat_template`` are
-    checked against each local prompt file's rendering record (and re-rendered with the policy's tokenizer when it is
-    a local folder) instead of being silently ignored. Raises ConfigError (one line) on a mismatch."""
+    checked against each local prompt file's rendering record (the policy's chat template by its SHA-256, the first
+    prompt re-rendered with the policy's tokenizer: :func:`prepare_data.check_prompt_file`) instead of being silently
+    ignored. Raises ConfigError (one line) on a mismatch."""
     from openrlhf_search.cli.prepare_data import RenderingError, check_prompt_file
 
     paths = [p for p in str(getattr(args.data, "prompt_dataset", None) or "").split(",") if p]
