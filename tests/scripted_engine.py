@@ -1,9 +1,10 @@
 """A scripted policy behind vLLM's token-in / token-out ``generate`` for executor tests.
 
 ``ScriptedEngine`` replays a scripted text for each turn of each prompt and then EOS, scripted PAST the stop strings
-(fake documents, text after the answer). It applies vLLM's per-token stop rules (``max_tokens``, EOS, the generation
-config's other EOS ids and ``stop_token_ids`` kept in ``token_ids`` and out of ``text``, stop strings through vLLM's own ``check_stop_strings`` on the detokenised text,
-``include_stop_str_in_output``), so what reaches a trajectory is exactly what vLLM would return for these tokens.
+(fake documents, text after the answer). It applies vLLM's per-token stop rules (``max_tokens``; EOS, the generation
+config's other EOS ids and ``stop_token_ids`` kept in ``token_ids`` and out of ``text``; stop strings through vLLM's
+own ``check_stop_strings`` on the detokenised text, ``include_stop_str_in_output``), so what reaches a trajectory is
+exactly what vLLM would return for these tokens.
 """
 
 import math
