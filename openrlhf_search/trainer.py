@@ -330,7 +330,7 @@ class SearchActorPPOTrainer(empty_mask_safe_actor_trainer()):
         """One merged tensor over CUDA IPC, as OpenRLHF's ``_handle_cuda_ipc`` (every rank hands its handle)."""
         import torch.distributed as dist
         from openrlhf.utils.distributed_util import torch_dist_barrier_and_cuda_sync
-        from openrlhf.utils.utils import get_physical_gpu_id
+        from openrlhf.trainer.ray.utils import get_physical_gpu_id
         from torch.multiprocessing.reductions import reduce_tensor
 
         handle = {get_physical_gpu_id(): reduce_tensor(tensor.clone())}
