@@ -382,7 +382,9 @@ def lora_sync_tensors(model, zero3: bool = False):
         merge = isinstance(owner, LoraLayer) and name.endswith(".base_layer.weight") and not owner.merged
         adapters = [a for a in (owner.active_adapters if merge else []) if a in owner.lora_A]
         extra = [p for a in adapters for p in (owner.lora_A[a].weight, owner.lora_B[a].weight)]
-        with deepspeed.zero.GatheredParameters([param] + extra, enabled=zero3):
+        # no_grad: the adapters require grad, so a merged tensor built under autograd is a non-leaf that
+        # requires grad, and CUDA IPC's reduce_tensor refuses to serialise one
+        with deepspeed.zero.GatheredParameters([param] + extra, enabled=zero3), torch.no_grad():
             tensor = param.data
             if adapters:
                 delta = sum(owner.get_delta_weight(a) for a in adapters)
