@@ -77,6 +77,10 @@ def load_problem(args) -> Optional[str]:
     if tag is None:
         return (f"--ckpt.load_enable but {os.path.join(args.ckpt.path, '_actor')} holds no checkpoint: nothing "
                 "to resume (drop the flag to start at step 0, or point --ckpt.path at the run to resume)")
+    critic = os.path.join(args.ckpt.path, "_critic")
+    if getattr(getattr(args, "critic", None), "model_name_or_path", None) and not os.path.isdir(critic):
+        return (f"--ckpt.load_enable with a critic but {critic} does not exist: the actor would resume at {tag} "
+                "beside an untrained critic (point --ckpt.path at the PPO run to resume, or start over)")
     return None
 
 

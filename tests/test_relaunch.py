@@ -95,6 +95,17 @@ def test_a_critic_behind_the_actor_is_refused(tmp_path):
     assert relaunch.resume_tag(str(ckpt)) == "global_step2"
 
 
+def test_a_ppo_resume_without_critic_states_is_refused(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _save(ckpt / "_actor", 1, max_num=3)
+    args = SimpleNamespace(ckpt=SimpleNamespace(load_enable=True, path=str(ckpt)),
+                           critic=SimpleNamespace(model_name_or_path="Qwen/Qwen2.5-7B"))
+    problem = relaunch.load_problem(args)
+    assert problem and str(ckpt / "_critic") in problem and "global_step1" in problem
+    args.critic.model_name_or_path = None  # GRPO: no critic to resume
+    assert relaunch.load_problem(args) is None
+
+
 def test_load_enable_with_nothing_to_load_is_refused(tmp_path):
     args = SimpleNamespace(ckpt=SimpleNamespace(load_enable=True, path=str(tmp_path / "ckpt")))
     problem = relaunch.load_problem(args)
