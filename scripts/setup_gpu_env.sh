@@ -83,7 +83,9 @@ else
 fi
 
 say "4/6 OpenRLHF 0.11.2, then DeepSpeed with FusedAdam and CPUAdam prebuilt"
-have openrlhf 0.11.2 || pip_ openrlhf==0.11.2 torch==2.13.0 --extra-index-url "$TORCH_INDEX"
+# DeepSpeed is an sdist: DS_BUILD_OPS=0 installs its Python code first (no compile); its setup sees the installed torch
+have openrlhf 0.11.2 || DS_BUILD_OPS=0 pip_ --no-build-isolation openrlhf==0.11.2 torch==2.13.0 \
+    --extra-index-url "$TORCH_INDEX"
 if "$PY" -c 'import deepspeed.git_version_info as g, sys; sys.exit(0 if g.installed_ops.get("fused_adam") and g.installed_ops.get("cpu_adam") else 1)' 2>/dev/null; then
     say "DeepSpeed ops already prebuilt"
 else
