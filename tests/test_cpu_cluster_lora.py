@@ -48,3 +48,20 @@ def test_lora_two_steps_then_resume(tmp_path):
     assert [s["global_step"] for s in resumed.steps()] == [2]
     again = _check_syncs(resumed, 2)  # the resume sync, then step 2's
     assert again[0]["policy_digest"] == syncs[0]["policy_digest"]  # the checkpoint's merged weights
+
+
+def test_lora_two_ranks_zero3(tmp_path):
+    """LoRA at 2 DeepSpeed ranks under ZeRO-3 with gradient checkpointing and 2 engines, as the GPU launchers run it:
+    the merged weights are gathered collectively on both ranks (a rank that skipped the gather would hang the run),
+    rank 0 sends, and after every sync both engines hold the merged policy and both ranks the same weights."""
+    from tests.test_cpu_cluster_ranks import TWO_RANKS
+
+    sr1 = assets("searchr1")
+    with retriever(sr1["corpus"], str(tmp_path / "index")) as (url, _, _):
+        result = run(str(tmp_path / "run"), sr1, url, steps=2, estimator="group_norm", extra=TWO_RANKS + LORA)
+    assert result.rc == 0, result.describe()
+    syncs = _check_syncs(result, 2)
+    for sync in syncs:
+        assert [e["engine"] for e in sync["engines"]] == [0, 1]
+        assert sync["rank_digests"] == [sync["policy_digest"]] * 2  # the ranks gathered the same merged weights
+    assert syncs[0]["policy_digest"] != syncs[1]["policy_digest"], "the adapter did not move the merged weights"

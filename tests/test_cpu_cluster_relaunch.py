@@ -27,11 +27,12 @@ SCRIPT = "searchr1_grpo_qwen2.5-3b_base.sh"
 RUN = "searchr1_grpo_qwen2.5-3b_base"
 
 
-def _launch(env, log_path, stop_when=None, timeout_s=2400):
+def _launch(env, log_path, stop_when=None, timeout_s=2400, extra=()):
     from openrlhf_search.cpu.cluster_mode.assets import kill_session
 
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(["bash", os.path.join(REPO, "examples", "scripts", SCRIPT), "--ckpt.save_steps", "1"],
+        proc = subprocess.Popen(["bash", os.path.join(REPO, "examples", "scripts", SCRIPT), "--ckpt.save_steps", "1",
+                                 *extra],
                                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
         try:
             deadline = time.time() + timeout_s
@@ -47,15 +48,20 @@ def _launch(env, log_path, stop_when=None, timeout_s=2400):
             kill_session(proc.pid)
 
 
-def test_a_killed_launcher_resumes_at_the_next_step(tmp_path):
+def _env(tmp_path):
     from tests.cpu_cluster_support import ASSET_CACHE
 
     env = dict(os.environ, CPU_CLUSTER="1", MAX_STEPS="2", OUTPUT_ROOT=str(tmp_path / "out"),
                CPU_CLUSTER_CACHE=ASSET_CACHE, PYTHON=sys.executable, PYTHONPATH=REPO, RAY_DEDUP_LOGS="0",
                RETRIEVER_INDEX_DIR=str(tmp_path / "index"))
     for key in ("RETRIEVER_URLS", "RETRIEVER_CORPUS", "MODEL", "TRAIN_DATA", "EVAL_DATA", "STAGE1_CKPT",
-                "RETRIEVER_PORT", "FRESH", "GPUS_PER_NODE"):
+                "RETRIEVER_PORT", "FRESH", "GPUS_PER_NODE", "OPENRLHF_SEARCH_PROBE_KILL_SAVE"):
         env.pop(key, None)
+    return env
+
+
+def test_a_killed_launcher_resumes_at_the_next_step(tmp_path):
+    env = _env(tmp_path)
     latest = tmp_path / "out" / "cpu_cluster" / RUN / "ckpt" / "_actor" / "latest"
     first = tmp_path / "first.txt"
     probe1, probe2 = tmp_path / "probe1", tmp_path / "probe2"
@@ -104,3 +110,31 @@ def _assert_data_continues(probe1, probe2, train_file):
     assert len(step1) == per_step and step1 <= set(rows)
     assert step2 == set(following), "the resumed step did not train on the prompts that follow the killed run's step 1"
     assert not step2 & step1, "the resumed run trained on step 1's prompts again"
+
+
+def test_a_save_killed_midway_resumes_from_the_previous_checkpoint(tmp_path):
+    """The policy actor is SIGKILLed inside DeepSpeed's save of step 2, after OpenRLHF's rotation ran
+    (``--ckpt.max_num 2`` keeps global_step1; the probe's ``OPENRLHF_SEARCH_PROBE_KILL_SAVE``): the run fails, the
+    relaunch resumes from global_step1 (not from the empty global_step2, not from step 0) and trains step 2. With
+    ``--ckpt.max_num 1`` the rotation deletes global_step1 first; that case is refused (tests/test_relaunch.py)."""
+    env = _env(tmp_path)
+    actor = tmp_path / "out" / "cpu_cluster" / RUN / "ckpt" / "_actor"
+    first = tmp_path / "first.txt"
+    rc = _launch(dict(env, OPENRLHF_SEARCH_PROBE_DIR=str(tmp_path / "probe1"),
+                      OPENRLHF_SEARCH_PROBE_KILL_SAVE="global_step2"), first, timeout_s=900,
+                 extra=("--ckpt.max_num", "2"))
+    text = first.read_text(errors="replace")
+    assert rc not in (0, "killed"), text[-5000:]
+    assert (actor / "latest").read_text().strip() == "global_step1"
+    assert (actor / "global_step2").is_dir() and not os.listdir(actor / "global_step2")  # the save died midway
+
+    second = tmp_path / "second.txt"
+    rc = _launch(dict(env, OPENRLHF_SEARCH_PROBE_DIR=str(tmp_path / "probe2")), second, timeout_s=900,
+                 extra=("--ckpt.max_num", "2"))
+    text = second.read_text(errors="replace")
+    assert rc == 0, text[-5000:]
+    assert "resuming from" in text and "(global_step1)" in text
+    assert "✨ Global step 2" in text and "✨ Global step 1" not in text
+    assert [r["global_step"] for r in _step_rows(tmp_path / "probe2")] == [2]
+    assert (actor / "latest").read_text().strip() == "global_step2"
+    assert any(f.endswith("model_states.pt") for f in os.listdir(actor / "global_step2"))

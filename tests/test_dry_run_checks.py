@@ -175,7 +175,8 @@ def test_a_relaunch_resumes_or_refuses_a_used_folder(tmp_path):
     res = _common(snippet, timeout=60)
     assert res.returncode == 2 and "ARGS=" not in res.stdout
     assert len(_lines(res.stderr)) == 1 and "FRESH=1" in res.stderr and str(run) in res.stderr
-    (run / "ckpt" / "_actor").mkdir(parents=True)
+    (run / "ckpt" / "_actor" / "global_step40").mkdir(parents=True)
+    (run / "ckpt" / "_actor" / "global_step40" / "mp_rank_00_model_states.pt").write_text("x")
     (run / "ckpt" / "_actor" / "latest").write_text("global_step40")
     res = _common(snippet, timeout=60)
     assert res.returncode == 0 and "ARGS=--ckpt.load_enable" in res.stdout and "global_step40" in res.stderr

@@ -50,7 +50,9 @@ ENV_WORD = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 
 # Commands that cannot run cheaply, by their leading words: the reason is part of the record.
 NOT_RUN = {
-    "pip install -e .[gpu]": "installs CUDA packages (flash-attn, faiss-gpu) onto a GPU machine",
+    "pip install -e .[gpu]": "installs CUDA packages (faiss-gpu) onto a GPU machine",
+    "bash scripts/setup_gpu_env.sh": "installs and compiles the CUDA stack (GBs, nvcc); its refusal of a CPU "
+                                     "environment is run in tests/test_doctor.py",
     "wget http://dl.fbaipublicfiles.com/KILT/kilt_knowledgesource.json": "35 GiB download; its format is run on "
                                                                          "the 99-page KILT sample",
     "wget https://nlp.stanford.edu/projects/hotpotqa/": "1.5 GB download; its format is run on a 3-article archive",

@@ -432,7 +432,8 @@ start_retrievers() {
 }
 
 # A relaunch resumes: when --ckpt.path holds DeepSpeed states (_actor, written every --ckpt.save_steps), the run
-# continues from the newest one with OpenRLHF's --ckpt.load_enable (weights, optimizer, step, data position). A
+# continues from the newest one with OpenRLHF's --ckpt.load_enable (weights, optimizer, step, data position); states
+# a killed save left broken (latest naming a missing tag, no latest) are refused (openrlhf_search/relaunch.py). A
 # run folder (--ckpt.output_dir) that is not empty but has nothing to resume from is refused in one line: starting
 # there would rotate away the earlier run's checkpoints. FRESH=1 starts over: the old folder is moved aside to
 # <folder>.old-<UTC time> (never deleted). Arguments: the trainer flags; sets RESUME_ARGS.
@@ -460,8 +461,11 @@ resume_args() {
         return 0
     fi
     if [[ "$has_state" == "1" ]]; then
+        # latest must name a complete tag (a save killed after the rotation can leave it naming a deleted one)
+        local tag
+        tag="$("$PYTHON" -m openrlhf_search.relaunch "$ckpt" 2>&1)" || die "${tag#error: }"
         RESUME_ARGS=(--ckpt.load_enable)
-        log "resuming from $ckpt ($(cat "$ckpt/_actor/latest" 2>/dev/null || echo "newest DeepSpeed state")); FRESH=1 starts over"
+        log "resuming from $ckpt ($tag); FRESH=1 starts over"
         return 0
     fi
     die "$out is not empty but holds no checkpoint to resume from ($ckpt/_actor): FRESH=1 starts over (the folder is moved aside), or set OUTPUT_ROOT"

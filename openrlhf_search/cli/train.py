@@ -670,7 +670,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     from openrlhf_search.retriever_check import RetrieverCheckError
 
-    problem = cuda_python_problem(args)
+    from openrlhf_search.relaunch import disk_problem, load_problem
+
+    problem = cuda_python_problem(args) or load_problem(args) or disk_problem(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

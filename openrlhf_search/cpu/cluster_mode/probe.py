@@ -21,7 +21,8 @@ hook in every worker, :mod:`openrlhf_search.cpu.cluster_mode.runtime`) wraps, wi
   its prefix cache (``RequestOutput.num_cached_tokens``) -> ``prefill_<pid>.jsonl``; and every prefix-cache reset
   after a weight sync with its result -> ``cache_reset_<pid>.jsonl``;
 * the prompt loader's position after each step (``data_loader_state_dict``, the state OpenRLHF checkpoints) ->
-  ``loader_state_<step>.pt``.
+  ``loader_state_<step>.pt``;
+* with ``OPENRLHF_SEARCH_PROBE_KILL_SAVE=<tag>``, DeepSpeed's save of that tag is killed midway (:func:`_kill_in_save`).
 
 Files are written by the process that records them (one Ray node: one shared folder).
 """
@@ -378,6 +379,30 @@ def record_cache_reset(ok: bool) -> None:
         _append_jsonl(f"cache_reset_{os.getpid()}.jsonl", {"ok": bool(ok), "time": time.time()})
 
 
+KILL_SAVE_ENV = "OPENRLHF_SEARCH_PROBE_KILL_SAVE"
+
+
+def _kill_in_save(module) -> None:
+    """With ``OPENRLHF_SEARCH_PROBE_KILL_SAVE=<tag>``: DeepSpeed's save of that tag creates the tag's folder and
+    then SIGKILLs its own process, as a node lost midway through a save (OpenRLHF's rotation has already run)."""
+    import signal
+
+    cls = module.DeepSpeedEngine
+    if getattr(cls, "_probe_kill_installed", False):
+        return
+    save = cls.save_checkpoint
+
+    @functools.wraps(save)
+    def killed_save(self, save_dir, tag=None, *args, **kwargs):
+        if tag is not None and tag == os.environ.get(KILL_SAVE_ENV):
+            os.makedirs(os.path.join(save_dir, tag), exist_ok=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return save(self, save_dir, tag, *args, **kwargs)
+
+    cls.save_checkpoint = killed_save
+    cls._probe_kill_installed = True
+
+
 HOOKS = (
     ("openrlhf.trainer.ppo_trainer", _wrap_trainer),
     ("openrlhf_search.experience_maker", _wrap_experience_maker),
@@ -394,6 +419,8 @@ def install() -> bool:
     os.makedirs(probe_dir(), exist_ok=True)
     for name, hook in HOOKS:
         wrapt.register_post_import_hook(hook, name)
+    if os.environ.get(KILL_SAVE_ENV):
+        wrapt.register_post_import_hook(_kill_in_save, "deepspeed.runtime.engine")
     return True
 
 

@@ -268,8 +268,9 @@ def rl_flags(a, model: str, prompts: str, url: str, out: str) -> List[str]:
         "--ds.zero_stage", "2", "--ds.param_dtype", "fp32", "--train.seed", str(a.seed),
         "--vllm.enable_prefix_caching", "--train.max_steps", str(a.steps), "--train.num_episodes", "1",
         "--ckpt.output_dir", out, "--ckpt.path", os.path.join(out, "ckpt"), "--ckpt.save_steps", "10",
-        "--ckpt.max_num", "1", "--ckpt.load_enable",
-    ]
+        "--ckpt.max_num", "1",
+        # a rerun continues from the job's own checkpoint; --ckpt.load_enable without one is refused
+    ] + (["--ckpt.load_enable"] if os.path.isdir(os.path.join(out, "ckpt", "_actor")) else [])
 
 
 def _threads_env() -> dict:
