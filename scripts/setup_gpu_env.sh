@@ -91,6 +91,12 @@ if "$PY" -c 'import deepspeed.git_version_info as g, sys; sys.exit(0 if g.instal
 else
     need_nvcc DeepSpeed
     DS_VERSION="$("$PY" -c 'import importlib.metadata as md; print(md.version("deepspeed"))')"
+    # DeepSpeed 0.19.6 parses TORCH_CUDA_ARCH_LIST entries as MAJOR.MINOR[+PTX]: an arch-specific "9.0a", which some
+    # CUDA images set, fails its op build ("invalid literal for int()"); build for the same list without the suffix.
+    if [ -n "${TORCH_CUDA_ARCH_LIST:-}" ]; then
+        TORCH_CUDA_ARCH_LIST="$(printf '%s' "$TORCH_CUDA_ARCH_LIST" | sed -E 's/([0-9]+\.[0-9]+)[a-z]+/\1/g')"
+        export TORCH_CUDA_ARCH_LIST
+    fi
     DS_BUILD_OPS=0 DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 \
         pip_ --no-build-isolation --no-cache-dir --no-deps --force-reinstall "deepspeed==$DS_VERSION"
 fi

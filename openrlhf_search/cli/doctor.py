@@ -20,6 +20,7 @@ What is checked, and where the path uses it:
 
 import importlib
 import importlib.metadata as md
+import os
 import sys
 from typing import Callable, List, Tuple
 
@@ -94,6 +95,18 @@ def check_flash_attn_cross_entropy() -> str:
     return f"flash-attn Triton cross-entropy (triton {triton.__version__})"
 
 
+def arch_specific_entries(arch_list: str) -> List[str]:
+    """Entries of a ``TORCH_CUDA_ARCH_LIST`` value with an arch-specific suffix (``"9.0a"``, ``"10.0a+PTX"``).
+
+    DeepSpeed 0.19.6 parses each entry as ``MAJOR.MINOR[+PTX]`` when it builds or JIT-loads an op, so such an entry
+    fails the build with ``ValueError: invalid literal for int() with base 10: '0a'`` (seen with CUDA images that
+    set ``TORCH_CUDA_ARCH_LIST=9.0a`` on an H200). ``scripts/setup_gpu_env.sh`` strips the suffix for that build.
+    """
+    import re
+
+    return [e for e in re.split(r"[;\s]+", arch_list.strip()) if re.fullmatch(r"\d+\.\d+[a-z]+(\+PTX)?", e)]
+
+
 def _deepspeed_op(builder_name: str, op: str, flag: str) -> str:
     import deepspeed
     import deepspeed.git_version_info as info
@@ -105,6 +118,12 @@ def _deepspeed_op(builder_name: str, op: str, flag: str) -> str:
                       "(no CUDA toolkit found, or torch and nvcc disagree on the CUDA version)",
                       "install the CUDA 13.0 toolkit (nvcc) and set CUDA_HOME, then " + SETUP)
     if not info.installed_ops.get(op):
+        bad = arch_specific_entries(os.environ.get("TORCH_CUDA_ARCH_LIST", ""))
+        if bad:
+            raise Missing(f"DeepSpeed {deepspeed.__version__} has no prebuilt {op}, and TORCH_CUDA_ARCH_LIST holds "
+                          f"{', '.join(bad)}, which its op builder cannot parse (the JIT build would fail on "
+                          "every rank)", "export TORCH_CUDA_ARCH_LIST without the letter suffix (e.g. 9.0), then "
+                          + SETUP)
         raise Missing(f"DeepSpeed {deepspeed.__version__} was installed without a prebuilt {op}: every rank "
                       "would compile it at its first deepspeed.initialize (nvcc on every node, one lock in "
                       "TORCH_EXTENSIONS_DIR for all ranks)",
