@@ -635,6 +635,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 return 2
     if resolved is not None:
         print(f"[dry_run] GPU split: {resolved['gpu_split']['line']}", file=sys.stderr)
+        print(f"[dry_run] {turn_budget_line(cfg)}", file=sys.stderr)
         print(json.dumps(resolved, indent=2, sort_keys=True, default=str), file=stdout)
         return 0
     from openrlhf_search.retriever_check import RetrieverCheckError
@@ -665,6 +666,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {cause or worker} (training stopped)", file=sys.stderr)
         return 1
     return 0
+
+
+def turn_budget_line(cfg: SearchConfig) -> str:
+    """The per-turn token budget a rollout runs under, naming whether the policy thinks inside it (a protocol whose
+    chat template has ``enable_thinking`` on: the reasoning and the tool call or answer share the budget)."""
+    from openrlhf_search.protocol import get_protocol
+
+    thinking = bool(getattr(get_protocol(cfg.protocol), "enable_thinking", False))
+    line = (f"turn budget: {cfg.max_new_tokens_per_turn} new tokens per turn (--search.max_new_tokens_per_turn), "
+            f"{cfg.max_turns} turns, protocol {cfg.protocol}")
+    if thinking:
+        line += (": thinking on, the reasoning and the tool call or answer share each turn's budget; a turn that "
+                 "ends on it earns nothing, and the step log warns when most turns do (search/turn_cut_rate)")
+    return line
 
 
 def cuda_python_problem(args) -> Optional[str]:
