@@ -45,7 +45,7 @@ def _reference(args, gpu):
     t_roll = args.rollout.micro_batch_size * args.data.max_len
     layer = lambda t: t * (6 * s.hidden + 4 * s.intermediate) * 2 / GIB
     kept = t_train * s.hidden * s.layers * 2 / GIB  # checkpointed layer inputs
-    logits = t_train * s.vocab * (10 + (8 if args.actor.entropy_coef else 0)) / GIB
+    logits = t_train * s.vocab * (10 + (2 if args.actor.entropy_coef else 0)) / GIB  # measured on an H200
     actor_act = kept + max(logits, layer(t_train))
     critic_act = kept + layer(t_train) if critic else 0
     asleep = VLLM_ASLEEP_GB if sync_colocated else 0
@@ -85,7 +85,7 @@ def test_estimate_matches_the_per_phase_model(script, env, gpu):
 def test_colocated_ppo_7b_at_1x4_does_not_count_the_offloaded_critic_while_the_actor_trains():
     args, _ = cli.parse_args(_argv(PPO7, GPUS_PER_NODE="4"))
     est = estimate(args, 80)
-    assert 55 < est["phase_gb"]["training"] < 66 and est["error"] is None  # not 88: the critic is offloaded
+    assert 50 < est["phase_gb"]["training"] < 66 and est["error"] is None  # not 88: the critic is offloaded
     gen = est["phases"]["generation"]
     shard = 2 * 7.62e9 / 4 / GIB
     assert gen["deepspeed_states"] == pytest.approx(3 * shard, abs=0.2)  # actor, critic, reference bf16 shards
@@ -112,8 +112,8 @@ def test_r1searcher_qwen_released_fits_80gb_and_the_logits_are_the_gpu_path():
     args, _ = cli.parse_args(_argv(QWEN_SINGLE))
     est = estimate(args, 80)
     assert 60 < est["peak_gb"] < 72 and est["error"] is None and est["peak_phase"] == "training"
-    # a micro-batch of 1 at 30,024 tokens: the Triton cross-entropy path's 10 B (+8 with entropy), not the CPU 16
-    per_token = 10 + (8 if args.actor.entropy_coef else 0)
+    # a micro-batch of 1 at 30,024 tokens: the Triton cross-entropy path's 10 B (12 with entropy), not the CPU 16
+    per_token = 10 + (2 if args.actor.entropy_coef else 0)
     act = est["phases"]["training"]["activations"]
     assert act == pytest.approx((30024 * 152064 * per_token + 30024 * 3584 * 28 * 2) / GIB, abs=0.2)
 
