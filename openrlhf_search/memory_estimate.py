@@ -436,3 +436,39 @@ def checkpoint_volume(args) -> Dict[str, Any]:
             f"(--ckpt.max_num {args.ckpt.max_num}{', a best checkpoint' if best else ''}, final model {final:.0f} GB)")
     return {"per_checkpoint_gb": round(per, 1), "at_most_gb": round(at_most, 1), "trained_models": models,
             "line": line}
+
+
+def _folder_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
+
+
+def disk_problem(args, volume: Dict[str, Any]) -> Optional[str]:
+    """One line when the file system of ``--ckpt.path`` cannot hold what the run will write there and under
+    ``--ckpt.output_dir`` (``volume["at_most_gb"]`` of :func:`checkpoint_volume`, less what those folders already
+    hold: a resumed run's checkpoints are rotated, not added); None when it can or the volume is unknown."""
+    if "at_most_gb" not in volume:
+        return None
+    folders = [f for f in {getattr(args.ckpt, "path", None), getattr(args.ckpt, "output_dir", None)} if f]
+    if not folders:
+        return None
+    probe = os.path.abspath(folders[0])
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return None
+        probe = parent
+    free = shutil.disk_usage(probe).free
+    held = sum(_folder_bytes(f) for f in folders if os.path.isdir(f))
+    need = volume["at_most_gb"] * 1e9 - held
+    if free >= need:
+        return None
+    return (f"{probe} has {free / 1e9:.0f} GB free, the run writes up to {volume['at_most_gb']:.0f} GB of checkpoints "
+            f"there ({held / 1e9:.0f} GB already held): lower --ckpt.max_num ({args.ckpt.max_num}), point "
+            "OUTPUT_ROOT at a larger disk, or DISK_CHECK=0 to start anyway")

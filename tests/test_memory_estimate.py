@@ -4,6 +4,7 @@ maker's sequential colocated forwards, vLLM's share at wake-up), for the launche
 settings that fit; ``GPU_MEM_GB`` falls back to nvidia-smi, then 80; every launcher gets an estimate."""
 
 import os
+import shutil
 import stat
 
 import pytest
@@ -170,3 +171,26 @@ def test_the_retriever_counts_where_it_sits():
     on_vllm = estimate(split, 80, cost, retriever_on_training=False)
     assert on_training["phase_gb"]["training"] == pytest.approx(on_vllm["phase_gb"]["training"] + cost, abs=0.1)
     assert on_vllm["phase_gb"]["vllm_gpu"] == pytest.approx(on_training["phase_gb"]["vllm_gpu"] + cost, abs=0.1)
+
+
+def test_a_launch_whose_checkpoints_cannot_fit_the_disk_is_refused(tmp_path, monkeypatch):
+    from openrlhf_search import memory_estimate
+    from openrlhf_search.memory_estimate import checkpoint_volume, disk_problem
+
+    args, _ = cli.parse_args(_argv(PPO7) + ["--ckpt.path", str(tmp_path / "run" / "ckpt"),
+                                             "--ckpt.output_dir", str(tmp_path / "run")])
+    volume = checkpoint_volume(args)  # ~838 GB
+    free = 500e9
+    monkeypatch.setattr(memory_estimate.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(0, 0, free))
+    line = disk_problem(args, volume)  # the folders do not exist yet: the nearest existing parent is asked
+    assert line.startswith(f"{tmp_path} has 500 GB free, the run writes up to 838 GB")
+    assert "--ckpt.max_num (3)" in line and "DISK_CHECK=0" in line
+    with pytest.raises(ConfigError, match="GB of checkpoints"):
+        cli.check_disk(args)
+    monkeypatch.setenv("DISK_CHECK", "0")
+    cli.check_disk(args)  # a warning only
+    assert disk_problem(args, dict(volume, at_most_gb=400)) is None
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "old.bin").write_bytes(b"x" * 100_000)  # a resumed run's checkpoints are rotated, not added
+    assert disk_problem(args, dict(volume, at_most_gb=(free + 50_000) / 1e9)) is None
+    assert disk_problem(args, dict(volume, at_most_gb=(free + 150_000) / 1e9)) is not None

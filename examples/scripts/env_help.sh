@@ -14,7 +14,7 @@
 # Table rows: group|variable|default|meaning|read by. The default is a bash word evaluated in the launcher after it
 # resolved its settings (so "${MODEL-}" is that launcher's model); it must be `set -u` safe and hold no quote (an
 # apostrophe inside ${VAR:-...} opens a quoted string in bash). "read by": the files of this folder that read the
-# variable (common.sh passes GPU_MEM_GB, MEMORY_CHECK and PLACEMENT_WAIT_S on to cli.train, eval.sh passes OPENAI_API_KEY on to
+# variable (common.sh passes GPU_MEM_GB, MEMORY_CHECK, DISK_CHECK and PLACEMENT_WAIT_S on to cli.train, eval.sh passes OPENAI_API_KEY on to
 # cli.eval); a launcher prints the rows read by one of its files. tests/test_launcher_help.py checks that every
 # variable a launcher's files read with ${VAR:-...}, ${VAR-...}, ${VAR:+...} or ${VAR:?...} is printed by its
 # --help, except these internal ones (set by the scripts themselves, never by the caller):
@@ -34,6 +34,7 @@ Layout|RETRIEVER_GPU_GB|estimated|GiB the node's dense retriever index takes on 
 Layout|RETRIEVER_GPUS|${RETRIEVER_GPUS:-all}|GPUs of the node's dense index and its query encoder: all, none or ids (a split layout: the vLLM GPUs)|common.sh
 Layout|RETRIEVER_FAISS_TEMP_GB|1.5|faiss temporary memory per GPU of the dense index, GiB|common.sh
 Layout|MEMORY_CHECK|1|0: launch even when the memory estimate exceeds the GPU (printed as a warning)|common.sh
+Layout|DISK_CHECK|1|0: launch even when the disk of --ckpt.path cannot hold the run's checkpoints (printed as a warning)|common.sh
 Layout|MEMORY_MODEL|${MEMORY_MODEL:-the policy}|model whose config the memory estimate reads while MODEL is not a folder yet (stage 2: its base model)|r1searcher.sh
 Layout|PLACEMENT_WAIT_S|60|seconds the driver waits for Ray to have the layout's GPUs free before it exits with one line|common.sh
 Model and data|SETTING|${SETTING-}|released or paper: which source the hyper-parameters follow (docs/parity.md lists every value and its source line)|searchr1.sh r1searcher.sh common.sh

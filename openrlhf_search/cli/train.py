@@ -647,6 +647,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if not getattr(args, "cpu_cluster", False):
             memory_estimate(args, dry_run=False)  # a run that cannot fit the GPU stops here, not at its first OOM
+            check_disk(args)  # nor one whose checkpoints cannot fit the disk, at its fourth save
         run(args, cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -731,6 +732,18 @@ def memory_estimate(args, dry_run: bool = True) -> Dict[str, Any]:
             est["checkpoints"] = disk
             print(f"{tag} {disk['line']}", file=sys.stderr)
     return est
+
+
+def check_disk(args) -> None:
+    """Refuse (:class:`ConfigError`, one line) a launch whose checkpoints cannot fit the disk of ``--ckpt.path``
+    (:func:`~openrlhf_search.memory_estimate.disk_problem`), unless ``DISK_CHECK=0``."""
+    from openrlhf_search.memory_estimate import checkpoint_volume, disk_problem
+
+    problem = disk_problem(args, checkpoint_volume(args))
+    if problem and os.environ.get("DISK_CHECK") != "0":
+        raise ConfigError(problem)
+    if problem:
+        print(f"warning: {problem}", file=sys.stderr)
 
 
 def stop_reason(error: BaseException) -> Optional[str]:
