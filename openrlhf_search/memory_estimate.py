@@ -181,7 +181,7 @@ def gpu_memory_gb() -> Tuple[float, str]:
                 return round(min(mib) / 1024, 1), "nvidia-smi"
         except (OSError, ValueError, subprocess.SubprocessError):
             pass
-    return DEFAULT_GPU_MEM_GB, "default (GPU_MEM_GB unset, no nvidia-smi)"
+    return DEFAULT_GPU_MEM_GB, "the default: GPU_MEM_GB unset, no nvidia-smi"
 
 
 def retriever_gpu_cost(rows: float, dim: int, index_gpus: int, temp_gb: float = FAISS_TEMP_GB,
