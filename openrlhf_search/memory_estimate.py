@@ -327,10 +327,34 @@ def _variant(args, **flags):
     return new
 
 
+def _split_tries(args) -> List[Tuple[str, Dict[str, Any]]]:
+    """Other splits of a node between training and vLLM GPUs (layouts that are not colocated), more training GPUs
+    first, that the batch sizes and ``--vllm.tensor_parallel_size`` allow (:mod:`openrlhf_search.layout`)."""
+    from openrlhf_search.layout import batch_layout_problems
+
+    colocated = bool(args.train.colocate_all) and not _flag(args, "train", "async_enable", False)
+    if colocated or not args.vllm.num_engines:
+        return []
+    nodes, tp = max(1, args.actor.num_nodes), max(1, args.vllm.tensor_parallel_size or 1)
+    per_node = args.actor.num_gpus_per_node + args.vllm.num_engines * tp // nodes
+    samples = args.rollout.batch_size * args.rollout.n_samples_per_prompt
+    out = []
+    for a in range(per_node - 1, 0, -1):
+        rest = per_node - a
+        if a == args.actor.num_gpus_per_node or rest % tp or batch_layout_problems(
+                nodes * a, args.train.batch_size, args.train.micro_batch_size, samples, args.rollout.micro_batch_size):
+            continue
+        out.append((f"ACTOR_GPUS_PER_NODE={a}", {"actor.num_gpus_per_node": a, "ref.num_gpus_per_node": a,
+                                                 "critic.num_gpus_per_node": a,
+                                                 "vllm.num_engines": nodes * rest // tp}))
+    return out
+
+
 def fixes_that_fit(args, gpu_mem_gb: float, retriever_gb: float, retriever_on_training: bool,
                    shape: ModelShape) -> List[str]:
     """Settings (flag lists) under which the estimate fits :data:`WARN_FRACTION` of the GPU, fewest changes first:
-    DeepSpeed sleep, Adam offload, both, a lower vLLM share, and ``--data.max_len`` halved as the last resort."""
+    DeepSpeed sleep, Adam offload, both, a lower vLLM share, another split of a node's GPUs
+    (``ACTOR_GPUS_PER_NODE``), and ``--data.max_len`` halved as the last resort; the first three found."""
     limit = WARN_FRACTION * gpu_mem_gb
     tries: List[Tuple[str, Dict[str, Any]]] = []
     if not _flag(args, "ds", "enable_sleep", False):
@@ -343,13 +367,14 @@ def fixes_that_fit(args, gpu_mem_gb: float, retriever_gb: float, retriever_on_tr
     for lower in (0.5, 0.4, 0.3):
         if lower < util:
             tries.append((f"--vllm.gpu_memory_utilization {lower}", {"vllm.gpu_memory_utilization": lower}))
+    tries += _split_tries(args)
     tries.append((f"--data.max_len {args.data.max_len // 2}", {"data.max_len": args.data.max_len // 2}))
     out = []
     for text, flags in tries:
         model = phase_model(_variant(args, **flags), gpu_mem_gb, retriever_gb, retriever_on_training, shape)
         if _peak(model)[1] <= limit:
             out.append(text)
-            if len(out) == 2:
+            if len(out) == 3:
                 break
     return out
 

@@ -194,3 +194,15 @@ def test_a_launch_whose_checkpoints_cannot_fit_the_disk_is_refused(tmp_path, mon
     (tmp_path / "run" / "old.bin").write_bytes(b"x" * 100_000)  # a resumed run's checkpoints are rotated, not added
     assert disk_problem(args, dict(volume, at_most_gb=(free + 50_000) / 1e9)) is None
     assert disk_problem(args, dict(volume, at_most_gb=(free + 150_000) / 1e9)) is not None
+
+
+def test_a_split_that_does_not_fit_names_a_split_that_does():
+    """R1-Searcher Llama stage 1 at 2 x 8 with VLLM_TP=2 and 2 actor GPUs per node: its ZeRO-3 states and
+    30,024-token step do not fit 64 GB, and another split the batch sizes allow (more training GPUs) is named."""
+    args, _ = cli.parse_args(_argv("r1searcher_llama8b_instruct_stage1.sh", NNODES="2", VLLM_TP="2",
+                                   ACTOR_GPUS_PER_NODE="2"))
+    assert args.actor.num_gpus_per_node == 2 and args.vllm.num_engines == 6
+    est = estimate(args, 64)
+    assert est["error"] and any(f.startswith("ACTOR_GPUS_PER_NODE=") for f in est["fixes"]), est["fixes"]
+    a = int(next(f for f in est["fixes"] if f.startswith("ACTOR_GPUS_PER_NODE=")).split("=")[1])
+    assert a > 2 and (8 - a) % 2 == 0
