@@ -47,7 +47,7 @@ from openrlhf_search.types import Action
 logger = logging.getLogger(__name__)
 
 # Keys of ``extra_logs`` written by the executor itself (reward components are added next to them).
-ROLLOUT_LOG_KEYS = ("turns", "valid_searches", "queries", "answer_present", "truncated", "context_full",
+ROLLOUT_LOG_KEYS = ("turns", "turns_cut", "valid_searches", "queries", "answer_present", "truncated", "context_full",
                     "retrieval_failures", "retrieval_failed", "response_tokens", "obs_tokens", "invalid_actions",
                     "retrieval_failovers", "rejected_queries", "tool_calls", "invalid_tool_calls")
 
@@ -251,6 +251,7 @@ class SearchAgentExecutor(AgentExecutorBase):
                     entry = entries[i].get(tok) if i < len(entries) and entries[i] is not None else None
                     log_probs.append(float(entry.logprob) if entry is not None else 0.0)
             truncated = output.finish_reason == "length"
+            logs["turns_cut"] += float(truncated)  # this turn hit its token budget (per turn or the context)
 
             searches = 0  # searches the environment block answers: valid once the block is appended
             if native:

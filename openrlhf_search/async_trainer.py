@@ -61,6 +61,7 @@ from openrlhf_search.experience_maker import (
     SearchSamplesGenerator,
     failed_mask,
     search_rollout_stats,
+    turn_cut_warning,
     valid_rollout_stats,
 )
 from openrlhf_search.reward_schedule import RewardSchedule
@@ -346,6 +347,9 @@ class _SearchTrainingActor(StepTimingMixin, StepCapTrainerMixin, ppo_async.Train
         stats = super()._compute_rollout_stats(experiences)
         stats.update(valid_rollout_stats(experiences))
         stats.update(search_rollout_stats(experiences))
+        cut = turn_cut_warning(stats, getattr(getattr(self.args, "search", None), "max_new_tokens_per_turn", None))
+        if cut:
+            logger.warning(cut)
         return stats
 
 

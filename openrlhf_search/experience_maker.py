@@ -35,7 +35,7 @@ What changes against OpenRLHF 0.11.2 (everything else, model forwards included, 
 """
 
 import itertools
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -56,9 +56,9 @@ logger = init_logger(__name__)
 FAILED_KEY = "retrieval_failed"
 # extra_logs of openrlhf_search.agent (docs/ARCHITECTURE.md); plotted as search/<key>_mean over trained samples.
 SEARCH_STAT_KEYS = (
-    "turns", "valid_searches", "queries", "answer_present", "truncated", "retrieval_failures", "response_tokens",
-    "obs_tokens", "em", "f1", "cover_em", "format_ok", "retrieval_failovers", "context_full", "tool_calls",
-    "invalid_tool_calls",
+    "turns", "turns_cut", "valid_searches", "queries", "answer_present", "truncated", "retrieval_failures",
+    "response_tokens", "obs_tokens", "em", "f1", "cover_em", "format_ok", "retrieval_failovers", "context_full",
+    "tool_calls", "invalid_tool_calls",
 )
 GROUP_BASELINE_ESTIMATORS = ("group_norm", "reinforce_baseline", "dr_grpo", "rloo")
 CUMULATIVE_ESTIMATORS = GROUP_BASELINE_ESTIMATORS + ("reinforce", "flash_reinforce")
@@ -295,7 +295,23 @@ def search_rollout_stats(experiences: List[Experience]) -> Dict[str, float]:
                 stats[f"search/{key}_mean"] = values[keep].mean().item()
     if "search/answer_present_mean" in stats:
         stats["search/answer_rate"] = stats["search/answer_present_mean"]
+    if stats.get("search/turns_mean") and "search/turns_cut_mean" in stats:
+        stats["search/turn_cut_rate"] = stats["search/turns_cut_mean"] / stats["search/turns_mean"]
     return stats
+
+
+TURN_CUT_WARN_RATE = 0.5
+
+
+def turn_cut_warning(stats: Dict[str, float], max_new_tokens_per_turn: Optional[int]) -> Optional[str]:
+    """One line when most of a step's turns were cut by their token budget (``search/turn_cut_rate`` above
+    :data:`TURN_CUT_WARN_RATE`): a thinking model (Qwen3) that reasons past ``--search.max_new_tokens_per_turn``
+    never closes its tool call or answer, so those turns earn no reward. None otherwise."""
+    rate = stats.get("search/turn_cut_rate")
+    if rate is None or rate <= TURN_CUT_WARN_RATE:
+        return None
+    return (f"{rate:.0%} of this step's turns hit their token budget (--search.max_new_tokens_per_turn "
+            f"{max_new_tokens_per_turn}): raise it (a thinking model reasons inside the turn) or THINKING=0")
 
 
 class SearchExperienceMaker(RemoteExperienceMaker):

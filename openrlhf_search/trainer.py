@@ -40,6 +40,7 @@ from openrlhf_search.experience_maker import (
     SearchSamplesGenerator,
     failed_mask,
     search_rollout_stats,
+    turn_cut_warning,
     valid_rollout_stats,
 )
 from openrlhf_search.loss import EMPTY_MICRO_BATCH_WEIGHT, empty_mask_safe_actor_trainer, install_into_openrlhf
@@ -186,6 +187,9 @@ class _SearchPPOTrainer(StepTimingMixin, PPOTrainer.__ray_actor_class__):
         stats.update(valid_rollout_stats(experiences))  # failed samples out of rollout/*: they are not trained on
         stats.update(search_rollout_stats(experiences))
         stats.update(answer_list_stats(experiences))
+        cut = turn_cut_warning(stats, getattr(getattr(self.args, "search", None), "max_new_tokens_per_turn", None))
+        if cut:
+            logger.warning(cut)
         return stats
 
     @torch.no_grad()

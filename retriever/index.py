@@ -439,19 +439,28 @@ class DenseIndex(_BaseIndex):
     """faiss index over normalised passage embeddings; ``score`` is the inner product (cosine).
 
     Args:
-        faiss_gpu: move Flat / IVF-PQ indexes to all GPUs, fp16, sharded (only if faiss has GPU support
-            and GPUs exist; otherwise stays on CPU with a log line). HNSW has no GPU form in faiss.
+        faiss_gpu: move Flat / IVF-PQ indexes to GPUs, fp16, sharded (only if faiss has GPU support and GPUs
+            exist; otherwise stays on CPU with a log line). HNSW has no GPU form in faiss.
+        gpus / faiss_temp_gb: which GPUs and how much faiss temporary memory (:func:`gpu_plan`; env
+            ``RETRIEVER_GPUS`` / ``RETRIEVER_FAISS_TEMP_GB`` when None); the query encoder goes on the first.
         nprobe / ef_search: search-time accuracy knobs overriding the manifest's values.
     """
 
     def __init__(self, index_dir: str, manifest: dict, device: str | None = None, faiss_gpu: bool = True,
-                 nprobe: int | None = None, ef_search: int | None = None, omp_threads: int | None = None):
+                 nprobe: int | None = None, ef_search: int | None = None, omp_threads: int | None = None,
+                 gpus: str | None = None, faiss_temp_gb: float | None = None):
         import faiss
 
         super().__init__(index_dir, manifest)
         if omp_threads:
             faiss.omp_set_num_threads(omp_threads)
         self.spec = EncoderSpec(**manifest["encoder"])
+        plan = None
+        if faiss_gpu and manifest["index_type"] in ("flat", "ivfpq", "ivf"):
+            ngpu = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+            plan = gpu_plan(ngpu, gpus, faiss_temp_gb)
+        if device is None and plan and plan["encoder_device"]:
+            device = plan["encoder_device"]  # the query encoder beside the index, not on whatever cuda:0 is
         self.encoder = get_encoder(self.spec, device=device)
         if self.encoder.dim != manifest["dim"]:
             raise RetrieverIndexError(f"encoder {self.spec.model} gives dim {self.encoder.dim}, "
@@ -478,8 +487,8 @@ class DenseIndex(_BaseIndex):
         if manifest["index_type"] in ("ivfpq", "ivf"):
             faiss.extract_index_ivf(index).nprobe = nprobe or params.get("nprobe", 32)
         self.on_gpu = False
-        if faiss_gpu and manifest["index_type"] in ("flat", "ivfpq", "ivf"):
-            index, self.on_gpu = _to_all_gpus(index)
+        if plan and plan["devices"]:
+            index, self.on_gpu = _to_gpus(index, plan)
         self.index = index
         logger.info("loaded faiss index %s (%d vectors) %s", path, index.ntotal,
                     "on GPU" if self.on_gpu else "memory-mapped" if self.mmapped else "in RAM")
@@ -512,20 +521,62 @@ class DenseIndex(_BaseIndex):
         return self.search_embeddings(self.encoder.encode_queries(list(queries)), topk)
 
 
-def _to_all_gpus(index):
-    """fp16, sharded copy of ``index`` over all GPUs; (index, False) when faiss has no GPU support or no GPU."""
+DEFAULT_FAISS_TEMP_GB = 1.5  # faiss-gpu's own default cap on a large GPU, set explicitly so the estimate can count it
+
+
+def gpu_plan(ngpu: int, gpus: str | None = None, temp_gb: float | None = None) -> dict:
+    """Where a dense index goes on this host's ``ngpu`` visible GPUs.
+
+    Args:
+        gpus: ``RETRIEVER_GPUS`` / ``--gpus``: ``all`` (default: every GPU), ``none`` (CPU), or comma-separated
+            device ids (``6,7``: the vLLM GPUs of a split layout, which the launchers choose).
+        temp_gb: faiss temporary memory per GPU, GiB (``--faiss_temp_gb``; default :data:`DEFAULT_FAISS_TEMP_GB`).
+
+    Returns ``{"devices": [ids], "temp_memory_bytes": int, "encoder_device": "cuda:<first id>" or None}``; raises
+    ValueError (one line) for an id that is not a visible GPU or a malformed list."""
+    text = (gpus if gpus is not None else os.environ.get("RETRIEVER_GPUS") or "all").strip().lower()
+    if temp_gb is None:
+        temp_gb = float(os.environ.get("RETRIEVER_FAISS_TEMP_GB") or DEFAULT_FAISS_TEMP_GB)
+    if temp_gb < 0:
+        raise ValueError(f"faiss temporary memory must be >= 0 GiB, got {temp_gb}")
+    if text in ("none", "cpu", "") or ngpu <= 0:
+        devices = []
+    elif text == "all":
+        devices = list(range(ngpu))
+    else:
+        try:
+            devices = sorted({int(x) for x in text.split(",") if x.strip()})
+        except ValueError:
+            raise ValueError(f"RETRIEVER_GPUS must be all, none or comma-separated GPU ids, got {gpus!r}") from None
+        bad = [d for d in devices if not 0 <= d < ngpu]
+        if bad:
+            raise ValueError(f"RETRIEVER_GPUS names GPU(s) {bad}, this host has {ngpu} (ids 0..{ngpu - 1})")
+    return {"devices": devices, "temp_memory_bytes": int(temp_gb * 2**30),
+            "encoder_device": f"cuda:{devices[0]}" if devices else None}
+
+
+def _to_gpus(index, plan: dict):
+    """fp16 copy of ``index`` sharded over ``plan["devices"]`` (:func:`gpu_plan`), each GPU with an explicit faiss
+    temporary memory; (index, False) when faiss has no GPU support or the transfer fails."""
     import faiss
 
-    ngpu = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
-    if ngpu == 0 or not hasattr(faiss, "GpuMultipleClonerOptions"):
+    if not hasattr(faiss, "GpuMultipleClonerOptions"):
         return index, False
-    try:  # pragma: no cover - needs faiss-gpu and a GPU
+    try:
         co = faiss.GpuMultipleClonerOptions()
         co.useFloat16 = True  # halves memory: wiki-18 e5 Flat is ~62 GB in fp32
-        co.shard = True       # each GPU holds 1/ngpu of the vectors
-        logger.info("moving faiss index to %d GPU(s), fp16, sharded", ngpu)
-        return faiss.index_cpu_to_all_gpus(index, co=co), True
-    except Exception as e:  # pragma: no cover
+        co.shard = True       # each GPU holds 1/len(devices) of the vectors
+        resources = []
+        for _ in plan["devices"]:
+            res = faiss.StandardGpuResources()
+            res.setTempMemory(plan["temp_memory_bytes"])
+            resources.append(res)
+        logger.info("moving faiss index to GPU(s) %s, fp16, sharded, %.2f GiB temporary memory each",
+                    plan["devices"], plan["temp_memory_bytes"] / 2**30)
+        gpu_index = faiss.index_cpu_to_gpu_multiple_py(resources, index, co=co, gpus=plan["devices"])
+        gpu_index.referenced_objects = resources  # keep the resources alive as long as the index
+        return gpu_index, True
+    except Exception as e:  # pragma: no cover - a real faiss-gpu failure
         logger.warning("faiss GPU transfer failed (%s); searching on CPU", e)
         return index, False
 
@@ -642,7 +693,8 @@ def read_manifest(index_dir: str) -> dict:
 def load_index(index_dir: str, **kwargs):
     """Load a built index directory -> ``DenseIndex`` or ``BM25Index`` with ``search(queries, topk)``.
 
-    ``kwargs`` go to the class (``device``, ``faiss_gpu``, ``nprobe``, ``ef_search`` for dense; ``mmap`` for
+    ``kwargs`` go to the class (``device``, ``faiss_gpu``, ``gpus``, ``faiss_temp_gb``, ``nprobe``, ``ef_search`` for
+    dense; ``mmap`` for
     BM25); unknown ones for the other kind are ignored; ``dedup=True`` wraps the index in :class:`DedupIndex`.
     Raises RetrieverIndexError for a missing/incomplete index.
     """
@@ -651,6 +703,6 @@ def load_index(index_dir: str, **kwargs):
     if m["index_type"] == "bm25":
         index = BM25Index(index_dir, m, **{k: v for k, v in kwargs.items() if k in ("mmap",)})
     else:
-        dense_keys = ("device", "faiss_gpu", "nprobe", "ef_search", "omp_threads")
+        dense_keys = ("device", "faiss_gpu", "nprobe", "ef_search", "omp_threads", "gpus", "faiss_temp_gb")
         index = DenseIndex(index_dir, m, **{k: v for k, v in kwargs.items() if k in dense_keys})
     return DedupIndex(index) if dedup else index

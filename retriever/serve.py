@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     limits = Limits(max_query_chars=s.max_query_chars, max_queries=s.max_queries, max_topk=s.max_topk,
                     default_topk=s.topk)
     load_kwargs = {"device": s.device, "faiss_gpu": not s.no_faiss_gpu, "nprobe": s.nprobe, "ef_search": s.ef_search,
-                   "dedup": s.dedup}
+                   "dedup": s.dedup, "gpus": s.gpus, "faiss_temp_gb": s.faiss_temp_gb}
     try:
         app = build_application(s.index_dir, replicas=a.replicas, limits=limits, window_ms=s.batch_window_ms,
                                 max_batch_queries=s.max_batch_queries, max_wait_ms=s.batch_max_wait_ms,

@@ -596,6 +596,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max_batch_queries", type=int, default=512, help="queries per encoder/search batch")
     p.add_argument("--device", default=None, help="query encoder device (dense indexes)")
     p.add_argument("--no_faiss_gpu", action="store_true", help="keep the faiss index on CPU even with GPUs")
+    p.add_argument("--gpus", default=None,
+                   help="GPUs of the dense index and its query encoder: all, none or ids (6,7); default "
+                        "RETRIEVER_GPUS, else all")
+    p.add_argument("--faiss_temp_gb", type=float, default=None,
+                   help="faiss temporary memory per GPU, GiB (default RETRIEVER_FAISS_TEMP_GB, else 1.5)")
     p.add_argument("--nprobe", type=int, default=None, help="IVF-PQ cells per query (overrides the manifest)")
     p.add_argument("--ef_search", type=int, default=None, help="HNSW efSearch (overrides the manifest)")
     p.add_argument("--dedup", action="store_true",
@@ -730,7 +735,7 @@ def main(argv=None) -> int:
             index = load_web_index(a)
         else:
             index = load_index(a.index_dir, device=a.device, faiss_gpu=not a.no_faiss_gpu, nprobe=a.nprobe,
-                               ef_search=a.ef_search, dedup=a.dedup)
+                               ef_search=a.ef_search, dedup=a.dedup, gpus=a.gpus, faiss_temp_gb=a.faiss_temp_gb)
     except (RetrieverIndexError, FileNotFoundError, ValueError) as e:  # ValueError: the encoder cannot load
         print(f"retriever.server: error: {e}", file=sys.stderr)
         return 2

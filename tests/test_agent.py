@@ -243,6 +243,7 @@ def test_max_new_tokens_per_turn(qwen_tokenizer, server):
                                     max_new_tokens_per_turn=16, max_turns=3)
     assert [len(c[2].token_ids) for c in calls] == [16, 16, 16]
     assert all(c[2].finish_reason == "length" for c in calls)
+    assert res["extra_logs"]["turns_cut"] == res["extra_logs"]["turns"] == 3  # every turn cut, not only the last
 
 
 # --------------------------------------------------------------------------------------------- bad model output

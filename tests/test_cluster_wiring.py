@@ -78,7 +78,8 @@ def test_runtime_env_carries_config_to_the_agent_loaded_by_openrlhf(grpo_args, m
     assert executor.config == cfg
 
 
-def test_dry_run_prints_resolved_json(capsys):
+def test_dry_run_prints_resolved_json(capsys, monkeypatch):
+    monkeypatch.setenv("MEMORY_CHECK", "0")  # OpenRLHF's defaults: a 7B policy at ZeRO-2 on one GPU cannot fit
     rc = cli.main(BASE + ["--search.reward_scheme", "r1searcher_stage1", "--search.stage2_reward_scheme",
                           "r1searcher_stage2", "--search.stage2_start_step", "30", "--dry_run"])
     assert rc == 0

@@ -182,7 +182,7 @@ def test_trainer_variables_are_in_the_help(clean_env):
     env, _, _ = clean_env
     res = _help("searchr1_ppo_qwen2.5-7b_base.sh", "--help", dict(env, PYTHON=sys.executable))
     rows, _ = _rows(res.stdout)
-    for name, default in (("ACTOR_GPUS_PER_NODE", "auto (here 8)"), ("GPU_MEM_GB", "80"),
+    for name, default in (("ACTOR_GPUS_PER_NODE", "auto (here 8)"), ("GPU_MEM_GB", "nvidia-smi, else 80"),
                           ("RETRIEVER_GPU_GB", "estimated"), ("PLACEMENT_WAIT_S", "60")):
         assert rows[name][1] == default, (name, rows[name])
     assert "Resolved: policy Qwen/Qwen2.5-7B; 512 prompts x 1 samples per step, updates of 256 samples" in res.stdout

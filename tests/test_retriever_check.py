@@ -104,6 +104,8 @@ def test_train_cli_refuses_to_start_when_the_check_fails(monkeypatch, capsys):
         raise RetrieverCheckError("retriever http://x:1: /health did not answer (refused)")
 
     monkeypatch.setattr(cli, "run", fake_run)
+    monkeypatch.setenv("MEMORY_CHECK", "0")  # OpenRLHF's defaults put a 7B policy on one GPU at ZeRO-2
+    monkeypatch.setenv("DISK_CHECK", "0")
     rc = cli.main(["--actor.model_name_or_path", "Qwen/Qwen2.5-7B", "--data.prompt_dataset", "x.jsonl"])
     assert rc == 1 and not called
     err = capsys.readouterr().err.strip().splitlines()[-1]

@@ -202,6 +202,14 @@ layout_args() {
     else  # the engines own their GPUs: no sleep mode, vLLM takes most of each
         LAYOUT_ARGS+=(--train.colocate_actor_ref --vllm.gpu_memory_utilization 0.85)
     fi
+    # A dense retriever index of this node (faiss-gpu) goes on the vLLM GPUs of a split layout (the engines leave
+    # 15% of each free; the trainers' peaks do not): train_ppo_ray.py creates the actor's placement group before the
+    # engines and Ray hands out a node's GPU ids lowest first, so the engines hold the last ids. RETRIEVER_GPUS
+    # (all, none or ids) overrides; the memory estimate counts the index where it sits.
+    if [[ "$colocated" != "1" && -z "${RETRIEVER_GPUS:-}" ]] && (( actor < gpus )); then
+        RETRIEVER_GPUS="$(seq -s, "$actor" $(( gpus - 1 )))"
+        export RETRIEVER_GPUS RETRIEVER_ON_VLLM_GPUS=1
+    fi
 }
 
 die() { echo "[$(basename "$0")] error: $*" >&2; exit 2; }
@@ -320,17 +328,20 @@ retriever_config() {
     R_INDEX_TYPE="$(sed -n 's/^index_type=//p' <<< "$out")"
 }
 
-# RETRIEVER_GPU_GB (unless set): GiB per GPU that this node's retriever puts on the training GPUs, read by the dry
-# run's memory estimate. faiss-gpu (when installed on the node) shards a dense Flat / IVF index in fp16 over every
-# GPU: rows x dim x 2 bytes / GPUS_PER_NODE; rows from the built index's manifest, else from the corpus file's size
-# and its first 1,000 lines; BM25 and HNSW stay on the CPU (0).
+# RETRIEVER_GPU_GB (unless set): GiB per GPU that this node's retriever takes on each GPU it sits on (RETRIEVER_GPUS,
+# default all), read by the memory estimate: faiss-gpu (when installed on the node) shards a dense Flat index in
+# fp16 over those GPUs (rows x dim x 2 / GPUs), plus faiss' temporary memory (RETRIEVER_FAISS_TEMP_GB, 1.5) and a
+# CUDA context each (openrlhf_search.memory_estimate.retriever_gpu_cost); rows from the built index's manifest, else
+# from the corpus file's size and its first 1,000 lines; BM25 and HNSW stay on the CPU (0).
 retriever_gpu_estimate() {
     [[ -n "${RETRIEVER_GPU_GB:-}" ]] && return 0
-    RETRIEVER_GPU_GB="$("$PYTHON" - "$R_ENCODER" "$R_INDEX_TYPE" "$R_INDEX_DIR" "$R_CORPUS" "$GPUS_PER_NODE" <<'PY' 2>/dev/null || echo 0
+    RETRIEVER_GPU_GB="$("$PYTHON" - "$R_ENCODER" "$R_INDEX_TYPE" "$R_INDEX_DIR" "$R_CORPUS" "$GPUS_PER_NODE" \
+        "${RETRIEVER_GPUS:-all}" "${RETRIEVER_FAISS_TEMP_GB:-1.5}" <<'PY' 2>/dev/null || echo 0
 import json, os, sys
-encoder, index_type, index_dir, corpus, gpus = sys.argv[1:6]
+from openrlhf_search.memory_estimate import retriever_gpu_cost
+encoder, index_type, index_dir, corpus, gpus, placed, temp = sys.argv[1:8]
 dims = {"e5-base-v2": 768, "bge-large-en-v1.5": 1024, "minilm": 384}
-if encoder == "bm25" or index_type not in ("flat", "ivfpq", "ivf"):
+if encoder == "bm25" or index_type != "flat" or placed.lower() in ("none", "cpu"):
     print(0); sys.exit()
 rows, dim = None, dims.get(os.path.basename(encoder.rstrip("/")))
 manifest = os.path.join(index_dir, "manifest.json")
@@ -343,7 +354,8 @@ elif os.path.isfile(corpus):
     rows = os.path.getsize(corpus) * len(head) / max(1, sum(head))
 if not rows or not dim:
     print(0); sys.exit()
-print(round(rows * dim * 2 / int(gpus) / 2**30, 2) if index_type == "flat" else 0)
+n = int(gpus) if placed.lower() == "all" else len([x for x in placed.split(",") if x.strip()])
+print(round(retriever_gpu_cost(rows, dim, n, float(temp)), 2))
 PY
 )"
     export RETRIEVER_GPU_GB

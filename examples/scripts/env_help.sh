@@ -14,11 +14,11 @@
 # Table rows: group|variable|default|meaning|read by. The default is a bash word evaluated in the launcher after it
 # resolved its settings (so "${MODEL-}" is that launcher's model); it must be `set -u` safe and hold no quote (an
 # apostrophe inside ${VAR:-...} opens a quoted string in bash). "read by": the files of this folder that read the
-# variable (common.sh passes GPU_MEM_GB and PLACEMENT_WAIT_S on to cli.train, eval.sh passes OPENAI_API_KEY on to
+# variable (common.sh passes GPU_MEM_GB, MEMORY_CHECK, DISK_CHECK and PLACEMENT_WAIT_S on to cli.train, eval.sh passes OPENAI_API_KEY on to
 # cli.eval); a launcher prints the rows read by one of its files. tests/test_launcher_help.py checks that every
 # variable a launcher's files read with ${VAR:-...}, ${VAR-...}, ${VAR:+...} or ${VAR:?...} is printed by its
 # --help, except these internal ones (set by the scripts themselves, never by the caller):
-LAUNCHER_INTERNAL_VARS="LAUNCHER_HELP EVAL_DATA_FILE LAYOUT_DESC RETRIEVER_PORT_SET STAGE1_FROM ESTIMATOR_ENV LIMIT MODEL_WHERE PAPER_RETRIEVER_ENCODER PAPER_RETRIEVER_INDEX_TYPE"
+LAUNCHER_INTERNAL_VARS="RETRIEVER_ON_VLLM_GPUS LAUNCHER_HELP EVAL_DATA_FILE LAYOUT_DESC RETRIEVER_PORT_SET STAGE1_FROM ESTIMATOR_ENV LIMIT MODEL_WHERE PAPER_RETRIEVER_ENCODER PAPER_RETRIEVER_INDEX_TYPE"
 
 HELP_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -29,8 +29,13 @@ Layout|NNODES|${NNODES-}|nodes in the job|common.sh
 Layout|GPUS_PER_NODE|${GPUS_PER_NODE-}|GPUs per node; with CPU_CLUSTER=1 the DeepSpeed ranks per model and vLLM-CPU engines (default 1 there)|common.sh
 Layout|VLLM_TP|${VLLM_TP-}|tensor parallel size of each vLLM engine|common.sh
 Layout|ACTOR_GPUS_PER_NODE|auto${LAYOUT_ACTOR_GPUS:+ (here $LAYOUT_ACTOR_GPUS)}|GPUs per node for actor and reference, the rest hold vLLM (auto: all, colocated, when the batch sizes fit; with ASYNC=1 the split closest to half that fits; python -m openrlhf_search.layout)|common.sh
-Layout|GPU_MEM_GB|80|GiB of one GPU, for the dry run's per-GPU memory estimate (a warning above 90% names the flag to change)|common.sh
-Layout|RETRIEVER_GPU_GB|estimated|GiB per GPU the node's retriever index takes on the training GPUs (estimated for a dense Flat index sharded by faiss-gpu in fp16; 0 for BM25, HNSW, Serve)|common.sh
+Layout|GPU_MEM_GB|nvidia-smi, else 80|GiB of one GPU for the per-phase memory estimate (dry run and launch): above 90% a warning, above 100% a refusal naming the settings that fit; MEMORY_CHECK=0 launches anyway|common.sh
+Layout|RETRIEVER_GPU_GB|estimated|GiB the node's dense retriever index takes on each GPU it sits on: its fp16 faiss shard, faiss temporary memory and a CUDA context (estimated for a Flat index; 0 for BM25, HNSW, Serve)|common.sh
+Layout|RETRIEVER_GPUS|${RETRIEVER_GPUS:-all}|GPUs of the node's dense index and its query encoder: all, none or ids (a split layout: the vLLM GPUs)|common.sh
+Layout|RETRIEVER_FAISS_TEMP_GB|1.5|faiss temporary memory per GPU of the dense index, GiB|common.sh
+Layout|MEMORY_CHECK|1|0: launch even when the memory estimate exceeds the GPU (printed as a warning)|common.sh
+Layout|DISK_CHECK|1|0: launch even when the disk of --ckpt.path cannot hold the run's checkpoints (printed as a warning)|common.sh
+Layout|MEMORY_MODEL|${MEMORY_MODEL:-the policy}|model whose config the memory estimate reads while MODEL is not a folder yet (stage 2: its base model)|r1searcher.sh
 Layout|PLACEMENT_WAIT_S|60|seconds the driver waits for Ray to have the layout's GPUs free before it exits with one line|common.sh
 Model and data|SETTING|${SETTING-}|released or paper: which source the hyper-parameters follow (docs/parity.md lists every value and its source line)|searchr1.sh r1searcher.sh common.sh
 Model and data|MODEL|${MODEL-}|policy to train: a local folder or a hub name org/name|searchr1.sh r1searcher.sh common.sh

@@ -90,7 +90,8 @@ case "$STAGE" in
     single) MODEL="${MODEL:-$BASE_MODEL}"; SCHEME=r1searcher_released_stage2 ;;
     1) MODEL="${MODEL:-$BASE_MODEL}"; SCHEME=r1searcher_released_llama_stage1 ;;
     2) STAGE1_FROM="${STAGE1_CKPT:-$OUTPUT_ROOT/r1searcher_${MODEL_KEY}_stage1}"; MODEL="$STAGE1_FROM"
-       SCHEME=r1searcher_released_llama_stage2 ;;
+       SCHEME=r1searcher_released_llama_stage2
+       export MEMORY_MODEL="${MEMORY_MODEL:-$BASE_MODEL}" ;;  # the memory estimate's shape until stage 1 exists
 esac
 if [[ "$SETTING" == "paper" ]]; then
     ESTIMATOR=reinforce_baseline

@@ -660,12 +660,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         resolved = resolved_config(args, cfg) if args.dry_run else None
         if resolved is not None and not getattr(args, "cpu_cluster", False):
             try:
-                resolved["memory_estimate"] = dry_run_memory_estimate(args)
+                resolved["memory_estimate"] = memory_estimate(args)
             except ConfigError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2
     if resolved is not None:
         print(f"[dry_run] GPU split: {resolved['gpu_split']['line']}", file=sys.stderr)
+        print(f"[dry_run] {turn_budget_line(cfg)}", file=sys.stderr)
         print(json.dumps(resolved, indent=2, sort_keys=True, default=str), file=stdout)
         return 0
     from openrlhf_search.retriever_check import RetrieverCheckError
@@ -677,6 +678,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
+        if not getattr(args, "cpu_cluster", False):
+            memory_estimate(args, dry_run=False)  # a run that cannot fit the GPU stops here, not at its first OOM
+            check_disk(args)  # nor one whose checkpoints cannot fit the disk, at its fourth save
         run(args, cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -698,6 +702,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
+def turn_budget_line(cfg: SearchConfig) -> str:
+    """The per-turn token budget a rollout runs under, naming whether the policy thinks inside it (a protocol whose
+    chat template has ``enable_thinking`` on: the reasoning and the tool call or answer share the budget)."""
+    from openrlhf_search.protocol import get_protocol
+
+    thinking = bool(getattr(get_protocol(cfg.protocol), "enable_thinking", False))
+    line = (f"turn budget: {cfg.max_new_tokens_per_turn} new tokens per turn (--search.max_new_tokens_per_turn), "
+            f"{cfg.max_turns} turns, protocol {cfg.protocol}")
+    if thinking:
+        line += (": thinking on, the reasoning and the tool call or answer share each turn's budget; a turn that "
+                 "ends on it earns nothing, and the step log warns when most turns do (search/turn_cut_rate)")
+    return line
+
+
 def cuda_python_problem(args) -> Optional[str]:
     """With ``OPENRLHF_SEARCH_REQUIRE_CUDA=1`` (set by the launchers for GPU runs and submitted jobs), the line
     that refuses an interpreter whose torch has no CUDA build; None when fine, not required or ``--cpu_cluster``."""
@@ -712,34 +730,53 @@ def cuda_python_problem(args) -> Optional[str]:
             "CPU_CLUSTER=1 to try the launcher on CPU")
 
 
-def dry_run_memory_estimate(args) -> Dict[str, Any]:
-    """:func:`openrlhf_search.memory_estimate.estimate` against ``GPU_MEM_GB`` (default 80) with the retriever
-    index the launcher put on the training GPUs (``RETRIEVER_GPU_GB``, default 0); prints its summary line and,
-    above 90%, the warning naming the flag to change (stderr); adds ``checkpoints``
-    (:func:`~openrlhf_search.memory_estimate.checkpoint_volume`) and prints its line."""
-    from openrlhf_search.memory_estimate import estimate
+def memory_estimate(args, dry_run: bool = True) -> Dict[str, Any]:
+    """:func:`openrlhf_search.memory_estimate.estimate` against the GPU's memory (``GPU_MEM_GB``, else what
+    ``nvidia-smi`` reports, else 80) with the retriever the launcher placed (``RETRIEVER_GPU_GB`` per GPU it sits
+    on; ``RETRIEVER_ON_VLLM_GPUS=1``: the vLLM GPUs of a split layout, else the training GPUs). Prints the summary
+    line and a warning (stderr); adds ``checkpoints`` (:func:`~openrlhf_search.memory_estimate.checkpoint_volume`)
+    in a dry run. Raises :class:`ConfigError` (one line naming the settings that fit) when the estimate exceeds the
+    GPU, unless ``MEMORY_CHECK=0``."""
+    from openrlhf_search.memory_estimate import checkpoint_volume, estimate, gpu_memory_gb, summary_line
 
-    def env_float(name: str, default: float) -> float:
-        try:
-            return float(os.environ.get(name) or default)
-        except ValueError:
-            raise ConfigError(f"{name} must be a number, got {os.environ.get(name)!r}") from None
-
-    est = estimate(args, env_float("GPU_MEM_GB", 80.0), env_float("RETRIEVER_GPU_GB", 0.0))
+    try:
+        gpu_gb, source = gpu_memory_gb()
+        retriever = float(os.environ.get("RETRIEVER_GPU_GB") or 0.0)
+    except ValueError as e:
+        raise ConfigError(str(e).replace("could not convert string to float", "RETRIEVER_GPU_GB")) from None
+    on_vllm = os.environ.get("RETRIEVER_ON_VLLM_GPUS") == "1"
+    est = estimate(args, gpu_gb, retriever, retriever_on_training=not on_vllm)
+    tag = "[dry_run]" if dry_run else "[memory]"
     if "unknown_model" in est:
-        print(f"[dry_run] memory: no estimate (size of {est['unknown_model']} unknown)", file=sys.stderr)
-    else:
-        print(f"[dry_run] memory per actor GPU: training {est['training_gb']} GiB, generation {est['generation_gb']}"
-              f" GiB of {est['gpu_mem_gb']:g} (GPU_MEM_GB) {json.dumps(est['components'])}", file=sys.stderr)
-        if est["warning"]:
-            print(f"warning: {est['warning']}", file=sys.stderr)
-    from openrlhf_search.memory_estimate import checkpoint_volume
-
-    disk = checkpoint_volume(args)
-    if "line" in disk:
-        est["checkpoints"] = disk
-        print(f"[dry_run] {disk['line']}", file=sys.stderr)
+        print(f"{tag} memory: no estimate (size of {est['unknown_model']} unknown: a local folder with a "
+              "config.json, a known hub name, or MEMORY_MODEL naming one)", file=sys.stderr)
+        return est
+    est["gpu_mem_source"] = source
+    print(f"{tag} {summary_line(est)} ({source})", file=sys.stderr)
+    if est["error"]:
+        if os.environ.get("MEMORY_CHECK") != "0":
+            raise ConfigError(est["error"])
+        print(f"warning: {est['error']}", file=sys.stderr)
+    elif est["warning"]:
+        print(f"warning: {est['warning']}", file=sys.stderr)
+    if dry_run:
+        disk = checkpoint_volume(args)
+        if "line" in disk:
+            est["checkpoints"] = disk
+            print(f"{tag} {disk['line']}", file=sys.stderr)
     return est
+
+
+def check_disk(args) -> None:
+    """Refuse (:class:`ConfigError`, one line) a launch whose checkpoints cannot fit the disk of ``--ckpt.path``
+    (:func:`~openrlhf_search.memory_estimate.disk_problem`), unless ``DISK_CHECK=0``."""
+    from openrlhf_search.memory_estimate import checkpoint_volume, disk_problem
+
+    problem = disk_problem(args, checkpoint_volume(args))
+    if problem and os.environ.get("DISK_CHECK") != "0":
+        raise ConfigError(problem)
+    if problem:
+        print(f"warning: {problem}", file=sys.stderr)
 
 
 def stop_reason(error: BaseException) -> Optional[str]:
