@@ -480,7 +480,8 @@ def disk_problem(args, volume: Dict[str, Any]) -> Optional[str]:
     hold: a resumed run's checkpoints are rotated, not added); None when it can or the volume is unknown."""
     if "at_most_gb" not in volume:
         return None
-    folders = [f for f in {getattr(args.ckpt, "path", None), getattr(args.ckpt, "output_dir", None)} if f]
+    folders = [f for f in dict.fromkeys([getattr(args.ckpt, "path", None), getattr(args.ckpt, "output_dir", None)])
+               if f]  # --ckpt.path first: its disk is the one asked and named
     if not folders:
         return None
     probe = os.path.abspath(folders[0])
@@ -494,6 +495,7 @@ def disk_problem(args, volume: Dict[str, Any]) -> Optional[str]:
     need = volume["at_most_gb"] * 1e9 - held
     if free >= need:
         return None
-    return (f"{probe} has {free / 1e9:.0f} GB free, the run writes up to {volume['at_most_gb']:.0f} GB of checkpoints "
+    return (f"{folders[0]}: its disk ({probe}) has {free / 1e9:.0f} GB free, the run writes up to "
+            f"{volume['at_most_gb']:.0f} GB of checkpoints "
             f"there ({held / 1e9:.0f} GB already held): lower --ckpt.max_num ({args.ckpt.max_num}), point "
             "OUTPUT_ROOT at a larger disk, or DISK_CHECK=0 to start anyway")

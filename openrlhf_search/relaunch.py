@@ -11,7 +11,6 @@ checkpoints cannot fit on the disk of ``--ckpt.path``.
 """
 
 import os
-import shutil
 import sys
 from typing import Optional
 
@@ -82,43 +81,6 @@ def load_problem(args) -> Optional[str]:
         return (f"--ckpt.load_enable with a critic but {critic} does not exist: the actor would resume at {tag} "
                 "beside an untrained critic (point --ckpt.path at the PPO run to resume, or start over)")
     return None
-
-
-def _bytes_under(path: str) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except OSError:  # removed while walking
-                pass
-    return total
-
-
-def _existing_ancestor(path: str) -> str:
-    path = os.path.abspath(path)
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    return path
-
-
-def disk_problem(args) -> Optional[str]:
-    """The line refusing a launch whose checkpoints (:func:`openrlhf_search.memory_estimate.checkpoint_volume`, at
-    most that many GB on disk) do not fit in the free space of ``--ckpt.path``'s file system, counting what the
-    folder already holds (a resumed run rotates it); None when they fit or the policy's size is unknown."""
-    from openrlhf_search.memory_estimate import checkpoint_volume
-
-    volume = checkpoint_volume(args)
-    if "at_most_gb" not in volume:
-        return None
-    ckpt = args.ckpt.path
-    free = shutil.disk_usage(_existing_ancestor(ckpt)).free
-    held = _bytes_under(ckpt) if os.path.isdir(ckpt) else 0
-    need = volume["at_most_gb"] * 1e9 - held
-    if free >= need:
-        return None
-    return (f"{ckpt}: {free / 1e9:.0f} GB free, the run's checkpoints need up to {need / 1e9:.0f} GB more "
-            f"({volume['line']}): free space, lower --ckpt.max_num, or point --ckpt.path elsewhere")
 
 
 def main(argv=None) -> int:

@@ -183,7 +183,8 @@ def test_a_launch_whose_checkpoints_cannot_fit_the_disk_is_refused(tmp_path, mon
     free = 500e9
     monkeypatch.setattr(memory_estimate.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(0, 0, free))
     line = disk_problem(args, volume)  # the folders do not exist yet: the nearest existing parent is asked
-    assert line.startswith(f"{tmp_path} has 500 GB free, the run writes up to 838 GB")
+    assert line.startswith(f"{tmp_path / 'run' / 'ckpt'}: its disk ({tmp_path}) has 500 GB free, the run writes up "
+                           "to 838 GB")
     assert "--ckpt.max_num (3)" in line and "DISK_CHECK=0" in line
     with pytest.raises(ConfigError, match="GB of checkpoints"):
         cli.check_disk(args)

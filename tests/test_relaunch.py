@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 import openrlhf.utils.deepspeed.deepspeed as ods
-from openrlhf_search import relaunch
+from openrlhf_search import memory_estimate, relaunch
 from openrlhf_search.trainer import check_checkpoint_loaded
 from tests.test_fresh_run_checkpoints import _Engine, _Strategy
 from tests.test_launchers import _common
@@ -139,10 +139,10 @@ def test_the_cli_refuses_before_starting_ray(tmp_path, monkeypatch, capsys):
     assert len(errors) == 1 and "nothing to resume" in errors[0] and not started
 
     # the disk check: the 7B policy's checkpoints against a file system with 1 GB free, then with plenty
-    monkeypatch.setattr(relaunch.shutil, "disk_usage", lambda path: SimpleNamespace(free=10**9))
+    monkeypatch.setattr(memory_estimate.shutil, "disk_usage", lambda path: SimpleNamespace(free=10**9))
     assert train.main(base) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and str(tmp_path / "ckpt") in errors[0] and "1 GB free" in errors[0] and not started
     assert "--ckpt.max_num" in errors[0]
-    monkeypatch.setattr(relaunch.shutil, "disk_usage", lambda path: SimpleNamespace(free=10**13))
+    monkeypatch.setattr(memory_estimate.shutil, "disk_usage", lambda path: SimpleNamespace(free=10**13))
     assert train.main(base) == 0 and len(started) == 1

@@ -671,16 +671,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     from openrlhf_search.retriever_check import RetrieverCheckError
 
-    from openrlhf_search.relaunch import disk_problem, load_problem
+    from openrlhf_search.relaunch import load_problem
 
-    problem = cuda_python_problem(args) or load_problem(args) or disk_problem(args)
+    problem = cuda_python_problem(args) or load_problem(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         if not getattr(args, "cpu_cluster", False):
             memory_estimate(args, dry_run=False)  # a run that cannot fit the GPU stops here, not at its first OOM
-            check_disk(args)  # nor one whose checkpoints cannot fit the disk, at its fourth save
+        check_disk(args)  # nor one whose checkpoints cannot fit the disk, at its fourth save
         run(args, cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
