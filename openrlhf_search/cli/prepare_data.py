@@ -195,6 +195,73 @@ def _first_row(path: str) -> Optional[dict]:
     return None
 
 
+def prepare_command(out: str, protocol_name: str, tokenizer: Optional[str] = None, chat: Optional[bool] = None,
+                    inputs=("QA_FILE",), template: str = "train") -> str:
+    """The ``prepare_data`` command line that writes ``out`` as a run with these settings reads it: what the
+    launchers print for a missing prompt file and :func:`check_prompt_file` for a refused one.
+
+    Args:
+        out: the prompt file to write.
+        protocol_name: ``--search.protocol``.
+        tokenizer: the policy's tokenizer (path or hub name); None: none given.
+        chat: ``--search.chat_template`` (True / False written as the flag; None: the protocol's default).
+        inputs: the ``--input`` values (files or names such as ``nq_hotpotqa_train``).
+        template: the protocol's prompt variant (``--template``, written when not "train").
+    """
+    import shlex
+
+    parts = ["python", "-m", "openrlhf_search.cli.prepare_data"]
+    for name in inputs:
+        parts += ["--input", name]
+    parts += ["--protocol", protocol_name]
+    if tokenizer:
+        parts += ["--tokenizer", tokenizer]
+    if chat is not None:
+        parts.append("--chat_template" if chat else "--no_chat_template")
+    if template != "train":
+        parts += ["--template", template]
+    parts += ["--out", out]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def inputs_of_file(path: str) -> List[str]:
+    """The ``--input`` values that wrote a prompt file, from its rows' ``source`` (a file path, or
+    ``hub:<repo>/<config>/<split>``): the train splits of NQ and HotpotQA are ``nq_hotpotqa_train`` (Search-R1's
+    merge), a hub eval split is its FlashRAG name; ``["QA_FILE"]`` when the rows do not say."""
+    sources: List[str] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                source = json.loads(line).get("source") if line.strip() else None
+            except (json.JSONDecodeError, AttributeError):
+                source = None
+            if source and source not in sources:
+                sources.append(source)
+    hub = {s.split("/")[-2]: s.split("/")[-1] for s in sources if s.startswith("hub:")}
+    names = [s for s in sources if not s.startswith("hub:")]
+    if hub and set(hub) == set(SEARCHR1_TRAIN_SOURCES) and set(hub.values()) == {"train"}:
+        names.append(SEARCHR1_TRAIN_MERGE)
+    elif hub and set(hub.values()) == {"train"}:
+        names.append("searchr1_train:" + ",".join(hub))
+    else:
+        names += list(hub)
+    return names or ["QA_FILE"]
+
+
+def regenerate_command(path: str, protocol_name: str, chat: Optional[bool], policy: Optional[str],
+                       record=None) -> str:
+    """The :func:`prepare_command` that rewrites a refused prompt file ``path`` in place so that
+    :func:`check_prompt_file` with the same arguments accepts it: the run's protocol, chat choice (the file's when the
+    run leaves it open) and policy tokenizer, the file's inputs and prompt variant (R1-Searcher's plain-text eval
+    variant only when the run renders no chat template)."""
+    record = record if isinstance(record, dict) else {}
+    use_chat = chat if chat is not None else record.get("chat_template")
+    template = record.get("template") or "train"
+    if use_chat and template == "eval" and protocol_name == "r1searcher":
+        template = "train"  # the released eval prompt is plain text only
+    return prepare_command(path, protocol_name, policy, use_chat, inputs_of_file(path), template)
+
+
 def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], policy: Optional[str] = None) -> \
         Optional[dict]:
     """Check that a prepared prompt file is what a training run with these settings would render.
@@ -222,9 +289,8 @@ def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], polic
     row = _first_row(path)
     if row is None:
         raise RenderingError(f"{path}: no rows")
-    fix = f"regenerate it with python -m openrlhf_search.cli.prepare_data --protocol {protocol_name}" + \
-        (f" --tokenizer {policy}" if policy else "")
     record = row.get("rendering")
+    fix = "regenerate it with " + regenerate_command(path, protocol_name, chat, policy, record)
     if not isinstance(record, dict) or "prompt" not in row or "question" not in row:
         raise RenderingError(f"{path}: rows carry no 'rendering' record (not written by this prepare_data), so "
                              f"their prompts cannot be checked against --search.*; {fix}")
@@ -234,7 +300,7 @@ def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], polic
     if chat is not None and bool(record.get("chat_template")) != chat:
         raise RenderingError(f"{path}: prompts rendered with chat_template={bool(record.get('chat_template'))}, "
                              f"--search.chat_template is {chat}; the flag cannot re-render pre-rendered prompts, "
-                             f"{fix}" + ("" if chat else " --no_chat_template"))
+                             f"{fix}")
     if policy and os.path.isdir(policy):
         from openrlhf_search.protocol import get_protocol
 
