@@ -287,7 +287,7 @@ if steps < warm:
 PY
 )" || die "cannot count the prompts of $file"
     [[ -z "$msg" ]] && return 0
-    if [[ "${ALLOW_SHORT:-0}" == "1" ]]; then log "warning (ALLOW_SHORT=1 starts anyway): $msg"; return 0; fi
+    if [[ "${ALLOW_SHORT:-0}" == "1" ]]; then log "warning (ALLOW_SHORT=1): $msg"; return 0; fi
     die "$msg; build the full set (prepare_data --input nq_hotpotqa_train) or set ALLOW_SHORT=1"
 }
 
