@@ -284,7 +284,12 @@ class Runner:
         env = {k: self.local(v) for k, v in env.items()}
         if os.path.basename(script) == "eval.sh":
             env.setdefault("DRY_RUN", "1")  # prints the retrievers it would start and the cli.eval command
-            res = self.run(line, ["bash", script, *self.rewrite(words[2:])], env=env, cwd=REPO)
+            # its dry run loads the model and every set first: the tiny policy for the checkpoint, the shared
+            # samples for R1-Searcher's files and (offline) the local copy of FlashRAG's NQ for the hub sets
+            env["DATA_DIR"] = shared_path()
+            if words[3:4] == ["searchr1"]:
+                env.setdefault("DATASETS", "flashrag:nq")
+            res = self.run(line, ["bash", script, "tiny", *self.rewrite(words[3:])], env=env, cwd=REPO)
             if res.returncode == 0 and "openrlhf_search.cli.eval" not in res.stdout:
                 self.fail(line, "the dry run printed no cli.eval command")
             return
