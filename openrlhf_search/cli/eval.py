@@ -17,8 +17,9 @@ KILT), its own judge prompt (one user message, server-default temperature, 1,024
 Search-R1 =
 its training prompt ("?" appended, the policy's chat template), top-k 3, 4 searches + 1 answer, 500 tokens per call,
 on the FULL test split of each FlashRAG set (dev where there is none; ``flashrag:<name>`` is the same hub split, or
-``qa/flashrag/<name>.test.jsonl`` of ``--data_dir`` when that folder holds one; never a sample in place of the hub). Prompts are rendered with the policy's own tokenizer (the model's, or
-``--tokenizer``). Explicit flags override the setting.
+``qa/flashrag/<name>.test.jsonl`` of ``--data_dir`` when that folder holds one; never a sample in place of the hub).
+Prompts are rendered with the policy's own tokenizer (the model's, or ``--tokenizer``). Explicit flags override the
+setting.
 
 Web search (R1-Searcher's online Bamboogle evaluation): a set named ``NAME@web`` is evaluated as a row of its own
 against the retriever routed to that name, which must be a web retriever (``python -m retriever.server --web ...``)::
