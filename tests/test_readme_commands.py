@@ -45,7 +45,7 @@ from tests.conftest import shared_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
-PROGRAMS = ("python", "bash", "make", "pip", "wget", "huggingface-cli", "git", "gunzip", "cat", "curl", "source")
+PROGRAMS = ("python", "bash", "make", "pip", "wget", "hf", "git", "gunzip", "cat", "curl", "source")
 ENV_WORD = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 
 # Commands that cannot run cheaply, by their leading words: the reason is part of the record.
@@ -54,7 +54,7 @@ NOT_RUN = {
     "wget http://dl.fbaipublicfiles.com/KILT/kilt_knowledgesource.json": "35 GiB download; its format is run on "
                                                                          "the 99-page KILT sample",
     "wget https://nlp.stanford.edu/projects/hotpotqa/": "1.5 GB download; its format is run on a 3-article archive",
-    "huggingface-cli download": "multi-GB download from the hub (no network in CI)",
+    "hf download": "multi-GB download from the hub (no network in CI)",
     "git clone": "network; R1-Searcher's question files are run from the shared samples",
     "source .venv/bin/activate": "changes the calling shell only; this test runs inside that environment",
 }
