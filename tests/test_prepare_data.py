@@ -202,8 +202,9 @@ def test_searchr1_train_merge_needs_the_hub_and_says_so(monkeypatch):
         raise ConnectionError("offline")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(DatasetError, match="FlashRAG 'nq' train split could not be loaded"):
+    with pytest.raises(DatasetError, match="FlashRAG 'nq' train split could not be loaded") as e:
         prepare_data.load_searchr1_train_merge()
+    assert "Search-R1's own train.parquet" in str(e.value) and len(str(e.value).splitlines()) == 1  # the way out
     assert prepare_data.main(["--input", "searchr1_train:hotpotqa", "--protocol", "searchr1", "--no_chat_template",
                               "--out", "/nonexistent/never.jsonl"]) == 2
 

@@ -393,8 +393,12 @@ def load_searchr1_train_merge(sources=SEARCHR1_TRAIN_SOURCES, limit: Optional[in
 
             split = datasets.load_dataset(FLASHRAG_HUB_REPO, source)["train"]
         except Exception as e:  # offline, unknown config, no train split: one clear line
+            first = (str(e).strip().splitlines() or [""])[0]
             raise DatasetError(f"Search-R1 training merge: FlashRAG {source!r} train split could not be loaded from "
-                               f"the hub {FLASHRAG_HUB_REPO} ({type(e).__name__}: {e})") from e
+                               f"the hub {FLASHRAG_HUB_REPO} ({type(e).__name__}: {first}); run this command once "
+                               f"where the hub is reachable (the datasets cache, ~/.cache/huggingface, then serves "
+                               f"it offline), or give Search-R1's own train.parquet (its "
+                               f"scripts/nq_hotpotqa/data_process.sh writes it) as --input") from e
         n = len(split) if limit is None else min(limit, len(split))
         for idx in range(n):
             row = dict(split[idx])
