@@ -82,7 +82,8 @@ def _substitutes(tmp):
         "R1-Searcher/data/eval_set/hotpotqa_500.jsonl": head("qa", "r1searcher", "hotpotqa_500.jsonl"),
         "kilt_knowledgesource.json": shared_path("wiki", "kilt_pages_sample99.jsonl"),
         "enwiki-20171001-pages-meta-current-withlinks-abstracts.tar.bz2": os.path.join(tmp, "abstracts.tar.bz2"),
-        "r1searcher_bamboogle_llama.jsonl": shared_path("traces", "r1searcher_bamboogle_llama.jsonl"),
+        "R1-Searcher/data/eval_results/bamboogle_llama.jsonl": shared_path("traces",
+                                                                           "r1searcher_bamboogle_llama.jsonl"),
         "Qwen/Qwen2.5-7B": QWEN,
         "e5-base-v2": "bm25",  # with --index_type flat -> bm25 below: no encoder weights offline
     }
