@@ -33,6 +33,7 @@ from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, RequestOutput
 
 import openrlhf_search._cpu_compat  # noqa: F401
+from benchmarks.inputs import CORPUS, require_inputs
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 from openrlhf_search.agent import SearchAgentExecutor
 from openrlhf_search.config import SearchConfig
@@ -42,8 +43,6 @@ from openrlhf_search.protocol import get_protocol
 from openrlhf_search.retrieval_client import RetrievalClient
 from openrlhf_search.types import Passage
 
-CORPUS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "wiki",
-                      "hotpotqa_dev500_paragraphs.jsonl")
 PASSAGES = [Passage(str(i), f"Title {i}", "Some passage text about a film and its director. " * 6) for i in range(3)]
 
 
@@ -123,7 +122,7 @@ def bench_overhead(tok, n_exec=300, repeats=5):
           f"{(ours_t - reward_per_turn) / theirs_t:.2f}")
 
 
-def bench_coalescing(tok, n_samples=64, workdir=None):
+def bench_coalescing(tok, corpus, n_samples=64, workdir=None):
     from retriever.launch import running_retriever
 
     proto = get_protocol("searchr1")
@@ -138,7 +137,7 @@ def bench_coalescing(tok, n_samples=64, workdir=None):
     params = SamplingParams(temperature=1.0, logprobs=1)
     print(f"== 2. {n_samples} concurrent samples x 3 searches against the real retriever (BM25, HotpotQA dev "
           f"paragraphs)")
-    with running_retriever(CORPUS, workdir, encoder="bm25") as url:
+    with running_retriever(corpus, workdir, encoder="bm25") as url:
         for label, kw in (("coalescing (5 ms window)", dict(coalesce_window_ms=5)),
                           ("one request per query", dict(coalesce_window_ms=0, max_batch_queries=1))):
             client = RetrievalClient([url], **kw)
@@ -244,11 +243,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--samples", type=int, default=64)
     ap.add_argument("--overhead_runs", type=int, default=300)
+    ap.add_argument("--corpus", default=CORPUS, help="passages the retriever of part 2 serves (BM25)")
     args = ap.parse_args()
+    require_inputs(corpus=args.corpus)
     tok = load_qwen_tokenizer()
     bench_overhead(tok, n_exec=args.overhead_runs)
     with tempfile.TemporaryDirectory() as workdir:
-        bench_coalescing(tok, n_samples=args.samples, workdir=workdir)
+        bench_coalescing(tok, args.corpus, n_samples=args.samples, workdir=workdir)
     bench_wasted_tokens(tok)
     bench_engine_batching(tok)
 

@@ -26,7 +26,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
+from benchmarks.inputs import CORPUS, QUESTIONS, require_inputs  # noqa: E402
 
 
 def load_queries(path: str, n: int) -> list[str]:
@@ -94,12 +94,12 @@ def server_stats(url: str) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--index_dir", default=None, help="an existing index; else one is built from --corpus")
-    p.add_argument("--corpus", default=os.path.join(SHARED, "wiki", "hotpotqa_dev500_paragraphs.jsonl"))
+    p.add_argument("--corpus", default=CORPUS)
     p.add_argument("--encoder", default="minilm")
     p.add_argument("--index_type", default=None)
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--workdir", default=os.path.join(REPO, "runs", "retriever"))
-    p.add_argument("--questions", default=os.path.join(SHARED, "qa", "with_paragraphs", "hotpotqa_dev500_ircot.jsonl"))
+    p.add_argument("--questions", default=QUESTIONS)
     p.add_argument("--clients", default="1,8,32")
     p.add_argument("--seconds", type=float, default=10.0, help="per measurement")
     p.add_argument("--topk", type=int, default=3)
@@ -107,6 +107,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch_max_wait_ms", type=float, default=50.0)
     p.add_argument("--write_docs", default=None, help="replace the table between markers in this markdown file")
     a = p.parse_args(argv)
+    require_inputs(questions=a.questions, **({} if getattr(a, "index_dir", None) else {"corpus": a.corpus}))
 
     from retriever.index import load_index
     from retriever.launch import ensure_index, start_server_process, stop_server_process

@@ -21,7 +21,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
+from benchmarks.inputs import CORPUS, QUESTIONS, require_inputs  # noqa: E402
 START, END = "<!-- retrieval-quality:start -->", "<!-- retrieval-quality:end -->"
 
 
@@ -51,8 +51,8 @@ def recall(results, questions, k: int) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--questions", default=os.path.join(SHARED, "qa", "with_paragraphs", "hotpotqa_dev500_ircot.jsonl"))
-    p.add_argument("--corpus", default=os.path.join(SHARED, "wiki", "hotpotqa_dev500_paragraphs.jsonl"))
+    p.add_argument("--questions", default=QUESTIONS)
+    p.add_argument("--corpus", default=CORPUS)
     p.add_argument("--workdir", default=os.path.join(REPO, "runs", "retriever"))
     p.add_argument("--encoder", default="minilm")
     p.add_argument("--types", default="bm25,flat,hnsw,ivfpq")
@@ -60,6 +60,7 @@ def main(argv=None) -> int:
     p.add_argument("--rebuild", action="store_true", help="rebuild indexes (the embeddings are still reused)")
     p.add_argument("--write_docs", default=None, help="replace the table between markers in this markdown file")
     a = p.parse_args(argv)
+    require_inputs(questions=a.questions, **({} if getattr(a, "index_dir", None) else {"corpus": a.corpus}))
 
     from retriever.index import MANIFEST, build_index, load_index
 

@@ -559,7 +559,8 @@ def main(argv=None) -> int:
     """``python -m openrlhf_search.chat_tools --tokenizer PATH [--protocol chat_tools_nothink]``: render one
     scripted conversation as a rollout, print it with the spans the loss trains on in ``[[ ]]``, and say whether it
     equals the template's rendering of the same conversation. Exit 0 when equal (or for the known difference of
-    thinking off), 1 when not, 2 on a template without tool support."""
+    thinking off), 1 when not, 2 on a template without tool support, 3 when the tokenizer cannot be loaded (not
+    there, or a hub name offline and not cached: one line, no retries)."""
     import argparse
     import sys
 
@@ -567,9 +568,13 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", required=True, help="the policy's tokenizer (path or hub name)")
     p.add_argument("--protocol", default="chat_tools", help="chat_tools (thinking) | chat_tools_nothink")
     a = p.parse_args(argv)
-    from transformers import AutoTokenizer
+    from openrlhf_search.cli.prepare_data import RenderingError, load_policy_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(a.tokenizer)
+    try:  # one hub request at most (HF_HUB_OFFLINE: none), not the hub client's minute of retries and a traceback
+        tok = load_policy_tokenizer(a.tokenizer)
+    except RenderingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     try:
         res = check_template(tok, a.protocol)
     except ValueError as e:

@@ -67,7 +67,7 @@ def check_model(name: str, timeout_s: float = 10.0, offline: Optional[bool] = No
         return f"model {name}: a launcher's paper model, not checked ({why}; not in the local cache)"
     raise ModelCheckError(f"model {name!r} is not a local folder, not in the Hugging Face cache "
                           f"({constants.HF_HUB_CACHE}), and {why}: a misspelled name would only fail on the "
-                          f"cluster. Download it first (huggingface-cli download {name}), give a local folder, or set "
+                          f"cluster. Download it first (hf download {name}), give a local folder, or set "
                           f"MODEL_CHECK=0 to skip this check")
 
 
@@ -99,7 +99,7 @@ def require_hub_files(name: str, timeout_s: float = 10.0) -> None:
         raise ModelCheckError(f"{name!r}: {where}, and the hub has no such repository (check the spelling)") from e
     except Exception as e:  # no network, DNS, timeout
         raise ModelCheckError(f"{name!r}: {where}, and the hub could not be reached ({_first_line(e)}); download it "
-                              f"first (huggingface-cli download {name}) or give a local folder") from e
+                              f"first (hf download {name}) or give a local folder") from e
 
 
 def main(argv=None) -> int:

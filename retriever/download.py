@@ -18,9 +18,11 @@ Each file is fetched with ``huggingface_hub.hf_hub_download`` (skipped when alre
 size), its size checked against the repository's listing, the ``part_*`` files concatenated in name order (the
 ``cat part_* > e5_Flat.index`` of Search-R1's README) and the total checked, the ``.gz`` corpus gunzipped (gzip's own
 CRC and length check), then the index is adopted (``retriever.adopt``: verified against the corpus and
-``e5-base-v2`` before anything serves it). ``--from_dir DIR`` reads the files from a local copy laid out like the
-repositories (``DIR/PeterJinGo/wiki-18-e5-index/part_aa`` ...) instead of the Hub. Offline, the command fails in one
-line saying what to place where.
+``e5-base-v2`` before anything serves it). Disk: while the parts are concatenated, they and the assembled index lie
+side by side (about twice the index: 2 x 60 GiB for the Flat one); the command checks the free space first and
+deletes the fetched files once the result is checked (``--keep_parts`` keeps them). ``--from_dir DIR`` reads the
+files from a local copy laid out like the repositories (``DIR/PeterJinGo/wiki-18-e5-index/part_aa`` ...) instead of
+the Hub. Offline, the command fails in one line saying what to place where.
 """
 
 from __future__ import annotations
@@ -115,15 +117,36 @@ def _offline_message(repo: str, e: Exception) -> str:
             f"elsewhere and rerun with --from_dir DIR holding DIR/{repo}/<files>")
 
 
-def fetch_artefact(name_or_artefact, save_path: str, source=None) -> str:
+def disk_needed(art: Artefact, listing: dict[str, int], files: list[str], save_path: str,
+                keep_parts: bool) -> tuple[int, str]:
+    """(bytes that must be free in ``save_path`` before fetching, one line saying why): the files still to fetch, plus
+    for parts the assembled file written beside them (parts and result side by side: about twice the index while
+    assembling; the parts are deleted afterwards unless ``keep_parts``). A ``.gz`` file's uncompressed size is not
+    listed, so only the download is counted for it."""
+    have = sum(listing[f] for f in files if os.path.isfile(os.path.join(save_path, f))
+               and os.path.getsize(os.path.join(save_path, f)) == listing[f])
+    total = sum(listing[f] for f in files)
+    if art.gunzip:
+        fate = "kept: --keep_parts" if keep_parts else "deleted afterwards"
+        return total - have, (f"{art.output}: {total / 1e9:.1f} GB to fetch, then gunzipped beside it (the .gz is "
+                              f"{fate})")
+    after = "kept (--keep_parts): twice the index for good" if keep_parts else "deleted once the result is checked"
+    return total - have + total, (f"{art.output}: {len(files)} part(s) of {total / 1e9:.1f} GB and the assembled "
+                                  f"file of the same size side by side ({2 * total / 1e9:.1f} GB); the parts are "
+                                  f"{after}")
+
+
+def fetch_artefact(name_or_artefact, save_path: str, source=None, keep_parts: bool = False) -> str:
     """Fetch, check and assemble one artefact into ``save_path``; returns the path of its ``output`` file.
 
-    An ``output`` already in ``save_path`` is reused without contacting the source. Otherwise every matching file is
-    fetched (kept when already present with the listed size), each size checked against the listing, parts
-    concatenated in name order (total checked), a ``.gz`` file gunzipped (gzip checks CRC and length).
+    An ``output`` already in ``save_path`` is reused without contacting the source. Otherwise the free disk is checked
+    (:func:`disk_needed`), every matching file is fetched (kept when already present with the listed size), each size
+    checked against the listing, parts concatenated in name order (total checked), a ``.gz`` file gunzipped (gzip
+    checks CRC and length); the fetched files are then deleted unless ``keep_parts``.
 
     Raises:
-        DownloadError: unknown name, no matching file, a size mismatch, a corrupt gzip, or the source unreachable.
+        DownloadError: unknown name, no matching file, too little free disk, a size mismatch, a corrupt gzip, or
+            the source unreachable.
     """
     art = ARTEFACTS.get(name_or_artefact) if isinstance(name_or_artefact, str) else name_or_artefact
     if art is None:
@@ -138,6 +161,12 @@ def fetch_artefact(name_or_artefact, save_path: str, source=None) -> str:
     files = sorted(f for f in listing if fnmatch.fnmatch(f, art.pattern))
     if not files:
         raise DownloadError(f"{art.repo} has no file matching {art.pattern!r} (it holds: {', '.join(sorted(listing))})")
+    needed, why = disk_needed(art, listing, files, save_path, keep_parts)
+    free = shutil.disk_usage(save_path).free
+    logger.info("disk: %s; %.1f GB needed free in %s, %.1f GB free", why, needed / 1e9, save_path, free / 1e9)
+    if free < needed:
+        raise DownloadError(f"{save_path}: {free / 1e9:.1f} GB free, {needed / 1e9:.1f} GB needed ({why}): free "
+                            f"space or choose another --save_path")
     local = []
     for f in files:
         path = os.path.join(save_path, f)
@@ -170,11 +199,15 @@ def fetch_artefact(name_or_artefact, save_path: str, source=None) -> str:
             raise DownloadError(f"{out}: {total:,} bytes after concatenating {len(files)} parts, expected {want:,}")
     os.replace(tmp, out)
     logger.info("%s: %s (%d file(s) from %s)", art.output, out, len(local), art.repo)
+    if not keep_parts:
+        for p in local:
+            os.remove(p)
+        logger.info("deleted the %d fetched file(s) (--keep_parts keeps them)", len(local))
     return out
 
 
 def download_and_adopt(index: str, save_path: str, index_dir: str | None = None, source=None,
-                       artefacts: dict | None = None, **adopt_kwargs) -> dict:
+                       artefacts: dict | None = None, keep_parts: bool = False, **adopt_kwargs) -> dict:
     """Fetch the index artefact ``index`` and its corpus into ``save_path``, then adopt them into ``index_dir``
     (default ``save_path/index_<name>``); returns the manifest. ``adopt_kwargs`` go to ``retriever.adopt.adopt_index``
     (``device``, ``verify_sample`` ...).
@@ -190,8 +223,8 @@ def download_and_adopt(index: str, save_path: str, index_dir: str | None = None,
     if art is None or art.encoder is None:
         raise DownloadError(f"{index!r} is not an index artefact; choose from "
                             f"{', '.join(sorted(k for k, v in table.items() if v.encoder))}")
-    corpus = fetch_artefact(table[art.corpus], save_path, source)
-    faiss_file = fetch_artefact(art, save_path, source)
+    corpus = fetch_artefact(table[art.corpus], save_path, source, keep_parts)
+    faiss_file = fetch_artefact(art, save_path, source, keep_parts)
     return adopt_index(corpus, index_dir or os.path.join(save_path, f"index_{index}"), faiss_file, art.encoder,
                        **adopt_kwargs)
 
@@ -208,6 +241,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None, help="encoder device for the verification sample (cpu, cuda)")
     p.add_argument("--verify_sample", type=int, default=64)
     p.add_argument("--overwrite", action="store_true", help="replace an index already in --index_dir")
+    p.add_argument("--keep_parts", action="store_true",
+                   help="keep the fetched part_* / .gz files after assembling (by default they are deleted: the Flat "
+                        "index is 60 GiB, and parts beside it double the disk)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     source = LocalSource(a.from_dir) if a.from_dir else None
@@ -216,11 +252,12 @@ def main(argv=None) -> int:
     try:
         if a.no_adopt:
             art = ARTEFACTS[a.index]
-            for path in (fetch_artefact(art.corpus, a.save_path, source), fetch_artefact(art, a.save_path, source)):
+            for path in (fetch_artefact(art.corpus, a.save_path, source, a.keep_parts),
+                         fetch_artefact(art, a.save_path, source, a.keep_parts)):
                 print(path)
             return 0
         manifest = download_and_adopt(a.index, a.save_path, a.index_dir, source=source, device=a.device,
-                                      verify_sample=a.verify_sample, overwrite=a.overwrite)
+                                      verify_sample=a.verify_sample, overwrite=a.overwrite, keep_parts=a.keep_parts)
     except (DownloadError, RetrieverIndexError, ValueError, OSError) as e:
         print(f"download: error: {e}", file=sys.stderr)
         return 2

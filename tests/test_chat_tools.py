@@ -701,3 +701,18 @@ def test_passage_tags_cannot_close_the_tool_message_or_answer_for_the_policy():
     assert "&lt;/tool_response&gt;" in text and "Suva" in text
     plain = proto.format_passages([Passage("1", "Fiji", "Suva is the capital.")])
     assert plain == "Doc 1(Title: Fiji) Suva is the capital."
+
+
+def test_template_check_offline_is_one_line_with_its_own_exit_code(tmp_path):
+    """A hub name that is not cached, offline: one line and exit 3 (not a minute of retries, a traceback and the exit
+    code of "template differs")."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))  # an empty cache
+    res = subprocess.run([sys.executable, "-m", "openrlhf_search.chat_tools", "--tokenizer", "Qwen/Qwen3-8B"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip() and "Warning" not in ln and "pynvml" not in ln]
+    assert res.returncode == 3 and len(lines) == 1, res.stderr
+    assert "Qwen/Qwen3-8B" in lines[0] and "HF_HUB_OFFLINE" in lines[0] and "Traceback" not in res.stderr

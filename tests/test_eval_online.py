@@ -110,6 +110,7 @@ def test_a_web_row_routed_to_a_local_index_is_refused(hotpotqa_bm25_index, capsy
 def test_eval_sh_online_adds_the_web_row_and_its_route():
     env = {k: v for k, v in os.environ.items() if not k.endswith(("_RETRIEVER_URL", "_CORPUS")) and k != "ONLINE"}
     env.update(PYTHON=sys.executable, DRY_RUN="1", ONLINE="1", KILT_RETRIEVER_URL="http://10.0.0.2:8002",
+               DATA_DIR=shared_path(),  # the dry run loads R1-Searcher's four sets before anything starts
                HOTPOTQA_RETRIEVER_URL="http://10.0.0.1:8001")
     res = subprocess.run(["bash", EVAL_SH, "tiny", "r1searcher"], capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 0, res.stderr

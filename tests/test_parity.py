@@ -624,7 +624,7 @@ def test_readme_exports_the_file_step_1_writes():
 def test_eval_sh_uses_or_starts_one_retriever_per_corpus(tmp_path):
     script = os.path.join(REPO, "examples", "scripts", "eval.sh")
     corpus = shared_path("wiki", "hotpotqa_dev500_paragraphs.jsonl")
-    base = dict(os.environ, PYTHON=sys.executable, DRY_RUN="1")
+    base = dict(os.environ, PYTHON=sys.executable, DRY_RUN="1", DATA_DIR=shared_path())  # the sets are loaded first
     for key in ("HOTPOTQA_RETRIEVER_URL", "KILT_RETRIEVER_URL", "HOTPOTQA_CORPUS", "KILT_CORPUS", "RETRIEVER_URLS"):
         base.pop(key, None)
     res = subprocess.run(["bash", script, "tiny", "r1searcher"], capture_output=True, text=True, timeout=60,
@@ -635,7 +635,8 @@ def test_eval_sh_uses_or_starts_one_retriever_per_corpus(tmp_path):
     res = subprocess.run(["bash", script, "tiny", "r1searcher"], capture_output=True, text=True, timeout=60,
                          env=dict(base, KILT_RETRIEVER_URL="http://10.0.0.1:8002"))
     assert res.returncode == 2 and "give both corpora" in res.stderr
-    res = subprocess.run(["bash", script, "tiny", "searchr1"], capture_output=True, text=True, timeout=60, env=base)
+    res = subprocess.run(["bash", script, "tiny", "searchr1"], capture_output=True, text=True, timeout=60,
+                         env=dict(base, DATASETS="flashrag:nq"))  # the local copy under DATA_DIR (offline)
     assert res.returncode == 0 and "--retriever_url http://127.0.0.1:8000" in res.stdout
 
 

@@ -202,8 +202,9 @@ def test_searchr1_train_merge_needs_the_hub_and_says_so(monkeypatch):
         raise ConnectionError("offline")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(DatasetError, match="FlashRAG 'nq' train split could not be loaded"):
+    with pytest.raises(DatasetError, match="FlashRAG 'nq' train split could not be loaded") as e:
         prepare_data.load_searchr1_train_merge()
+    assert "Search-R1's own train.parquet" in str(e.value) and len(str(e.value).splitlines()) == 1  # the way out
     assert prepare_data.main(["--input", "searchr1_train:hotpotqa", "--protocol", "searchr1", "--no_chat_template",
                               "--out", "/nonexistent/never.jsonl"]) == 2
 
@@ -278,7 +279,8 @@ def test_a_prompt_file_serves_every_size_whose_chat_template_is_the_same(tmp_pat
         check_prompt_file(str(out), protocol, None, "example/other-template")
     line = str(refused.value)
     assert "\n" not in line and f"chat template of {rendered_with!r}" in line and "has another template" in line
-    assert "--tokenizer example/other-template --out NEW_FILE" in line
+    assert "--tokenizer example/other-template" in line  # a second file, not the one the other launchers read:
+    assert f"--out {tmp_path / 'prompts.other-template.jsonl'}" in line and f"--out {out} " not in line
     # a policy whose tokenizer is nowhere to be read: the templates cannot be compared, refused in one line
     with pytest.raises(RenderingError, match="cannot be loaded to compare the templates"):
         check_prompt_file(str(out), protocol, None, "example/not-downloaded")

@@ -45,7 +45,7 @@ from tests.conftest import shared_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
-PROGRAMS = ("python", "bash", "make", "pip", "wget", "huggingface-cli", "git", "gunzip", "cat", "curl", "source")
+PROGRAMS = ("python", "bash", "make", "pip", "wget", "hf", "git", "gunzip", "cat", "curl", "source")
 ENV_WORD = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 
 # Commands that cannot run cheaply, by their leading words: the reason is part of the record.
@@ -56,7 +56,7 @@ NOT_RUN = {
     "wget http://dl.fbaipublicfiles.com/KILT/kilt_knowledgesource.json": "35 GiB download; its format is run on "
                                                                          "the 99-page KILT sample",
     "wget https://nlp.stanford.edu/projects/hotpotqa/": "1.5 GB download; its format is run on a 3-article archive",
-    "huggingface-cli download": "multi-GB download from the hub (no network in CI)",
+    "hf download": "multi-GB download from the hub (no network in CI)",
     "git clone": "network; R1-Searcher's question files are run from the shared samples",
     "source .venv/bin/activate": "changes the calling shell only; this test runs inside that environment",
 }
@@ -84,7 +84,8 @@ def _substitutes(tmp):
         "R1-Searcher/data/eval_set/hotpotqa_500.jsonl": head("qa", "r1searcher", "hotpotqa_500.jsonl"),
         "kilt_knowledgesource.json": shared_path("wiki", "kilt_pages_sample99.jsonl"),
         "enwiki-20171001-pages-meta-current-withlinks-abstracts.tar.bz2": os.path.join(tmp, "abstracts.tar.bz2"),
-        "r1searcher_bamboogle_llama.jsonl": shared_path("traces", "r1searcher_bamboogle_llama.jsonl"),
+        "R1-Searcher/data/eval_results/bamboogle_llama.jsonl": shared_path("traces",
+                                                                           "r1searcher_bamboogle_llama.jsonl"),
         "Qwen/Qwen2.5-7B": QWEN,
         "e5-base-v2": "bm25",  # with --index_type flat -> bm25 below: no encoder weights offline
     }
@@ -286,7 +287,12 @@ class Runner:
         env = {k: self.local(v) for k, v in env.items()}
         if os.path.basename(script) == "eval.sh":
             env.setdefault("DRY_RUN", "1")  # prints the retrievers it would start and the cli.eval command
-            res = self.run(line, ["bash", script, *self.rewrite(words[2:])], env=env, cwd=REPO)
+            # its dry run loads the model and every set first: the tiny policy for the checkpoint, the shared
+            # samples for R1-Searcher's files and (offline) the local copy of FlashRAG's NQ for the hub sets
+            env["DATA_DIR"] = shared_path()
+            if words[3:4] == ["searchr1"]:
+                env.setdefault("DATASETS", "flashrag:nq")
+            res = self.run(line, ["bash", script, "tiny", *self.rewrite(words[3:])], env=env, cwd=REPO)
             if res.returncode == 0 and "openrlhf_search.cli.eval" not in res.stdout:
                 self.fail(line, "the dry run printed no cli.eval command")
             return

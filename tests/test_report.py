@@ -74,3 +74,28 @@ def test_report_errors(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "openrlhf_search.cli.report", "--metrics", str(empty), "--out",
                            str(tmp_path / "o")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "no metrics rows" in proc.stderr
+
+
+def test_cluster_metrics_count_global_steps_and_every_summary_is_found(tmp_path):
+    """The cluster trainer writes ``global_step`` (schedules.append_step_metrics): 30 steps are 30, not 1; a folder's
+    summaries are found by content, whatever their names (a --rescore --summary_json output among them)."""
+    from openrlhf_search.schedules import append_step_metrics
+
+    metrics = tmp_path / "metrics.jsonl"
+    for step in range(1, 31):
+        append_step_metrics(str(metrics), step, {"reward": 0.1 * step, "response_length": 200.0})
+    folder = tmp_path / "eval_out"
+    folder.mkdir()
+    (folder / "rescore_bamboogle_llama.json").write_text(json.dumps({"n": 125, "cover_em": 0.504, "em": 0.44,
+                                                                     "dataset": "bamboogle", "setup": {}}))
+    (folder / "summary.json").write_text(json.dumps({"datasets": {"nq": {"n": 3, "em": 0.5}}, "setup": {},
+                                                     "table": "| nq | ours |"}))
+    (folder / "settings.json").write_text(json.dumps({"topk": 3}))  # not a summary: skipped
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "openrlhf_search.cli.report", "--metrics", str(metrics), "--eval",
+                           str(folder), "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    md = (out / "report.md").read_text()
+    assert "(30 steps)" in md
+    assert "### rescore_bamboogle_llama.json" in md and "### summary.json" in md and "settings.json" not in md
+    assert "0.504" in md

@@ -53,6 +53,8 @@ esac
 RUN="${PROTOCOL}_${ALGO}_${SIZE}"
 TRAIN_DATA_FILE="${TRAIN_DATA:-$DATA_DIR/${PROTOCOL}_train_qwen3.jsonl}"
 EVAL_DATA_FILE="${EVAL_DATA:-$DATA_DIR/${PROTOCOL}_eval_qwen3.jsonl}"
+TRAIN_DATA_MAKE="$(prepare_hint "$TRAIN_DATA_FILE" "$PROTOCOL" "$MODEL" true nq_hotpotqa_train)"
+EVAL_DATA_MAKE="$(prepare_hint "$EVAL_DATA_FILE" "$PROTOCOL" "$MODEL" true flashrag:nq)"
 ROLLOUT_BS=512 EPISODES=15 STEPS=1004 WARMUP_RATIO=0.285
 TRAIN_BS=256 TRAIN_MICRO=1 ROLLOUT_MICRO=4
 export RETRIEVER_ENCODER="${RETRIEVER_ENCODER:-e5-base-v2}" RETRIEVER_INDEX_TYPE="${RETRIEVER_INDEX_TYPE:-flat}"
@@ -61,9 +63,10 @@ RUN_DESC="chat_tools.sh $SIZE (protocol $PROTOCOL, $ALGO)"
 cpu_cluster_setup "$PROTOCOL" true "$([[ "$ALGO" == ppo ]] && echo 1 || echo 4)"
 check_inputs
 check_data_steps "$TRAIN_DATA_FILE" "$ROLLOUT_BS" "$EPISODES" "$STEPS" "$WARMUP_RATIO"
+check_data_batch "$TRAIN_DATA_FILE" "$ROLLOUT_BS" "$N_SAMPLES" "$TRAIN_BS"
 layout_args "$TRAIN_BS" "$TRAIN_MICRO" "$(( ROLLOUT_BS * N_SAMPLES ))" "$ROLLOUT_MICRO" "$CRITIC"
 start_retrievers
-log "protocol: $PROTOCOL | model: $MODEL | data: $TRAIN_DATA_FILE (prompts rendered with $MODEL's chat template and tools) | eval: $EVAL_DATA_FILE"
+log "protocol: $PROTOCOL | model: $MODEL | data: $TRAIN_DATA_FILE (expected: rendered with $MODEL's chat template and tools, checked by cli.train) | eval: $EVAL_DATA_FILE"
 launch \
     "${LAYOUT_ARGS[@]}" \
     "${ALGO_ARGS[@]}" \

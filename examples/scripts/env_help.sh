@@ -18,7 +18,7 @@
 # cli.eval); a launcher prints the rows read by one of its files. tests/test_launcher_help.py checks that every
 # variable a launcher's files read with ${VAR:-...}, ${VAR-...}, ${VAR:+...} or ${VAR:?...} is printed by its
 # --help, except these internal ones (set by the scripts themselves, never by the caller):
-LAUNCHER_INTERNAL_VARS="RETRIEVER_ON_VLLM_GPUS LAUNCHER_HELP EVAL_DATA_FILE LAYOUT_DESC RETRIEVER_PORT_SET STAGE1_FROM ESTIMATOR_ENV LIMIT MODEL_WHERE PAPER_RETRIEVER_ENCODER PAPER_RETRIEVER_INDEX_TYPE"
+LAUNCHER_INTERNAL_VARS="RETRIEVER_ON_VLLM_GPUS LAUNCHER_HELP EVAL_DATA_FILE LAYOUT_DESC RETRIEVER_PORT_SET STAGE1_FROM ESTIMATOR_ENV LIMIT MODEL_WHERE PAPER_RETRIEVER_ENCODER PAPER_RETRIEVER_INDEX_TYPE TRAIN_DATA_MAKE EVAL_DATA_MAKE"
 
 HELP_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 

@@ -55,10 +55,16 @@ PIDS=()
 cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
+# A retriever this script starts once the inputs are checked: NAME over CORPUS on PORT (the corpus must exist now).
+STARTS=()
+plan_retriever() {
+    [[ -f "$2" ]] || { log "error: ${1} corpus $2 does not exist"; exit 2; }
+    STARTS+=("$1|$(cd "$(dirname "$2")" && pwd)/$(basename "$2")|$3")  # absolute: started from the repo root
+}
+
 # Start a retriever over CORPUS on PORT (start_retriever.sh builds its index when missing) and wait for /health.
 start_retriever() {
     local name="$1" corpus="$2" port="$3" url="http://127.0.0.1:$3"
-    [[ -f "$corpus" ]] || { log "error: ${name} corpus $corpus does not exist"; exit 2; }
     if [[ "$DRY_RUN" != "0" ]]; then
         log "dry run: would start RETRIEVER_ENCODER=$RETRIEVER_ENCODER bash $SCRIPT_DIR/start_retriever.sh --corpus $corpus --port $port"
         return 0
@@ -118,11 +124,11 @@ if [[ "$PROTOCOL" == "r1searcher" ]]; then
     KILT_URL="${KILT_RETRIEVER_URL:-}"
     if [[ -z "$HOTPOTQA_URL" && -n "${HOTPOTQA_CORPUS:-}" ]]; then
         HOTPOTQA_URL="http://127.0.0.1:${HOTPOTQA_PORT:-8001}"
-        start_retriever hotpotqa "$HOTPOTQA_CORPUS" "${HOTPOTQA_PORT:-8001}"
+        plan_retriever hotpotqa "$HOTPOTQA_CORPUS" "${HOTPOTQA_PORT:-8001}"
     fi
     if [[ -z "$KILT_URL" && -n "${KILT_CORPUS:-}" ]]; then
         KILT_URL="http://127.0.0.1:${KILT_PORT:-8002}"
-        start_retriever kilt "$KILT_CORPUS" "${KILT_PORT:-8002}"
+        plan_retriever kilt "$KILT_CORPUS" "${KILT_PORT:-8002}"
     fi
     if [[ -n "$HOTPOTQA_URL" && -n "$KILT_URL" ]]; then
         ROUTES="hotpotqa=$HOTPOTQA_URL,default=$KILT_URL"
@@ -139,7 +145,7 @@ if [[ "$PROTOCOL" == "r1searcher" ]]; then
         WEB_URL="${WEB_RETRIEVER_URL:-}"
         if [[ -z "$WEB_URL" ]]; then
             WEB_URL="http://127.0.0.1:${WEB_PORT:-8003}"
-            start_web_retriever "${WEB_PORT:-8003}"
+            STARTS+=("web||${WEB_PORT:-8003}")
         fi
         SETS+=("bamboogle@web")
         ROUTES="$ROUTES,bamboogle@web=$WEB_URL"
@@ -156,10 +162,17 @@ CMD=("$PYTHON" -m openrlhf_search.cli.eval --model "$MODEL" --protocol "$PROTOCO
 [[ -n "${JUDGE_URL:-}" ]] && CMD+=(--judge_url "$JUDGE_URL" --judge_model "${JUDGE_MODEL:-gpt-4o-mini}")
 CMD+=("$@")
 
+# Model (a run folder: its newest global_step*_hf copy), data and settings are checked before any retriever is built
+# or started (building a bge index of KILT is GPU-hours); dry runs included.
+cd "$REPO_ROOT"
+"${CMD[@]}" --check_only || exit $?
+for entry in "${STARTS[@]}"; do
+    IFS='|' read -r name corpus port <<< "$entry"
+    if [[ "$name" == web ]]; then start_web_retriever "$port"; else start_retriever "$name" "$corpus" "$port"; fi
+done
 if [[ "$DRY_RUN" != "0" ]]; then
     printf '%q ' "${CMD[@]}"; echo
     exit 0
 fi
-cd "$REPO_ROOT"
 "${CMD[@]}"
 echo "predictions and summaries in $OUT_DIR (summary.md holds the table)"

@@ -105,6 +105,13 @@ RUN="r1searcher_${MODEL_KEY}_stage${STAGE}"
 [[ "$STAGE" == "single" ]] && RUN="r1searcher_${MODEL_KEY}_single"
 TRAIN_DATA_FILE="${TRAIN_DATA:-$DATA_DIR/r1searcher_$([[ "$STAGE" == "single" ]] && echo stage2 || echo "stage$STAGE")_${MODEL_KEY}.jsonl}"
 EVAL_DATA_FILE="${EVAL_DATA:-$DATA_DIR/r1searcher_eval_${MODEL_KEY}.jsonl}"
+# the inputs: R1-Searcher's files (git clone --depth 1 https://github.com/RUCAIBox/R1-Searcher); the tokenizer: the
+# policy's, for stage 2 the base model's (its start, stage 1's checkpoint, has the same one and may not exist yet)
+DATA_TOKENIZER="$MODEL"; [[ "$STAGE" == 2 ]] && DATA_TOKENIZER="$BASE_MODEL"
+TRAIN_DATA_MAKE="$(prepare_hint "$TRAIN_DATA_FILE" r1searcher "$DATA_TOKENIZER" "$CHAT" \
+    "R1-Searcher/data/training_set/stage_$([[ "$STAGE" == 1 ]] && echo 1 || echo 2).jsonl")"
+EVAL_DATA_MAKE="$(prepare_hint "$EVAL_DATA_FILE" r1searcher "$DATA_TOKENIZER" "$CHAT" \
+    R1-Searcher/data/eval_set/hotpotqa_500.jsonl)"
 # R1-Searcher's retriever: BGE-large-en-v1.5, Flat inner product (train/wiki_corpus_load.py,
 # wiki_corpus_index_bulid/build_corpus_index.py).
 PAPER_RETRIEVER_ENCODER=bge-large-en-v1.5 PAPER_RETRIEVER_INDEX_TYPE=flat  # what a running retriever is compared with
@@ -114,9 +121,10 @@ RUN_DESC="r1searcher.sh $MODEL_KEY $STAGE (setting $SETTING)"
 cpu_cluster_setup r1searcher "$CHAT" 4
 check_inputs
 TRAIN_MICRO=1 ROLLOUT_MICRO=1 N_SAMPLES=16  # released: scripts/*_train*.sh:21,56-59 (micro-batches of 1)
+check_data_batch "$TRAIN_DATA_FILE" "$ROLLOUT_BS" "$N_SAMPLES" "$TRAIN_BS"
 layout_args "$TRAIN_BS" "$TRAIN_MICRO" "$(( ROLLOUT_BS * N_SAMPLES ))" "$ROLLOUT_MICRO" "$([[ "$ESTIMATOR" == gae ]] && echo true || echo false)"
 start_retrievers
-log "setting: $SETTING | model: $MODEL${MODEL_WHERE:+ ($MODEL_WHERE)} | data: $TRAIN_DATA_FILE ($([[ $CHAT == true ]] && echo "chat-rendered with $BASE_MODEL's template" || echo "base prompt")) | eval: $EVAL_DATA_FILE"
+log "setting: $SETTING | model: $MODEL${MODEL_WHERE:+ ($MODEL_WHERE)} | data: $TRAIN_DATA_FILE (expected: $([[ $CHAT == true ]] && echo "chat-rendered with the policy's template" || echo "base prompt"), checked by cli.train) | eval: $EVAL_DATA_FILE"
 launch \
     "${LAYOUT_ARGS[@]}" \
     --actor.model_name_or_path "$MODEL" \

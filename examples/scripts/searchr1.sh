@@ -64,6 +64,8 @@ esac
 RUN="searchr1_${ALGO}_${SIZE}_${VARIANT}"
 TRAIN_DATA_FILE="${TRAIN_DATA:-$DATA_DIR/searchr1_train_qwen2.5_${VARIANT}.jsonl}"
 EVAL_DATA_FILE="${EVAL_DATA:-$DATA_DIR/searchr1_eval_qwen2.5_${VARIANT}.jsonl}"
+TRAIN_DATA_MAKE="$(prepare_hint "$TRAIN_DATA_FILE" searchr1 "$MODEL" true nq_hotpotqa_train)"
+EVAL_DATA_MAKE="$(prepare_hint "$EVAL_DATA_FILE" searchr1 "$MODEL" true flashrag:nq)"
 # (STEPS, not MAX_STEPS: common.sh reads MAX_STEPS from the environment for CPU_CLUSTER=1)
 ROLLOUT_BS=512 EPISODES=15 STEPS=1004 WARMUP_RATIO=0.285
 TRAIN_BS=256 TRAIN_MICRO=2 ROLLOUT_MICRO=8
@@ -77,9 +79,10 @@ RUN_DESC="searchr1.sh $ALGO $SIZE $VARIANT"
 cpu_cluster_setup searchr1 true "$([[ "$ALGO" == ppo ]] && echo 1 || echo 4)"
 check_inputs
 check_data_steps "$TRAIN_DATA_FILE" "$ROLLOUT_BS" "$EPISODES" "$STEPS" "$WARMUP_RATIO"
+check_data_batch "$TRAIN_DATA_FILE" "$ROLLOUT_BS" "$N_SAMPLES" "$TRAIN_BS"
 layout_args "$TRAIN_BS" "$TRAIN_MICRO" "$(( ROLLOUT_BS * N_SAMPLES ))" "$ROLLOUT_MICRO" "$CRITIC"
 start_retrievers
-log "setting: $SETTING | model: $MODEL${MODEL_WHERE:+ ($MODEL_WHERE)} | data: $TRAIN_DATA_FILE (prompts rendered with $MODEL's chat template) | eval: $EVAL_DATA_FILE"
+log "setting: $SETTING | model: $MODEL${MODEL_WHERE:+ ($MODEL_WHERE)} | data: $TRAIN_DATA_FILE (expected: rendered with $MODEL's chat template, checked by cli.train) | eval: $EVAL_DATA_FILE"
 launch \
     "${LAYOUT_ARGS[@]}" \
     "${ALGO_ARGS[@]}" \

@@ -16,9 +16,10 @@ hotpotqa=URL1,default=URL2``: HotpotQA on the abstracts, written ``(i)Title: T T
 KILT), its own judge prompt (one user message, server-default temperature, 1,024 tokens) on its four eval sets;
 Search-R1 =
 its training prompt ("?" appended, the policy's chat template), top-k 3, 4 searches + 1 answer, 500 tokens per call,
-on the FULL test split of each FlashRAG set (dev where there is none; ``flashrag:<name>`` names the local
-512-question samples instead). Prompts are rendered with the policy's own tokenizer (the model's, or
-``--tokenizer``). Explicit flags override the setting.
+on the FULL test split of each FlashRAG set (dev where there is none; ``flashrag:<name>`` is the same hub split, or
+``qa/flashrag/<name>.test.jsonl`` of ``--data_dir`` when that folder holds one; never a sample in place of the hub).
+Prompts are rendered with the policy's own tokenizer (the model's, or ``--tokenizer``). Explicit flags override the
+setting.
 
 Web search (R1-Searcher's online Bamboogle evaluation): a set named ``NAME@web`` is evaluated as a row of its own
 against the retriever routed to that name, which must be a web retriever (``python -m retriever.server --web ...``)::
@@ -74,8 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto",
                    help="vLLM dtype: auto (float32 on CPU), float32, bfloat16, float16; the HF engine runs float32")
     p.add_argument("--datasets", nargs="*", default=[],
-                   help="names (bamboogle, hotpotqa_500, nq = full hub split, flashrag:nq = local sample) or paths; "
-                        "default: the setting's sets")
+                   help="names (bamboogle, hotpotqa_500; nq = the full hub split; flashrag:nq = the same hub split, "
+                        "or qa/flashrag/nq.test.jsonl of --data_dir when it holds one) or paths; default: the "
+                        "setting's sets")
+    p.add_argument("--check_only", action="store_true",
+                   help="check the model (a run folder: its newest global_step*_hf copy), every dataset and the "
+                        "settings, print one line and exit (0: ready; 2: the first problem); no engine, no retriever")
     p.add_argument("--data_dir", default=None,
                    help="folder of local copies for dataset names (qa/r1searcher/*.jsonl, "
                         "qa/flashrag/<name>.test.jsonl); default $OPENRLHF_SEARCH_DATA_DIR, else none: FlashRAG "
@@ -326,12 +331,61 @@ def run_settings(args, datasets: List[str], paper, topk: int, max_turns: int, ma
     return per_set
 
 
+_HF_COPY = re.compile(r"global_step(\d+)_hf$")
+
+
+def resolve_model(path: str) -> "tuple[str, Optional[str]]":
+    """``--model`` as the engine loads it: a training run's folder (no ``config.json`` of its own) stands for its
+    newest ``global_step*_hf`` copy (``--ckpt.save_hf``, in the folder or its ``ckpt/``), the model a run stopped
+    by hand leaves; anything else unchanged.
+
+    Returns:
+        (the model path, a line saying which copy was taken, or None).
+    Raises:
+        ValueError: a local folder with neither ``config.json`` nor an HF copy (one line).
+    """
+    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "config.json")):
+        return path, None
+    copies = []
+    for folder in (path, os.path.join(path, "ckpt")):
+        if os.path.isdir(folder):
+            for name in os.listdir(folder):
+                m = _HF_COPY.match(name)
+                if m and os.path.isfile(os.path.join(folder, name, "config.json")):
+                    copies.append((int(m.group(1)), os.path.join(folder, name)))
+    if not copies:
+        raise ValueError(f"--model {path}: a folder without config.json and without a global_step*_hf copy (a "
+                         f"training run writes them every --ckpt.save_steps with --ckpt.save_hf): give an HF model "
+                         f"folder")
+    step, newest = max(copies)
+    return newest, f"--model {path} is a training run's folder: evaluating its newest HF copy {newest} (step {step})"
+
+
+def _check_model(name: str) -> str:
+    """One line saying where ``--model`` was found (``model_check``); "tiny" is built in memory. Raises
+    ModelCheckError."""
+    if name == "tiny":
+        return "model tiny: built in memory"
+    from openrlhf_search.model_check import check_model
+
+    return check_model(name)
+
+
 def run(args) -> int:
     from openrlhf_search.evaluation.settings import eval_setting
+    from openrlhf_search.model_check import ModelCheckError
 
     if not args.model:
         print("error: give --model (or --rescore PATH)", file=sys.stderr)
         return 2
+    try:
+        args.model, note = resolve_model(args.model)
+        where_model = _check_model(args.model) if args.check_only else None
+    except (ValueError, ModelCheckError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if note:
+        print(note, file=sys.stderr)
     try:
         paper = eval_setting(args.protocol, args.setting)
     except ValueError:  # a third protocol: no paper setting, every value from the flags
@@ -368,6 +422,11 @@ def run(args) -> int:
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.check_only:  # what eval.sh runs before it builds or starts any retriever
+        print(f"ready: {where_model}; " + ", ".join(f"{name} ({len(data[name])} questions from "
+                                                    f"{', '.join(sorted({ex.source for ex in data[name]}))})"
+                                                    for name in datasets), file=sys.stderr)
+        return 0
     from openrlhf_search.evaluation.paper_reference import split_tag
 
     where = {}

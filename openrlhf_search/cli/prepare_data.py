@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import random
+import re
 import sys
 from collections import Counter
 from typing import List, Optional
@@ -196,6 +197,79 @@ def _first_row(path: str) -> Optional[dict]:
     return None
 
 
+def prepare_command(out: str, protocol_name: str, tokenizer: Optional[str] = None, chat: Optional[bool] = None,
+                    inputs=("QA_FILE",), template: str = "train") -> str:
+    """The ``prepare_data`` command line that writes ``out`` as a run with these settings reads it: what the
+    launchers print for a missing prompt file and :func:`check_prompt_file` for a refused one.
+
+    Args:
+        out: the prompt file to write.
+        protocol_name: ``--search.protocol``.
+        tokenizer: the policy's tokenizer (path or hub name); None: none given.
+        chat: ``--search.chat_template`` (True / False written as the flag; None: the protocol's default).
+        inputs: the ``--input`` values (files or names such as ``nq_hotpotqa_train``).
+        template: the protocol's prompt variant (``--template``, written when not "train").
+    """
+    import shlex
+
+    parts = ["python", "-m", "openrlhf_search.cli.prepare_data"]
+    for name in inputs:
+        parts += ["--input", name]
+    parts += ["--protocol", protocol_name]
+    if tokenizer:
+        parts += ["--tokenizer", tokenizer]
+    if chat is not None:
+        parts.append("--chat_template" if chat else "--no_chat_template")
+    if template != "train":
+        parts += ["--template", template]
+    parts += ["--out", out]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def inputs_of_file(path: str) -> List[str]:
+    """The ``--input`` values that wrote a prompt file, from its rows' ``source`` (a file path, or
+    ``hub:<repo>/<config>/<split>``): the train splits of NQ and HotpotQA are ``nq_hotpotqa_train`` (Search-R1's
+    merge), a hub eval split is its FlashRAG name; ``["QA_FILE"]`` when the rows do not say."""
+    sources: List[str] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                source = json.loads(line).get("source") if line.strip() else None
+            except (json.JSONDecodeError, AttributeError):
+                source = None
+            if source and source not in sources:
+                sources.append(source)
+    hub = {s.split("/")[-2]: s.split("/")[-1] for s in sources if s.startswith("hub:")}
+    names = [s for s in sources if not s.startswith("hub:")]
+    if hub and set(hub) == set(SEARCHR1_TRAIN_SOURCES) and set(hub.values()) == {"train"}:
+        names.append(SEARCHR1_TRAIN_MERGE)
+    elif hub and set(hub.values()) == {"train"}:
+        names.append("searchr1_train:" + ",".join(hub))
+    else:
+        names += list(hub)
+    return names or ["QA_FILE"]
+
+
+def regenerate_command(path: str, protocol_name: str, chat: Optional[bool], policy: Optional[str],
+                       record=None, out: Optional[str] = None) -> str:
+    """The :func:`prepare_command` that rewrites a refused prompt file ``path`` (in place, or to ``out``) so that
+    :func:`check_prompt_file` with the same arguments accepts it: the run's protocol, chat choice (the file's when the
+    run leaves it open) and policy tokenizer, the file's inputs and prompt variant (R1-Searcher's plain-text eval
+    variant only when the run renders no chat template)."""
+    record = record if isinstance(record, dict) else {}
+    use_chat = chat if chat is not None else record.get("chat_template")
+    template = record.get("template") or "train"
+    if use_chat and template == "eval" and protocol_name == "r1searcher":
+        template = "train"  # the released eval prompt is plain text only
+    return prepare_command(out or path, protocol_name, policy, use_chat, inputs_of_file(path), template)
+
+
+def _per_policy(path: str, policy: str) -> str:
+    """``data/x.jsonl`` -> ``data/x.<policy's last name part>.jsonl``: a second file beside a refused one."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.basename(os.path.normpath(policy)))
+    return f"{os.path.splitext(path)[0]}.{name}.jsonl"
+
+
 def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], policy: Optional[str] = None) -> \
         Optional[dict]:
     """Check that a prepared prompt file is what a training run with these settings would render.
@@ -226,9 +300,8 @@ def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], polic
     row = _first_row(path)
     if row is None:
         raise RenderingError(f"{path}: no rows")
-    fix = f"regenerate it with python -m openrlhf_search.cli.prepare_data --protocol {protocol_name}" + \
-        (f" --tokenizer {policy}" if policy else "")
     record = row.get("rendering")
+    fix = "regenerate it with " + regenerate_command(path, protocol_name, chat, policy, record)
     if not isinstance(record, dict) or "prompt" not in row or "question" not in row:
         raise RenderingError(f"{path}: rows carry no 'rendering' record (not written by this prepare_data), so "
                              f"their prompts cannot be checked against --search.*; {fix}")
@@ -238,7 +311,7 @@ def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], polic
     if chat is not None and bool(record.get("chat_template")) != chat:
         raise RenderingError(f"{path}: prompts rendered with chat_template={bool(record.get('chat_template'))}, "
                              f"--search.chat_template is {chat}; the flag cannot re-render pre-rendered prompts, "
-                             f"{fix}" + ("" if chat else " --no_chat_template"))
+                             f"{fix}")
     recorded = record.get("tokenizer")
     if not policy or (not os.path.isdir(policy) and (not record.get("chat_template") or recorded in (None, policy))):
         return record  # a hub name the file was rendered with, or a plain-text file: nothing to compare
@@ -256,8 +329,10 @@ def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], polic
     if record.get("chat_template") and want and have != want:
         raise RenderingError(f"{path}: prompts rendered with the chat template of {recorded!r} (sha256 "
                              f"{want[:12]}), the policy {policy!r} has another template (sha256 "
-                             f"{(have or 'none')[:12]}); {fix} --out NEW_FILE (a file per template: the "
-                             f"launchers of the other template read this one)")
+                             f"{(have or 'none')[:12]}): this file serves the launchers of its own template; "
+                             "write one for this policy (then give it as TRAIN_DATA / EVAL_DATA) with "
+                             + regenerate_command(path, protocol_name, chat, policy, record,
+                                                  out=_per_policy(path, policy)))
     try:
         expected = get_protocol(protocol_name).build_prompt(
             row["question"], tokenizer=tokenizer, chat=bool(record.get("chat_template")),
@@ -341,8 +416,12 @@ def load_searchr1_train_merge(sources=SEARCHR1_TRAIN_SOURCES, limit: Optional[in
 
             split = datasets.load_dataset(FLASHRAG_HUB_REPO, source)["train"]
         except Exception as e:  # offline, unknown config, no train split: one clear line
+            first = (str(e).strip().splitlines() or [""])[0]
             raise DatasetError(f"Search-R1 training merge: FlashRAG {source!r} train split could not be loaded from "
-                               f"the hub {FLASHRAG_HUB_REPO} ({type(e).__name__}: {e})") from e
+                               f"the hub {FLASHRAG_HUB_REPO} ({type(e).__name__}: {first}); run this command once "
+                               f"where the hub is reachable (the datasets cache, ~/.cache/huggingface, then serves "
+                               f"it offline), or give Search-R1's own train.parquet (its "
+                               f"scripts/nq_hotpotqa/data_process.sh writes it) as --input") from e
         n = len(split) if limit is None else min(limit, len(split))
         for idx in range(n):
             row = dict(split[idx])

@@ -4,7 +4,9 @@ R1-Searcher (Fig. 3/4) and Search-R1 (Fig. 2/3) plot, over training steps, the t
 the number of valid searches / turns, and validation EM or F1. ``metrics.jsonl`` (one JSON object per step, written
 by the CPU trainer and the cluster trainer) carries keys such as ``step``, ``reward``, ``response_length``,
 ``valid_searches``, ``turns``, ``answer_rate``, ``em``, ``f1``; every panel whose key exists is drawn, absent keys
-are listed in the report. Eval summaries (``*.summary.json`` written by ``cli.eval``) become markdown tables.
+are listed in the report; a row's step is ``step`` or ``global_step``. Eval summaries (``cli.eval``'s
+``summary.json`` and ``*.summary.json``, ``--rescore --summary_json`` outputs: any JSON of a folder that holds scores)
+become markdown tables.
 
 Example::
 
@@ -82,9 +84,37 @@ def series(rows: List[dict], aliases: Tuple[str, ...]) -> Tuple[List[float], Lis
     for i, row in enumerate(rows):
         v = row.get(key)
         if _number(v):
-            xs.append(float(row.get("step", row.get("global_step", i))))
+            xs.append(float(step_of(row) if _number(step_of(row)) else i))
             ys.append(float(v))
     return xs, ys
+
+
+def step_of(row: dict):
+    """The step of a metrics row: ``step`` (the CPU trainer) or ``global_step`` (the cluster trainer's
+    ``metrics.jsonl``, ``schedules.append_step_metrics``); None when it has neither."""
+    return row.get("step", row.get("global_step"))
+
+
+def is_eval_summary(data) -> bool:
+    """Whether a JSON document is an evaluation summary: ``cli.eval``'s run (``datasets`` / ``table``), one set's
+    ``*.summary.json`` or a ``--rescore --summary_json`` output (scores at the top level)."""
+    return isinstance(data, dict) and (isinstance(data.get("datasets"), dict) or isinstance(data.get("table"), str)
+                                       or any(_number(data.get(k)) for k in ("em", "f1", "cover_em", "judge_acc")))
+
+
+def find_summaries(folder: str) -> List[str]:
+    """Every evaluation summary JSON directly in ``folder`` (:func:`is_eval_summary`, whatever its name), sorted;
+    other JSON files are skipped."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if is_eval_summary(data):
+            out.append(path)
+    return out
 
 
 def _number(v) -> bool:
@@ -196,13 +226,13 @@ def plot_learning_curves(rows: List[dict], path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r for r in rows if _number(r.get("reward")) and _number(r.get("step"))]
+    steps = [r for r in rows if _number(r.get("reward")) and _number(step_of(r))]
     if not steps:
         raise ValueError("no training steps with a reward to plot")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig, axes = plt.subplots(1, len(LEARNING_PANELS), figsize=(4.2 * len(LEARNING_PANELS), 3.4))
     for ax, (title, key, ylabel) in zip(axes, LEARNING_PANELS):
-        pts = [(float(r["step"]), float(r[key])) for r in steps if _number(r.get(key))]
+        pts = [(float(step_of(r)), float(r[key])) for r in steps if _number(r.get(key))]
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("RL step")
         ax.set_ylabel(ylabel)
@@ -245,7 +275,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--metrics", default=None, help="metrics.jsonl of a training run")
-    p.add_argument("--eval", nargs="*", default=[], help="eval summary JSON files or folders holding *summary*.json")
+    p.add_argument("--eval", nargs="*", default=[],
+                   help="eval summary JSON files, or folders: every summary JSON in them (cli.eval's, --rescore "
+                        "--summary_json outputs)")
     p.add_argument("--out", required=True, help="output folder for PNGs and report.md")
     p.add_argument("--smooth", type=int, default=1, help="moving-average window (steps)")
     args = p.parse_args(argv)
@@ -261,7 +293,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         paths, missing = plot_curves(rows, args.out, args.smooth)
-        n_steps = len({r.get("step") for r in rows if not any(k.startswith("eval/") for k in r)})
+        n_steps = len({step_of(r) for r in rows if not any(k.startswith("eval/") for k in r)})
         lines += [f"Training curves from `{args.metrics}` ({n_steps} steps).", ""]
         for key, path in paths.items():
             if key != "overview":
@@ -275,7 +307,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     summaries = []
     for item in args.eval:
         if os.path.isdir(item):
-            summaries += sorted(glob.glob(os.path.join(item, "*summary*.json")))
+            summaries += find_summaries(item)
         elif os.path.isfile(item):
             summaries.append(item)
         else:

@@ -263,8 +263,8 @@ def load_eval_dataset(name: str, data_dir: Optional[str] = None, split: Optional
     if flash in FLASHRAG_EVAL_SETS or name.startswith("flashrag:"):
         return load_flashrag_hub(flash, split or FLASHRAG_EVAL_SETS.get(flash, "test"), limit)
     raise DatasetError(f"unknown dataset {name!r}: not a file, not one of {sorted(R1SEARCHER_EVAL_SETS)} and not a "
-                       f"FlashRAG name {sorted(FLASHRAG_EVAL_SETS)} (full hub split) or flashrag:<name> (local "
-                       f"sample)")
+                       f"FlashRAG name {sorted(FLASHRAG_EVAL_SETS)} (full hub split) or flashrag:<name> (the hub "
+                       f"split, or qa/flashrag/<name>.test.jsonl of --data_dir)")
 
 
 def iter_jsonl(path: str) -> Iterable[Dict[str, Any]]:

@@ -123,3 +123,24 @@ def test_offline_fails_in_one_line(tmp_path, capsys, monkeypatch):
     assert len(err) == 1 and err[0].startswith("download: error: cannot reach the Hugging Face Hub for "
                                                "PeterJinGo/wiki-18-corpus")
     assert "--from_dir" in err[0]
+
+
+def test_parts_are_deleted_after_assembly_unless_kept_and_the_disk_is_checked_first(hub, tmp_path, monkeypatch):
+    """Parts beside the assembled index double the disk (2 x 60 GiB for wiki-18's Flat index): they go once the
+    result is checked, --keep_parts keeps them, and too little free space is refused before anything is fetched."""
+    import retriever.download as download
+
+    root, _, _, data = hub
+    parts = ("part_aa", "part_ab", "part_ac")
+    out = fetch_artefact(TABLE["mini-flat"], str(tmp_path / "a"), LocalSource(str(root)))
+    assert open(out, "rb").read() == data and not any((tmp_path / "a" / p).exists() for p in parts)
+    fetch_artefact(TABLE["mini-flat"], str(tmp_path / "b"), LocalSource(str(root)), keep_parts=True)
+    assert all((tmp_path / "b" / p).exists() for p in parts)
+    listing = LocalSource(str(root)).list("test/wiki-mini-index")
+    need, why = download.disk_needed(TABLE["mini-flat"], listing, sorted(listing), str(tmp_path / "c"), False)
+    assert need == 2 * len(data) and "side by side" in why  # the parts and the result
+    usage = shutil.disk_usage(str(tmp_path))
+    monkeypatch.setattr(download.shutil, "disk_usage", lambda p: usage._replace(free=len(data)))
+    with pytest.raises(DownloadError, match="GB needed"):
+        fetch_artefact(TABLE["mini-flat"], str(tmp_path / "c"), LocalSource(str(root)))
+    assert not any((tmp_path / "c" / p).exists() for p in parts)  # refused before fetching
