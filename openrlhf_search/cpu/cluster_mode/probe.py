@@ -5,7 +5,8 @@ hook in every worker, :mod:`openrlhf_search.cpu.cluster_mode.runtime`) wraps, wi
 
 * ``BasePPOTrainer.train_step`` / ``save_logs_and_checkpoints`` (trainer actor): one line of ``steps.jsonl`` per
   training step: the status dict OpenRLHF logs (every metric, ``timing/*`` included), the prompts and labels it
-  trained on, and the checkpoint client states (episode, global step, consumed prompts);
+  trained on, and the checkpoint client states (episode, global step, consumed prompts); and, when asked, a hold at
+  the end of one step (:func:`hold_at_step_end`) so that a test acts at that boundary;
 * ``BasePPOTrainer.broadcast_to_vllm``: after every weight sync, the vLLM engine's parameters (read inside the
   engine worker) are compared with the policy's (read inside the DeepSpeed policy actor) -> ``sync.jsonl``
   (max |difference| per fused vLLM parameter, and a digest of the policy weights);
@@ -54,6 +55,28 @@ def _append_jsonl(name: str, row: Dict[str, Any]) -> None:
     path = os.path.join(probe_dir(), name)
     with _LOCK, open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(row, default=_jsonable) + "\n")
+
+
+#: a file in the probe folder naming a step (e.g. "1"): the trainer waits at that step's end (see hold_at_step_end)
+HOLD_FILE = "hold_after_step"
+
+
+def hold_at_step_end(global_step: int, poll_s: float = 0.2, timeout_s: float = 3600.0) -> bool:
+    """Wait at the end of step ``global_step`` (its logs and checkpoint written, the next rollout not begun) when the
+    probe folder's :data:`HOLD_FILE` names that step: write ``held_<step>``, then wait until ``release_<step>`` exists
+    (or ``timeout_s`` passes). A test then acts at that exact step boundary (kills the retriever or the launcher)
+    instead of racing the trainer. Returns whether it held."""
+    try:
+        with open(os.path.join(probe_dir(), HOLD_FILE), encoding="utf-8") as f:
+            if int(f.read().strip()) != global_step:
+                return False
+    except (OSError, ValueError):  # no hold asked for
+        return False
+    open(os.path.join(probe_dir(), f"held_{global_step}"), "w").close()
+    release, deadline = os.path.join(probe_dir(), f"release_{global_step}"), time.time() + timeout_s
+    while not os.path.exists(release) and time.time() < deadline:
+        time.sleep(poll_s)
+    return True
 
 
 def _jsonable(x):
@@ -180,7 +203,9 @@ def _wrap_trainer(module) -> None:
         _append_jsonl("steps.jsonl", {"global_step": global_step, "prompts": getattr(self, "_probe_prompts", []),
                                       "labels": getattr(self, "_probe_labels", []), "status": row,
                                       "client_states": states, "time": time.time(), "pid": os.getpid()})
-        return save(self, global_step, logs_dict, client_states)
+        out = save(self, global_step, logs_dict, client_states)
+        hold_at_step_end(global_step)
+        return out
 
     @functools.wraps(broadcast)
     def probed_broadcast(self):
