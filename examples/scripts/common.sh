@@ -34,6 +34,7 @@ set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$SCRIPT_DIR/../.." && pwd)"
+source "$SCRIPT_DIR/procs.sh"
 if [[ -z "${PYTHON:-}" ]]; then  # the checkout's .venv (make setup) when present, else the active python3
     if [[ -x "$REPO_ROOT/.venv/bin/python" ]]; then PYTHON="$REPO_ROOT/.venv/bin/python"; else PYTHON=python3; fi
 fi
@@ -475,7 +476,7 @@ start_retrievers() {
     local logfile="$OUTPUT_ROOT/retriever_${RETRIEVER_PORT}.log"
     bash "$start_script" --port "$RETRIEVER_PORT" > "$logfile" 2>&1 &
     RETRIEVER_PID=$!
-    trap 'kill "$RETRIEVER_PID" 2>/dev/null || true' EXIT
+    trap 'stop_and_wait "$RETRIEVER_PID"' EXIT  # gone when the launcher ends, not still shutting down on its port
     log "retriever starting (pid $RETRIEVER_PID, log $logfile)"
     wait_for_retriever "$RETRIEVER_URLS" "$RETRIEVER_PID" "$logfile" "${RETRIEVER_WAIT_S:-3600}" || exit 1
     check_retriever_urls "$R_INDEX_DIR"

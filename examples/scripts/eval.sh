@@ -52,16 +52,9 @@ if [[ "$LAUNCHER_HELP" == 1 ]]; then
 fi
 
 PIDS=()
-# Stop the retrievers started here and wait until they have exited (uvicorn's graceful shutdown takes a moment; a
-# SIGKILL after 30 s), so that nothing of this script answers on their ports after it ends.
-cleanup() {
-    local pid i
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do
-        for ((i = 0; i < 300; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$pid" 2>/dev/null || true
-    done
-}
+source "$(dirname "${BASH_SOURCE[0]}")/procs.sh"
+# the retrievers started here are gone when this script ends, not still shutting down on their ports
+cleanup() { stop_and_wait "${PIDS[@]}"; }
 trap cleanup EXIT
 
 # A retriever this script starts once the inputs are checked: NAME over CORPUS on PORT (the corpus must exist now).
