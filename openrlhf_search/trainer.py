@@ -187,7 +187,8 @@ class _SearchPPOTrainer(StepTimingMixin, PPOTrainer.__ray_actor_class__):
         stats.update(valid_rollout_stats(experiences))  # failed samples out of rollout/*: they are not trained on
         stats.update(search_rollout_stats(experiences))
         stats.update(answer_list_stats(experiences))
-        cut = turn_cut_warning(stats, getattr(getattr(self.args, "search", None), "max_new_tokens_per_turn", None))
+        search_args = getattr(getattr(self, "args", None), "search", None)  # bare test trainers carry no args
+        cut = turn_cut_warning(stats, getattr(search_args, "max_new_tokens_per_turn", None))
         if cut:
             logger.warning(cut)
         return stats

@@ -309,10 +309,13 @@ def test_bad_engine_input_is_one_error_line(case, tmp_path, capsys):
 
     empty = tmp_path / "empty"
     empty.mkdir()
+    configured = tmp_path / "configured"  # a model folder as far as the folder check goes
+    configured.mkdir()
+    (configured / "config.json").write_text("{}")
     model, extra, expect = {
         "no_folder": (str(tmp_path / "missing" / "model"), ["--backend", "vllm"], "no such folder"),
         "no_config": (str(empty), ["--backend", "vllm"], "no config.json"),
-        "bad_dtype": (str(empty), ["--backend", "vllm", "--dtype", "int8"], "not a vLLM dtype"),
+        "bad_dtype": (str(configured), ["--backend", "vllm", "--dtype", "int8"], "not a vLLM dtype"),
         "tiny_vllm": ("tiny", ["--backend", "vllm"], "HF engine"),
         "hf_bf16": ("tiny", ["--backend", "hf", "--dtype", "bfloat16"], "runs float32"),
     }[case]

@@ -9,6 +9,7 @@ install must resolve them too (``python -m openrlhf_search.cli.doctor`` checks t
 import ast
 import importlib
 import os
+import sys
 
 import pytest
 
@@ -53,11 +54,19 @@ def _imports(module, path):
 
 
 def _resolve(target, name):
-    """None when ``import target`` (and ``target.name``) resolves, else the error in one line."""
+    """None when ``import target`` (and ``target.name``) resolves, else the error in one line. A module that an
+    earlier test in this process hid on purpose (``sys.modules[target] = None``, as the CPU cluster mode hides
+    flash-attn's Triton cross-entropy) is resolved as if it were not hidden, then hidden again."""
+    hidden = target in sys.modules and sys.modules[target] is None
+    if hidden:
+        del sys.modules[target]
     try:
         mod = importlib.import_module(target)
     except Exception as e:  # ImportError, or a module whose own import fails
         return f"import {target}: {type(e).__name__}: {e}"
+    finally:
+        if hidden:
+            sys.modules[target] = None
     if name is None or hasattr(mod, name):
         return None
     try:

@@ -354,7 +354,7 @@ def resolve_model(path: str) -> "tuple[str, Optional[str]]":
                 if m and os.path.isfile(os.path.join(folder, name, "config.json")):
                     copies.append((int(m.group(1)), os.path.join(folder, name)))
     if not copies:
-        raise ValueError(f"--model {path}: a folder without config.json and without a global_step*_hf copy (a "
+        raise ValueError(f"--model {path}: no config.json and no global_step*_hf copy in this folder (a "
                          f"training run writes them every --ckpt.save_steps with --ckpt.save_hf): give an HF model "
                          f"folder")
     step, newest = max(copies)
