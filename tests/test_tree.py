@@ -257,7 +257,7 @@ def test_protobuf_is_pinned_below_7_where_the_stack_is_installed():
 
 @pytest.mark.parametrize("fast,slow", [(0, 0), (2, 0), (0, 2), (0, 5)])
 def test_ci_runs_both_test_commands_and_fails_when_either_fails(tmp_path, fast, slow):
-    """.ci/run runs ``make test`` and then ``make test-slow`` (the second also after the first failed) and exits
+    """.ci/run runs ``make test`` and then ``make test-guard`` (the second also after the first failed) and exits
     non-zero when either exits non-zero (5: pytest collected nothing)."""
     import subprocess
 
@@ -268,5 +268,27 @@ def test_ci_runs_both_test_commands_and_fails_when_either_fails(tmp_path, fast, 
     env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     res = subprocess.run(["bash", os.path.join(REPO, ".ci", "run")], env=env, capture_output=True, text=True,
                          timeout=60)
-    assert calls.read_text().split() == ["test", "test-slow"]
+    assert calls.read_text().split() == ["test", "test-guard"]
     assert (res.returncode == 0) == (fast == slow == 0), res.stdout
+
+
+def test_the_ci_guard_names_slow_tests_that_exist():
+    """Every node of the Makefile's GUARD list (what CI runs after ``make test``) is a collected slow test: a renamed
+    or deleted test would otherwise drop out of CI silently (pytest reports a missing node id as an error, but an
+    unmarked test would run as a fast one and the slow one never)."""
+    import re
+    import shlex
+    import subprocess
+    import sys
+
+    with open(os.path.join(REPO, "Makefile"), encoding="utf-8") as f:
+        text = f.read()
+    block = re.search(r"^GUARD := \\\n((?:  .*\n)+)", text, re.M).group(1)
+    nodes = shlex.split(block.replace("\\\n", " "))
+    assert len(nodes) >= 8
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "slow", "--collect-only", *nodes], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    collected = [line for line in res.stdout.splitlines() if "::" in line]
+    for node in nodes:
+        assert any(line.startswith(node) for line in collected), node
