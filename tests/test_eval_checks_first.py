@@ -33,7 +33,7 @@ def test_a_run_folder_stands_for_its_newest_hf_copy(tmp_path):
     assert cli_eval.resolve_model(model) == (model, None)  # an HF folder as it is
     assert cli_eval.resolve_model("Qwen/Qwen2.5-7B") == ("Qwen/Qwen2.5-7B", None)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match="without a global_step\\*_hf copy"):
+    with pytest.raises(ValueError, match="no global_step\\*_hf copy"):
         cli_eval.resolve_model(str(tmp_path / "empty"))
 
 

@@ -23,7 +23,8 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "examples", "scripts")
 HELP_FILE = "env_help.sh"  # the table and its printer: its default expressions name variables, it reads none
-LAUNCHERS = sorted(f for f in os.listdir(SCRIPTS) if f.endswith(".sh") and f not in ("common.sh", HELP_FILE))
+SOURCED = ("common.sh", "procs.sh", HELP_FILE)  # sourced by the launchers, never run by a user
+LAUNCHERS = sorted(f for f in os.listdir(SCRIPTS) if f.endswith(".sh") and f not in SOURCED)
 TRAINING = [f for f in LAUNCHERS if f.startswith(("searchr1_", "r1searcher_"))]
 READ = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)(:?[-+?=])([^}]*)\}")
 REF = re.compile(r"/([A-Za-z0-9_.-]+\.sh)")
@@ -221,5 +222,5 @@ def test_the_regex_and_the_closure_see_what_a_new_read_would_add(tmp_path, monke
 
 
 def test_every_script_parses():
-    for name in LAUNCHERS + ["common.sh", HELP_FILE]:
+    for name in LAUNCHERS + list(SOURCED):
         assert subprocess.run(["bash", "-n", os.path.join(SCRIPTS, name)]).returncode == 0, name

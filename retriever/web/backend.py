@@ -255,10 +255,13 @@ class WebIndex:
         try:
             return await asyncio.shield(task)
         except BackendError as e:
-            if e.stop_run and self._stopped is None:
+            if not e.stop_run:
+                raise
+            if self._stopped is None:
                 self._stopped = e
                 logger.error("%s", e)
-            raise
+            # queries sent together can each be refused: every request gets the first stop, one object
+            raise self._stopped from None
 
     async def _fetch(self, sent: str, topk: int, variant: str) -> WebHits:
         if self.budget is not None and self.budget.max_usd is not None and not self._cost_seen:
