@@ -8,14 +8,14 @@ recording probe on, and prints per training step, in seconds:
 
 * generation: OpenRLHF's ``timing/generation`` (the whole rollout: vLLM generation and retrieval interleaved);
 * of which retrieval: the wall-clock time during the rollout with at least one search request in flight, as the
-  trainer logs it every step (``step_time/search_in_flight_s``, :mod:`openrlhf_search.step_timing`; the union of the
+  trainer logs it every step (``step_time/search_in_flight_s``, :mod:`openrlhf_search.rl.step_timing`; the union of the
   spans of every ``RetrievalClient.search`` call in the vLLM actors), with the searches' latency p50 / p99, queries
   per second, retries and failovers (``retrieval/*``);
 * experience: ``timing/make_experience`` (reference, critic and policy forwards, rewards, advantages);
 * update: ``timing/ppo_train`` (DeepSpeed policy and critic updates);
 * weight sync: ``timing/broadcast`` (trainer rank 0 -> vLLM over gloo);
 * step: ``timing/step_total``;
-* with ``--async`` (OpenRLHF's async trainer, :mod:`openrlhf_search.async_trainer`): the time the trainer waited
+* with ``--async`` (OpenRLHF's async trainer, :mod:`openrlhf_search.rl.async_trainer`): the time the trainer waited
   for rollouts and the engines waited for the trainer (``async/trainer_wait_s``, ``async/engine_wait_s``).
 
 plus the start-up (driver start to the first step's rollout) and the mean of the steps after the first. Then, in the
@@ -67,7 +67,7 @@ def phase_table(steps, retrieval_spans):
     own logged ones (:data:`LOGGED`); a run without them (older logs) gets the retrieval column from the probe's
     spans inside the step's generation window (sync loop only: in async mode generation overlaps the previous step).
     """
-    from openrlhf_search.step_timing import union_seconds
+    from openrlhf_search.rl.step_timing import union_seconds
 
     rows = []
     for s in steps:

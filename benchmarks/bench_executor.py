@@ -35,13 +35,13 @@ from vllm.outputs import CompletionOutput, RequestOutput
 import openrlhf_search._cpu_compat  # noqa: F401
 from benchmarks.inputs import CORPUS, require_inputs
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
-from openrlhf_search.agent import SearchAgentExecutor
-from openrlhf_search.config import SearchConfig
+from openrlhf_search.env.agent import SearchAgentExecutor
+from openrlhf_search.env.config import SearchConfig
 from openrlhf_search.cpu.main_job.engine import HFEngine
 from openrlhf_search.cpu.main_job.offline_assets import load_qwen_tokenizer
-from openrlhf_search.protocol import get_protocol
-from openrlhf_search.retrieval_client import RetrievalClient
-from openrlhf_search.types import Passage
+from openrlhf_search.env.protocol import get_protocol
+from openrlhf_search.env.retrieval_client import RetrievalClient
+from openrlhf_search.env.types import Passage
 
 PASSAGES = [Passage(str(i), f"Title {i}", "Some passage text about a film and its director. " * 6) for i in range(3)]
 

@@ -29,7 +29,7 @@ def measure(dtype, batch: int, tokens: int, repeats: int, layers: int = 4) -> di
     from transformers import AutoModelForCausalLM
 
     from openrlhf_search.cpu.main_job.offline_assets import smollm2_checkpoint
-    from openrlhf_search.freeze import freeze_lower_layers
+    from openrlhf_search.rl.freeze import freeze_lower_layers
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_checkpoint(), dtype=dtype, attn_implementation="sdpa")
     freeze_lower_layers(model, layers)

@@ -53,7 +53,7 @@ def main_job_prompts(tokenizer, n_rollout_questions: int = 4, n_samples: int = 4
     """
     from openrlhf_search.cpu.data.default_dataset import build_default_dataset
     from openrlhf_search.cpu.data.qa import load_qa_jsonl
-    from openrlhf_search.protocol import get_protocol
+    from openrlhf_search.env.protocol import get_protocol
 
     proto = get_protocol("searchr1_short")
     with tempfile.TemporaryDirectory(prefix="engine_compare_") as d:

@@ -35,7 +35,7 @@ class IndexClient:
         self.index, self.topk = load_index(index_dir), topk
 
     async def search(self, query: str):
-        from openrlhf_search.retrieval_client import passage_from_document
+        from openrlhf_search.env.retrieval_client import passage_from_document
 
         return [passage_from_document(d) for d in self.index.search([query], self.topk)[0]]
 
@@ -67,9 +67,9 @@ def rollouts(model: str, train_data: str, index_dir: str, caching: bool, n_promp
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
-    from openrlhf_search.agent import SearchAgentExecutor
+    from openrlhf_search.env.agent import SearchAgentExecutor
     from openrlhf_search.cpu.cluster_mode.probe import prefill_summary
-    from openrlhf_search.config import SearchConfig
+    from openrlhf_search.env.config import SearchConfig
     from openrlhf_search.cpu.cluster_mode.assets import WARMSTART
 
     with open(train_data, encoding="utf-8") as f:

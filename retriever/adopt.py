@@ -27,71 +27,11 @@ import numpy as np
 
 from .corpus import PassageStore, normalized_text
 from .encoders import get_encoder, resolve_encoder
-from .index import FORMAT_VERSION, MANIFEST, RetrieverIndexError, prepare_store, read_store_report
+from .errors import AdoptionError, RetrieverIndexError
+from .faiss_files import base_index, exact_storage, index_kind, read_faiss_index
+from .index import FORMAT_VERSION, MANIFEST, prepare_store, read_store_report
 
 logger = logging.getLogger(__name__)
-
-
-class AdoptionError(RetrieverIndexError):
-    """The given faiss index does not match the corpus or the encoder; the message names the failed check."""
-
-
-def _base(index):
-    """The index under an ``IndexIDMap`` / ``IndexPreTransform`` wrapper, downcast to its faiss class."""
-    import faiss
-
-    index = faiss.downcast_index(index)
-    while hasattr(index, "index") and isinstance(index, (faiss.IndexIDMap, faiss.IndexPreTransform)):
-        index = faiss.downcast_index(index.index)
-    return index
-
-
-def index_kind(index) -> str:
-    """``flat``, ``hnsw``, ``ivf`` or ``other``: what the loader tunes (efSearch for HNSW, nprobe for IVF)."""
-    import faiss
-
-    b = _base(index)
-    if isinstance(b, faiss.IndexHNSW):
-        return "hnsw"
-    if isinstance(b, faiss.IndexIVF):
-        return "ivf"
-    if isinstance(b, faiss.IndexFlat):
-        return "flat"
-    return "other"
-
-
-def exact_storage(index) -> bool:
-    """True when ``reconstruct`` returns the stored float32 vectors exactly (Flat, HNSW over Flat storage)."""
-    import faiss
-
-    b = _base(index)
-    if isinstance(b, faiss.IndexHNSW):
-        return isinstance(faiss.downcast_index(b.storage), faiss.IndexFlat)
-    return isinstance(b, faiss.IndexFlat)
-
-
-def read_faiss_index(path: str, mmap: bool = True):
-    """``faiss.read_index`` memory-mapped where faiss can; returns ``(index, mmapped)``.
-
-    ``IO_FLAG_MMAP_IFC`` maps the vectors of Flat and HNSW-Flat indexes (faiss >= 1.10): loading is instant and the
-    vectors live in the page cache. Other types (IVF, PQ) are read into RAM. Raises AdoptionError for a file faiss
-    cannot read.
-    """
-    import faiss
-
-    if not os.path.isfile(path):
-        raise AdoptionError(f"faiss index {path}: no such file")
-    flag = getattr(faiss, "IO_FLAG_MMAP_IFC", None)
-    if mmap and flag is not None:
-        try:
-            index = faiss.read_index(path, flag | faiss.IO_FLAG_READ_ONLY)
-            return index, exact_storage(index)
-        except RuntimeError:
-            pass
-    try:
-        return faiss.read_index(path), False
-    except RuntimeError as e:
-        raise AdoptionError(f"faiss index {path}: faiss cannot read it ({str(e).splitlines()[0][:200]})") from e
 
 
 def _metric_name(metric: int) -> str:
@@ -216,7 +156,7 @@ def adopt_index(corpus_path: str, index_dir: str, faiss_index: str, encoder: str
     import faiss
 
     kind = index_kind(index)
-    base = _base(index)
+    base = base_index(index)
     st = os.stat(faiss_index)
     params = {"faiss_class": type(base).__name__, "source_file": os.path.basename(faiss_index),
               "source_bytes": st.st_size}

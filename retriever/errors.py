@@ -1,4 +1,5 @@
-"""Error types shared by the retrieval service (``retriever.server``) and its backends (``retriever.web``).
+"""Error types shared by the retrieval service (``retriever.server``), its backends (``retriever.web``) and the
+index modules (``retriever.index``, ``retriever.adopt``, ``retriever.faiss_files``).
 
 They live in their own module so that the server and a backend never import each other: under
 ``python -m retriever.server`` the server module runs as ``__main__``, and a backend importing the class from
@@ -18,3 +19,11 @@ class BackendError(RuntimeError):
                  retry_after: float | None = None):
         super().__init__(message)
         self.status, self.stop_run, self.retry_after = status, stop_run, retry_after
+
+
+class RetrieverIndexError(RuntimeError):
+    """An index directory is missing, incomplete or inconsistent (message says what and where)."""
+
+
+class AdoptionError(RetrieverIndexError):
+    """The given faiss index does not match the corpus or the encoder; the message names the failed check."""

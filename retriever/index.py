@@ -28,16 +28,13 @@ import numpy as np
 
 from .corpus import DuplicateCounter, PassageStore, iter_passages, normalized_text, write_passage_store
 from .encoders import DenseEncoder, EncoderSpec, get_encoder, resolve_encoder
+from .errors import RetrieverIndexError
 
 logger = logging.getLogger(__name__)
 
 INDEX_TYPES = ("flat", "hnsw", "ivfpq", "bm25")
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
-
-
-class RetrieverIndexError(RuntimeError):
-    """An index directory is missing, incomplete or inconsistent (message says what and where)."""
 
 
 # ---------------------------------------------------------------------------------------------- building
@@ -468,7 +465,7 @@ class DenseIndex(_BaseIndex):
         adopted = manifest.get("adopted")
         self.mmapped = False
         if adopted:  # an index someone else built (retriever.adopt): its own file, memory-mapped where faiss can
-            from .adopt import read_faiss_index
+            from .faiss_files import read_faiss_index
 
             path = adopted["faiss_index"]
             size = os.path.getsize(path) if os.path.isfile(path) else None

@@ -7,7 +7,7 @@ Each replica runs the very application of ``retriever.server.create_app``: the s
 (``retriever.index.load_index``), the same ``MicroBatcher`` and the same HTTP schemas and limits (``POST /retrieve``,
 ``POST /queries``, ``GET /health``); Ray Serve's HTTP proxy (one per node, ``proxy_location="EveryNode"``) spreads
 requests over the replicas and restarts a replica that dies (its in-flight requests fail with a 5xx and the
-client's retries, ``openrlhf_search.retrieval_client.RetrievalClient``, send them again). Every response carries
+client's retries, ``openrlhf_search.env.retrieval_client.RetrievalClient``, send them again). Every response carries
 ``x-retriever-replica`` (Serve's replica id) and ``x-retriever-pid`` headers, so a client or a test can tell which
 replica answered.
 

@@ -11,7 +11,7 @@ from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 
-from openrlhf_search.advantages import group_baseline_rewards, masked_gae, masked_whiten
+from openrlhf_search.rl.advantages import group_baseline_rewards, masked_gae, masked_whiten
 
 # One trajectory of 7 response tokens: 2 sampled tokens ("<search> q"), a 3-token document block written by the
 # environment, then 2 sampled tokens ("<answer> x"). Values and rewards on the document block are garbage on purpose
@@ -268,7 +268,7 @@ def test_masked_whiten_constant_batch_is_exactly_zero(scale):
 def test_the_experience_maker_gives_zero_advantage_to_equal_groups():
     """The cluster experience maker goes through group_baseline_rewards: a group of equal rewards gets advantage 0,
     a group with spread does not."""
-    from openrlhf_search.experience_maker import SearchExperienceMaker
+    from openrlhf_search.rl.experience_maker import SearchExperienceMaker
     from tests.test_cluster_wiring import _contiguous_masks, _experiences, _maker, _parse
 
     rewards = [0.8] * 8 + [1.0, 0.0] * 4

@@ -18,11 +18,11 @@ from vllm import SamplingParams
 
 import openrlhf_search._cpu_compat  # noqa: F401
 from openrlhf.utils.agent import AgentExecutorBase, MultiTurnAgentExecutor  # noqa: F401
-from openrlhf_search.agent import ROLLOUT_LOG_KEYS, AgentExecutor, SearchAgentExecutor
-from openrlhf_search.config import ENV_VAR, SearchConfig
-from openrlhf_search.protocol import get_protocol
-from openrlhf_search.retrieval_client import passage_from_document
-from openrlhf_search.rewards import compute_reward
+from openrlhf_search.env.agent import ROLLOUT_LOG_KEYS, AgentExecutor, SearchAgentExecutor
+from openrlhf_search.env.config import ENV_VAR, SearchConfig
+from openrlhf_search.env.protocol import get_protocol
+from openrlhf_search.env.retrieval_client import passage_from_document
+from openrlhf_search.env.rewards import compute_reward
 from retriever.launch import start_server_process, stop_server_process
 from tests.conftest import REPO_ROOT
 from tests.scripted_engine import ScriptedEngine
@@ -315,7 +315,7 @@ def test_retriever_dies_mid_rollout_and_comes_back(qwen_tokenizer, index_dir, ca
         assert all(r["extra_logs"]["retrieval_failed"] == 0 and r["reward"] == 1.0 for r in ok)
         stop_server_process(proc)
         failed_before = SearchAgentExecutor.retrieval_failed_samples
-        with caplog.at_level(logging.WARNING, logger="openrlhf_search.agent"):
+        with caplog.at_level(logging.WARNING, logger="openrlhf_search.env.agent"):
             down = batch()
         for r in down:
             logs = r["extra_logs"]
@@ -341,7 +341,7 @@ def test_openrlhf_loader_builds_our_executor_from_env(monkeypatch):
     cfg = SearchConfig(protocol="searchr1", retriever_urls=["http://127.0.0.1:8123", "http://127.0.0.1:8124"],
                        topk=5, max_turns=4, reward_scheme="searchr1_em")
     monkeypatch.setenv(ENV_VAR, cfg.to_json())
-    executor = _load_agent_executor(os.path.join(REPO_ROOT, "openrlhf_search", "agent.py"))
+    executor = _load_agent_executor(os.path.join(REPO_ROOT, "openrlhf_search", "env", "agent.py"))
     assert type(executor).__name__ == "SearchAgentExecutor"
     assert isinstance(executor, AgentExecutorBase)
     assert executor.config == cfg and executor.protocol.name == "searchr1"
@@ -360,7 +360,7 @@ def test_openrlhf_loader_builds_our_executor_from_env(monkeypatch):
     ('{"reward_scheme": "searchr1_emm"}', "reward_scheme"),          # a typo must fail at start, not at 1st reward
 ])
 def test_bad_env_config_is_refused_when_the_executor_is_built(monkeypatch, text, field):
-    from openrlhf_search.config import ConfigError
+    from openrlhf_search.env.config import ConfigError
 
     monkeypatch.setenv(ENV_VAR, text)
     with pytest.raises(ConfigError, match=field):
@@ -383,7 +383,7 @@ def test_rollout_log_probs_none_without_logprobs(qwen_tokenizer, server):
 
 def test_observation_tokens_ignore_padding_state_left_in_a_shared_tokenizer(qwen_tokenizer):
     """A trainer's padded batch call leaves padding/truncation enabled in the Rust backend; it must not leak in."""
-    from openrlhf_search.types import Passage
+    from openrlhf_search.env.types import Passage
 
     executor = SearchAgentExecutor(SearchConfig(protocol="searchr1"))
     passages = [Passage("1", "Ed Wood", "Edward Davis Wood Jr. was an American filmmaker. " * 5)]

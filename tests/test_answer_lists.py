@@ -6,7 +6,7 @@ share of listing answers is logged (``rollout/answer_list_rate``) and the paper 
 import pytest
 import torch
 
-from openrlhf_search.rewards import answer_candidates, compute_reward
+from openrlhf_search.env.rewards import answer_candidates, compute_reward
 from tests.test_released_rewards import _traj
 
 TEN_CITIES = "Lyon, Nice, Marseille, Toulouse, Lille, Nantes, Rennes, Le Havre, Saint-Etienne, Paris"
@@ -44,7 +44,7 @@ def test_paper_stage1_scores_cover_em_under_answer_max_words():
 def test_rollout_answer_list_rate_over_trained_samples():
     from types import SimpleNamespace
 
-    from openrlhf_search.trainer import answer_list_stats
+    from openrlhf_search.rl.trainer import answer_list_stats
 
     e1 = SimpleNamespace(info={"answer_list": torch.tensor([1.0, 0.0, 1.0]),
                                "retrieval_failed": torch.tensor([0.0, 0.0, 1.0])},

@@ -9,10 +9,10 @@ import math
 import pytest
 
 import openrlhf_search._cpu_compat  # noqa: F401
-from openrlhf_search import step_timing
-from openrlhf_search.async_checks import check_async_args, gpu_layout
+from openrlhf_search.rl import step_timing
+from openrlhf_search.launch.async_checks import check_async_args, gpu_layout
 from openrlhf_search.cli import train as cli
-from openrlhf_search.config import ConfigError
+from openrlhf_search.env.config import ConfigError
 
 BASE = ["--actor.model_name_or_path", "Qwen/Qwen2.5-3B", "--data.prompt_dataset", "train.jsonl",
         "--data.input_key", "question", "--data.label_key", "golden_answers",
@@ -62,7 +62,7 @@ def test_dry_run_names_async_classes_and_split(capsys):
     assert cli.main(BASE + ["--train.async_enable", "--vllm.num_engines", "2", "--dry_run"]) == 0
     captured = capsys.readouterr()
     out = json.loads(captured.out)
-    assert out["classes"]["trainer"] == "openrlhf_search.async_trainer.SearchPPOTrainerAsync"
+    assert out["classes"]["trainer"] == "openrlhf_search.rl.async_trainer.SearchPPOTrainerAsync"
     assert out["gpu_split"]["mode"] == "async" and "[dry_run] GPU split: async:" in captured.err
 
 
@@ -71,7 +71,7 @@ def test_run_injects_the_async_trainer(monkeypatch):
     import openrlhf.trainer.ppo_trainer_async as ppo_async
     import ray
 
-    from openrlhf_search.async_trainer import (SearchGenerateSamplesActor, SearchPPOTrainerAsync,
+    from openrlhf_search.rl.async_trainer import (SearchGenerateSamplesActor, SearchPPOTrainerAsync,
                                                SearchTrainingActor, _SearchPPOTrainerAsync)
 
     args, cfg = _parse("--train.async_enable")
@@ -117,8 +117,8 @@ def test_training_actor_composition():
     import openrlhf.trainer.ppo_trainer_async as ppo_async
     from openrlhf.trainer.ppo_trainer import BasePPOTrainer
 
-    from openrlhf_search.async_trainer import _PolicyVersionBroadcast, _SearchTrainingActor
-    from openrlhf_search.schedules import StepCapTrainerMixin
+    from openrlhf_search.rl.async_trainer import _PolicyVersionBroadcast, _SearchTrainingActor
+    from openrlhf_search.rl.schedules import StepCapTrainerMixin
 
     mro = _SearchTrainingActor.__mro__
     training = ppo_async.TrainingActor.__ray_actor_class__
@@ -243,7 +243,7 @@ def test_training_actor_weight_sync_runs_inside_ray():
     is what the first async run on the CPU cluster hit at its first weight sync. Catches: removing the override."""
     import ray
 
-    from openrlhf_search.async_trainer import _SearchTrainingActor
+    from openrlhf_search.rl.async_trainer import _SearchTrainingActor
 
     class Bare(_SearchTrainingActor):
         def __init__(self):
@@ -270,7 +270,7 @@ def test_async_generator_stops_at_the_step_cap_without_spinning_over_episodes(mo
 
     import openrlhf.trainer.ppo_trainer_async as ppo_async
 
-    from openrlhf_search.async_trainer import _SearchGenerateSamplesActor
+    from openrlhf_search.rl.async_trainer import _SearchGenerateSamplesActor
 
     bars = []
 

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from openrlhf_search.agent import ROLLOUT_LOG_KEYS, SearchAgentExecutor
-from openrlhf_search.chat_tools import INVALID_CALL_PREFIX, SEARCH_TOOL
-from openrlhf_search.config import SearchConfig
-from openrlhf_search.protocol import get_protocol
-from openrlhf_search.rewards import check_format, compute_reward
-from openrlhf_search.types import Passage
+from openrlhf_search.env.agent import ROLLOUT_LOG_KEYS, SearchAgentExecutor
+from openrlhf_search.env.chat_tools import INVALID_CALL_PREFIX, SEARCH_TOOL
+from openrlhf_search.env.config import SearchConfig
+from openrlhf_search.env.protocol import get_protocol
+from openrlhf_search.env.rewards import check_format, compute_reward
+from openrlhf_search.env.types import Passage
 
 QUESTION = "Who directed the 2000 film Gone in 60 Seconds?"
 GOLD = '["Dominic Sena"]'
@@ -498,8 +498,8 @@ def test_cli_eval_scores_a_scripted_policy_on_bamboogle(tmp_path, qwen_tokenizer
     from openrlhf_search.cli import eval as cli_eval
     from openrlhf_search.evaluation import engines
     from openrlhf_search.evaluation.loaders import load_eval_dataset
-    from openrlhf_search import retriever_check
-    from openrlhf_search.retrieval_client import RetrievalClient
+    from openrlhf_search.launch import retriever_check
+    from openrlhf_search.env.retrieval_client import RetrievalClient
     from tests.conftest import shared_path
 
     examples = load_eval_dataset("bamboogle", data_dir=shared_path(), limit=8)
@@ -601,7 +601,7 @@ def test_the_4b_launcher_takes_the_prompt_file_rendered_with_the_8b_tokenizer(tm
 def test_template_check_command(qwen_tokenizer, capsys):
     import copy
 
-    from openrlhf_search.chat_tools import check_template, main
+    from openrlhf_search.cli.check_template import check_template, main
     from openrlhf_search.cpu.main_job.offline_assets import qwen_tokenizer_path
 
     on = check_template(qwen_tokenizer, "chat_tools")
@@ -622,7 +622,7 @@ def test_template_check_command(qwen_tokenizer, capsys):
 def test_tool_calls_per_trajectory_are_logged_as_search_curves():
     import torch
 
-    from openrlhf_search.experience_maker import search_rollout_stats
+    from openrlhf_search.rl.experience_maker import search_rollout_stats
 
     exp = SimpleNamespace(info={"tool_calls": torch.tensor([2.0, 1.0, 0.0]), "invalid_tool_calls": torch.tensor(
         [1.0, 0.0, 0.0]), "retrieval_failed": torch.tensor([0.0, 0.0, 1.0])}, action_mask=torch.ones(3, 4))
@@ -633,7 +633,7 @@ def test_tool_calls_per_trajectory_are_logged_as_search_curves():
 @pytest.mark.parametrize("error, failed", [("rejected", False), ("down", True)])
 def test_refused_query_gets_an_empty_tool_response_and_a_dead_retriever_marks_the_sample(qwen_tokenizer, monkeypatch,
                                                                                          error, failed):
-    from openrlhf_search.retrieval_client import QueryRejected, RetrievalError
+    from openrlhf_search.env.retrieval_client import QueryRejected, RetrievalError
 
     async def search(self, query, topk=None):
         self.queries.append(query)
@@ -711,7 +711,7 @@ def test_template_check_offline_is_one_line_with_its_own_exit_code(tmp_path):
     import sys
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))  # an empty cache
-    res = subprocess.run([sys.executable, "-m", "openrlhf_search.chat_tools", "--tokenizer", "Qwen/Qwen3-8B"],
+    res = subprocess.run([sys.executable, "-m", "openrlhf_search.env.chat_tools", "--tokenizer", "Qwen/Qwen3-8B"],
                          capture_output=True, text=True, timeout=120, env=env)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip() and "Warning" not in ln and "pynvml" not in ln]
     assert res.returncode == 3 and len(lines) == 1, res.stderr

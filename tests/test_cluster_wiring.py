@@ -15,9 +15,9 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 
 from openrlhf_search.cli import train as cli
-from openrlhf_search.config import ENV_VAR, ConfigError, SearchConfig
-from openrlhf_search.experience_maker import SearchExperienceMaker, search_rollout_stats
-from openrlhf_search.reward_schedule import RewardSchedule
+from openrlhf_search.env.config import ENV_VAR, ConfigError, SearchConfig
+from openrlhf_search.rl.experience_maker import SearchExperienceMaker, search_rollout_stats
+from openrlhf_search.env.reward_schedule import RewardSchedule
 
 BASE = ["--actor.model_name_or_path", "Qwen/Qwen2.5-7B", "--data.prompt_dataset", "train.jsonl",
         "--data.input_key", "question", "--data.label_key", "golden_answers"]
@@ -96,7 +96,7 @@ def test_run_injects_classes_and_starts_ray_with_runtime_env(grpo_args, monkeypa
     import openrlhf.trainer.ppo_trainer as ppo_trainer
     import ray
 
-    from openrlhf_search.trainer import (SearchCriticModelActor, SearchPolicyModelActor, SearchPPOTrainer,
+    from openrlhf_search.rl.trainer import (SearchCriticModelActor, SearchPolicyModelActor, SearchPPOTrainer,
                                          _SearchPPOTrainer)
 
     args, cfg = grpo_args
@@ -120,7 +120,7 @@ def test_run_injects_classes_and_starts_ray_with_runtime_env(grpo_args, monkeypa
         cli.run(args, cfg)
     finally:
         ppo_trainer.PPOTrainer, module.PolicyModelActor, module.CriticModelActor = saved
-    from openrlhf_search.schedules import StepCapTrainerMixin
+    from openrlhf_search.rl.schedules import StepCapTrainerMixin
 
     assert seen["args"] is args
     assert seen["checked"] == (True, cfg)
@@ -140,7 +140,7 @@ def test_trainer_builds_search_experience_maker(grpo_args, monkeypatch):
     """_SearchPPOTrainer.__init__ runs OpenRLHF's PPOTrainer.__init__ and swaps in SearchExperienceMaker."""
     import openrlhf.trainer.ppo_trainer as ppo_trainer
 
-    from openrlhf_search.trainer import _SearchPPOTrainer
+    from openrlhf_search.rl.trainer import _SearchPPOTrainer
 
     args, _ = grpo_args
     monkeypatch.setattr(ppo_trainer, "get_tokenizer", lambda *a, **k: "tokenizer")
@@ -167,8 +167,8 @@ def test_reward_switch_reaches_executor_inside_a_ray_actor(monkeypatch):
     executor is loaded the way OpenRLHF loads it."""
     import ray
 
-    from openrlhf_search.rewards import compute_reward
-    from openrlhf_search.trainer import set_reward_scheme
+    from openrlhf_search.env.rewards import compute_reward
+    from openrlhf_search.rl.trainer import set_reward_scheme
 
     cfg = SearchConfig(reward_scheme="r1searcher_stage1")
     env = cli.build_runtime_env(cfg)
@@ -309,7 +309,7 @@ def test_too_many_failures_stop_training():
 
 
 def test_missing_info_keys_are_filled_before_concatenation():
-    from openrlhf_search.experience_maker import fill_missing_info
+    from openrlhf_search.rl.experience_maker import fill_missing_info
 
     a = Experience(sequences=torch.ones(1, 3, dtype=torch.long), info={"turns": torch.tensor([2.0])})
     b = Experience(sequences=torch.ones(1, 3, dtype=torch.long), info={"em": torch.tensor([1.0])})
@@ -319,7 +319,7 @@ def test_missing_info_keys_are_filled_before_concatenation():
 
 
 def test_search_eval_metrics_per_datasource():
-    from openrlhf_search.trainer import search_eval_metrics
+    from openrlhf_search.rl.trainer import search_eval_metrics
 
     loader = [(["nq", "hotpotqa"], ["p1", "p2"], ["a", "b"], [None, None])]
     samples = [

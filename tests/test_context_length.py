@@ -1,4 +1,4 @@
-"""--data.max_len against the policy's context, refused when a run starts (openrlhf_search/context_length.py):
+"""--data.max_len against the policy's context, refused when a run starts (openrlhf_search/env/context_length.py):
 before, a run whose trajectories outgrew the engine's context failed mid-step (vLLM: ``prompt has 753 tokens,
 max_model_len is 700``). Mutation caught: the check dropped from the cluster CLI, the CPU trainer or cli.eval, or
 comparing with >= (a max_len equal to the context is valid)."""
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from openrlhf_search.config import ConfigError
-from openrlhf_search.context_length import context_error, model_context_length
+from openrlhf_search.env.config import ConfigError
+from openrlhf_search.env.context_length import context_error, model_context_length
 from tests.test_cluster_wiring import _parse
 
 

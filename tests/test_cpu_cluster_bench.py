@@ -7,7 +7,7 @@ import os
 import pytest
 
 from benchmarks.bench_cluster_cpu import format_engine_rows, format_table, phase_table
-from openrlhf_search.step_timing import union_seconds
+from openrlhf_search.rl.step_timing import union_seconds
 
 
 def test_overlapping_searches_count_once_and_are_clipped_to_the_window():

@@ -28,7 +28,7 @@ import time
 import pytest
 import torch
 
-from openrlhf_search.protocol import get_protocol
+from openrlhf_search.env.protocol import get_protocol
 from tests.cpu_cluster_support import (REPO, Background, assets, environment_spans, flat_samples, hold_after_step,
                                        release_step, retriever, run, wait_until_held)
 
@@ -154,8 +154,8 @@ def test_r1searcher_stage_switch_reaches_the_executors_in_the_vllm_actor(r1, tmp
     """REINFORCE++ (``reinforce_baseline``) with ``--search.stage2_start_step 1``: every trajectory of step 0 was
     scored inside the vLLM actor by ``r1searcher_stage1`` and every one of step 1 by ``r1searcher_stage2``; each
     recorded reward is what that scheme gives the response (and the other scheme would differ on some)."""
-    from openrlhf_search.metrics import parse_golds
-    from openrlhf_search.rewards import compute_reward
+    from openrlhf_search.env.metrics import parse_golds
+    from openrlhf_search.env.rewards import compute_reward
 
     with retriever(r1["corpus"], str(tmp_path / "index")) as (url, _, _):
         result = run(str(tmp_path), r1, url, steps=2, estimator="reinforce_baseline", protocol="r1searcher",

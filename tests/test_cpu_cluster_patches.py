@@ -256,7 +256,7 @@ def cpu_replay_buffer(monkeypatch):
 def _stub_trainer(cls, experiences):
     from openrlhf.trainer.ppo_utils import NaiveReplayBuffer
 
-    from openrlhf_search.loss import MaskedPolicyLoss
+    from openrlhf_search.rl.loss import MaskedPolicyLoss
 
     args = SimpleNamespace(
         train=SimpleNamespace(dynamic_batch_enable=False),
@@ -306,8 +306,8 @@ def test_actor_training_statistics_leave_failed_samples_out(cpu_replay_buffer):
     fails on a revert."""
     import openrlhf.trainer.ray.ppo_actor as ppo_actor
 
-    from openrlhf_search.loss import empty_mask_safe_actor_trainer
-    from openrlhf_search.trainer import SearchActorPPOTrainer
+    from openrlhf_search.rl.loss import empty_mask_safe_actor_trainer
+    from openrlhf_search.rl.trainer import SearchActorPPOTrainer
 
     expect = {"reward": 0.8, "return": 0.8, "turns": 2.0, "total_length": 12.0, "response_length": 5.0}
     new = _stub_trainer(SearchActorPPOTrainer, _experiences()).ppo_train(0.0)
@@ -323,7 +323,7 @@ def test_actor_training_statistics_leave_failed_samples_out(cpu_replay_buffer):
 def test_a_micro_batch_of_failed_samples_only_carries_no_weight(monkeypatch, cpu_replay_buffer):
     """Every sample of a micro-batch failed (micro-batch size 2, both failed): its statistics have ~0 weight, the
     means are those of the other micro-batch, nothing divides by zero."""
-    from openrlhf_search.trainer import SearchActorPPOTrainer
+    from openrlhf_search.rl.trainer import SearchActorPPOTrainer
 
     rows = _experiences()
     rows = [rows[1], rows[3], rows[0], rows[2]]  # failed, failed | trained, trained
@@ -337,7 +337,7 @@ def test_cpu_cluster_refuses_to_run_inside_a_ray_job(monkeypatch):
     """The patches reach Ray's workers only through the setup hook of the Ray the driver starts: inside a Ray job
     (or an already initialised Ray) the run is refused with one line instead of crashing in the workers."""
     from openrlhf_search.cli import train as cli
-    from openrlhf_search.config import ConfigError
+    from openrlhf_search.env.config import ConfigError
 
     args, cfg = cli.parse_args(["--actor.model_name_or_path", "Qwen/Qwen2.5-7B", "--data.prompt_dataset", "x.jsonl",
                                 "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "2",

@@ -4,7 +4,7 @@ cluster runs at 8, on the real OpenRLHF 0.11.2 loop (tests/cpu_cluster_support.p
 The prompt file has 13 rows, a rollout batch of 8 prompts x 2 samples and a train batch of 8: step 1 trains 16
 samples (4 rollout micro-batches of 2 and 2 optimiser steps per rank), step 2 gets the partial tail, 5 prompts = 10
 samples = 5 micro-batches, which OpenRLHF would deal 3,2 over the ranks (``async_run_method_batch``) with a train
-batch left unfinished; it is cut to 8 samples (openrlhf_search/even_batches.py) and the run must finish, not wait
+batch left unfinished; it is cut to 8 samples (openrlhf_search/rl/even_batches.py) and the run must finish, not wait
 inside a collective.
 
 Checked after every step: each rank trained on its own share (disjoint samples, equal counts), the metrics the

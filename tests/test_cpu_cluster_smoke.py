@@ -27,7 +27,7 @@ def test_one_ppo_step_runs_on_the_real_path(tmp_path):
     logs."""
     from transformers import AutoTokenizer
 
-    from openrlhf_search.protocol import get_protocol
+    from openrlhf_search.env.protocol import get_protocol
 
     paths = assets("searchr1")
     with retriever(paths["corpus"], str(tmp_path / "index")) as (url, _, _):

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from openrlhf_search.cli import train as cli
-from openrlhf_search.layout import LayoutError, gpus_needed, wait_for_free_gpus
-from openrlhf_search.memory_estimate import (
+from openrlhf_search.launch.layout import LayoutError, gpus_needed, wait_for_free_gpus
+from openrlhf_search.launch.memory_estimate import (
     TORCH_PATH_ENTROPY_EXTRA_BYTES,
     TORCH_PATH_TRAIN_LOGITS_BYTES,
     checkpoint_volume,
@@ -192,7 +192,7 @@ def test_cluster_node_setup_refuses_a_cpu_torch_before_starting_anything():
 
 
 def test_hf_copies_are_bounded_like_the_deepspeed_states(tmp_path):
-    from openrlhf_search.trainer import prune_hf_copies
+    from openrlhf_search.rl.trainer import prune_hf_copies
 
     for step in (5, 10, 40, 20, 30):
         (tmp_path / f"global_step{step}_hf").mkdir()

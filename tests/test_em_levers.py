@@ -1,7 +1,7 @@
 """The CPU main job's prompt for exact answers: the bare-answer instruction (``searchr1_bare``). The warm start's
 answer forms are tested in tests/test_main_job.py, the reward curriculum in tests/test_cluster_wiring.py."""
 
-from openrlhf_search.protocol import get_protocol
+from openrlhf_search.env.protocol import get_protocol
 
 
 # ------------------------------------------------------------------------------------------------ instruction

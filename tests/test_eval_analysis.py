@@ -10,7 +10,7 @@ from openrlhf_search.evaluation.baselines import (EntityMatcher, baseline_scores
 from openrlhf_search.evaluation.compare import analyse, compare_by_group, format_analysis
 from openrlhf_search.evaluation.decompose import component_of, decompose
 from openrlhf_search.evaluation.records import answer_form, question_record, span_in, stop_reason
-from openrlhf_search.protocol import get_protocol
+from openrlhf_search.env.protocol import get_protocol
 
 PROTO = get_protocol("searchr1")
 

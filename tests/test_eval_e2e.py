@@ -25,7 +25,7 @@ def retriever_url(tmp_path_factory):
 
 
 def _check_rows(path, n, protocol_name):
-    from openrlhf_search.protocol import get_protocol
+    from openrlhf_search.env.protocol import get_protocol
 
     rows = [json.loads(line) for line in open(path)]
     assert len(rows) == n
@@ -108,7 +108,7 @@ class ScriptedEngine:
 def test_runner_with_real_retrieval(protocol, retriever_url, qwen_tokenizer):
     from openrlhf_search.evaluation.loaders import load_eval_dataset
     from openrlhf_search.evaluation.runner import EvalSettings, run_eval_sync
-    from openrlhf_search.protocol import get_protocol
+    from openrlhf_search.env.protocol import get_protocol
 
     examples = load_eval_dataset("bamboogle", data_dir=shared_path())[:20]
     settings = EvalSettings(model="scripted", protocol=protocol, retriever_url=retriever_url, topk=3, max_turns=3,
@@ -132,7 +132,7 @@ def test_runner_marks_retriever_down(qwen_tokenizer):
 
     from openrlhf_search.evaluation.loaders import load_eval_dataset
     from openrlhf_search.evaluation.runner import EvalSettings, run_eval_sync
-    from openrlhf_search.protocol import get_protocol
+    from openrlhf_search.env.protocol import get_protocol
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

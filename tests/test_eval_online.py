@@ -14,7 +14,7 @@ from openrlhf_search.cli.eval import describe_retriever
 from openrlhf_search.evaluation.loaders import load_eval_dataset
 from openrlhf_search.evaluation.paper_reference import canonical_dataset, reference_numbers, split_tag
 from openrlhf_search.evaluation.summary import format_table
-from openrlhf_search.retrieval_client import RetrievalStopped
+from openrlhf_search.env.retrieval_client import RetrievalStopped
 from tests.conftest import REPO_ROOT, shared_path
 from tests.retriever.test_web_server import AppServer, web_index
 from tests.retriever.web_standins import ProviderStandIn, no_real_provider  # noqa: F401 (autouse fixture)
@@ -31,7 +31,7 @@ def serper():
 
 def test_runner_retrieves_web_passages_and_a_refused_key_stops_the_evaluation(serper, qwen_tokenizer):
     from openrlhf_search.evaluation.runner import EvalSettings, run_eval_sync
-    from openrlhf_search.protocol import get_protocol
+    from openrlhf_search.env.protocol import get_protocol
     from tests.test_eval_e2e import ScriptedEngine
 
     examples = load_eval_dataset("bamboogle@web", data_dir=shared_path())[:4]

@@ -89,14 +89,14 @@ def _driver(model_dir: str, bad_dirs: list, retriever_url: str, data_dir: str, o
 
     from vllm import SamplingParams
 
-    from openrlhf_search.agent import SearchAgentExecutor
+    from openrlhf_search.env.agent import SearchAgentExecutor
     from openrlhf_search.cli.eval import main as eval_main
     from openrlhf_search.cpu.main_job.eval_engines import CPU_ENGINES
     from openrlhf_search.evaluation.engines import EngineLoadError, build_engine
     from openrlhf_search.evaluation.loaders import load_eval_dataset
     from openrlhf_search.evaluation.runner import EvalSettings, run_eval
-    from openrlhf_search.protocol import get_protocol
-    from openrlhf_search.retrieval_client import RetrievalClient
+    from openrlhf_search.env.protocol import get_protocol
+    from openrlhf_search.env.retrieval_client import RetrievalClient
 
     result = {"bad_models": {}}
     result["cli_hf_rc"] = eval_main(["--model", model_dir, "--backend", "hf", "--retriever_url", retriever_url,

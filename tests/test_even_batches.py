@@ -1,4 +1,5 @@
-"""Short rollout batches are cut to whole micro-batches on every data-parallel rank (openrlhf_search/even_batches.py),
+"""Short rollout batches are cut to whole micro-batches on every data-parallel rank
+(openrlhf_search/rl/even_batches.py),
 through OpenRLHF 0.11.2's own ``SamplesGenerator.generate_samples`` and ``RayActorGroup.async_run_method_batch``
 chunking rule, with a prompt loader of 2 x batch + a remainder."""
 
@@ -11,7 +12,7 @@ import openrlhf_search._cpu_compat  # noqa: F401
 from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
-from openrlhf_search.even_batches import data_parallel_ranks, even_share, even_unit, tail_prompts_dropped
+from openrlhf_search.rl.even_batches import data_parallel_ranks, even_share, even_unit, tail_prompts_dropped
 from tests.test_cluster_wiring import _parse
 from tests.test_rl_core import _generator
 

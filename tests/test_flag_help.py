@@ -13,7 +13,7 @@ import re
 import pytest
 
 from openrlhf_search.cli import train as cluster_cli
-from openrlhf_search.config import REWARD_FLAG_HELP, SearchConfig, flag_help
+from openrlhf_search.env.config import REWARD_FLAG_HELP, SearchConfig, flag_help
 
 PAPER = re.compile(r"paper|Search-R1|R1-Searcher")
 UNITS = re.compile(r"\b(tokens?|passages?|seconds|milliseconds|characters|words|calls|retries|queries|step count|"
@@ -67,7 +67,7 @@ def test_openrlhf_reward_flags_get_the_search_paths_help(parsers):
     assert set(REWARD_FLAG_HELP) <= set(flags), set(REWARD_FLAG_HELP) - set(flags)
     for flag, text in REWARD_FLAG_HELP.items():
         assert flags[flag].help == text
-    # the overlong pair keeps its own text (openrlhf_search.length_penalty), in trajectory tokens
+    # the overlong pair keeps its own text (openrlhf_search.env.length_penalty), in trajectory tokens
     assert "--search.max_turns" in flags["--reward.overlong_buffer_len"].help
 
 

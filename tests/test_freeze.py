@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
-from openrlhf_search.freeze import FreezeError, TrunkCache, decoder_of, freeze_before_prepare, freeze_lower_layers
+from openrlhf_search.rl.freeze import FreezeError, TrunkCache, decoder_of, freeze_before_prepare, freeze_lower_layers
 
 sys.modules.setdefault("flash_attn.ops.triton.cross_entropy", None)  # OpenRLHF's log-probs on the torch path
 
@@ -105,7 +105,7 @@ def test_weight_sync_filter_line_is_openrlhfs_own():
     relies on this exact filter in the installed OpenRLHF (an upgrade that changes it fails here)."""
     import openrlhf.trainer.ray.ppo_actor as ppo_actor
 
-    from openrlhf_search.trainer import SYNC_FILTER_LINE
+    from openrlhf_search.rl.trainer import SYNC_FILTER_LINE
 
     with open(ppo_actor.__file__, encoding="utf-8") as f:
         source = f.read()

@@ -3,9 +3,9 @@ request."""
 
 import pytest
 
-from openrlhf_search.protocol import get_protocol
-from openrlhf_search.rewards import compute_reward, gold_in_documents
-from openrlhf_search.types import Passage
+from openrlhf_search.env.protocol import get_protocol
+from openrlhf_search.env.rewards import compute_reward, gold_in_documents
+from openrlhf_search.env.types import Passage
 
 P = get_protocol("searchr1")
 

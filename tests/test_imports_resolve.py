@@ -81,8 +81,8 @@ ALL = list(_modules())
 
 def test_the_walk_sees_the_package_and_function_level_imports():
     names = {m for m, _ in ALL}
-    assert {"openrlhf_search.trainer", "openrlhf_search.cli.train", "retriever.server"} <= names
-    found = {(t, n) for m, p in ALL if m == "openrlhf_search.trainer" for _, t, n in _imports(m, p)}
+    assert {"openrlhf_search.rl.trainer", "openrlhf_search.cli.train", "retriever.server"} <= names
+    found = {(t, n) for m, p in ALL if m == "openrlhf_search.rl.trainer" for _, t, n in _imports(m, p)}
     # an import inside a method body that only a GPU run reaches (the LoRA CUDA-IPC sync)
     assert ("torch.multiprocessing.reductions", "reduce_tensor") in found
 

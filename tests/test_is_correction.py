@@ -8,7 +8,7 @@ at the same temperature (``old_log_probs``) and OpenRLHF's ``PolicyLoss`` comput
 * ``--rollout.top_p 1.0``: the batch is on-policy, so the importance ratio must be 1 on every action token (up to
   float32 numerics of two engines), and the loss's ``vllm_kl`` 0;
 * ``--rollout.top_p 0.8``: the ratio is the nucleus mass of the sampled step, below 1 on every token (why
-  ``openrlhf_search.off_policy`` refuses the combination), checked token by token against the mass the trainer's own
+  ``openrlhf_search.rl.off_policy`` refuses the combination), checked token by token against the mass the trainer's own
   logits give;
 * the CLI refuses the combination with one line, and accepts top_p 1.0.
 
@@ -37,7 +37,7 @@ class _StubRetriever:
     """One fixed passage per query: the documents block only has to exist (its tokens get no log-prob)."""
 
     async def search(self, query, topk=None):
-        from openrlhf_search.types import Passage
+        from openrlhf_search.env.types import Passage
 
         return [Passage(id="1", title="Film", text="The film was shot in Paris and opened in 1999.")]
 
@@ -50,10 +50,10 @@ def _driver(model_dir: str, out_path: str) -> None:
     from transformers import AutoTokenizer
     from vllm import SamplingParams
 
-    from openrlhf_search.agent import SearchAgentExecutor
-    from openrlhf_search.config import SearchConfig
+    from openrlhf_search.env.agent import SearchAgentExecutor
+    from openrlhf_search.env.config import SearchConfig
     from openrlhf_search.evaluation.engines import VLLMInProcessEngine, vllm_engine_kwargs
-    from openrlhf_search.protocol import get_protocol
+    from openrlhf_search.env.protocol import get_protocol
 
     kwargs = vllm_engine_kwargs(model_dir, on_cpu=True, max_model_len=MAX_LEN, seed=0)
     kwargs["logprobs_mode"] = "processed_logprobs"  # what train_ppo_ray passes with the correction on
@@ -194,7 +194,7 @@ def _parse(*extra):
 
 
 def test_cli_refuses_is_correction_with_top_p():
-    from openrlhf_search.config import ConfigError
+    from openrlhf_search.env.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"is_correction_level token with --rollout.top_p 0.95"):
         _parse("--algo.advantage.is_correction_level", "token", "--rollout.top_p", "0.95")

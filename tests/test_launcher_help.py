@@ -138,7 +138,7 @@ def test_help_lists_every_variable_the_launcher_reads_and_starts_nothing(script,
         if script in TRAINING:
             assert "python -m openrlhf_search.cli.train " in last, last
     calls = log.read_text().splitlines() if log.exists() else []
-    assert all(c.startswith("-m openrlhf_search.layout ") for c in calls), calls  # nothing else ran
+    assert all(c.startswith("-m openrlhf_search.launch.layout ") for c in calls), calls  # nothing else ran
     assert not any(os.path.exists(d) for d in out_dirs.values())
 
 

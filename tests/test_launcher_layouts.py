@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from openrlhf_search.cli import train as cli
-from openrlhf_search.config import ConfigError
-from openrlhf_search.layout import LayoutError, batch_layout_problems, choose_layout, working_layouts
+from openrlhf_search.env.config import ConfigError
+from openrlhf_search.launch.layout import LayoutError, batch_layout_problems, choose_layout, working_layouts
 from tests.test_launchers import SCRIPTS, TRAINING_SCRIPTS, _argv, _env
 
 LAYOUTS = [(1, 4), (1, 8), (2, 8)]
@@ -123,9 +123,9 @@ def test_async_every_launcher_resolves_with_vllm_on_its_own_gpus(script, nnodes)
     """ASYNC=1 at 1x8 and 2x8: a layout that OpenRLHF runs. vLLM never in the training placement group (no sleep
     mode, which async refuses), DeepSpeed's batch check passes on the chosen ranks, every GPU is used; a PPO critic
     shares the actor's GPUs (colocate_all, which under async colocates only the DeepSpeed models)."""
-    from openrlhf_search.async_checks import gpu_layout
-    from openrlhf_search.layout import gpus_needed
-    from openrlhf_search.memory_estimate import estimate
+    from openrlhf_search.launch.async_checks import gpu_layout
+    from openrlhf_search.launch.layout import gpus_needed
+    from openrlhf_search.launch.memory_estimate import estimate
 
     args, _ = cli.parse_args(_argv(script, NNODES=str(nnodes), GPUS_PER_NODE="8", ASYNC="1"))
     assert args.train.async_enable and not args.vllm.enable_sleep

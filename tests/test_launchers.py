@@ -146,7 +146,7 @@ def test_dry_run_end_to_end_starts_nothing(script, form, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout)
     assert out["openrlhf_args"]["dry_run"] is True
-    assert out["classes"]["trainer"] == "openrlhf_search.trainer.SearchPPOTrainer"
+    assert out["classes"]["trainer"] == "openrlhf_search.rl.trainer.SearchPPOTrainer"
     assert f"corpus: {CORPUS}" in res.stderr and "| index: " in res.stderr and "to_build" in res.stderr
     assert "retriever: http://127.0.0.1:8000" in res.stderr
     assert "would start" in res.stderr  # the retriever step was skipped, not run
@@ -347,7 +347,7 @@ def test_retriever_wait_notices_a_dead_child_at_once(tmp_path):
 
 
 def test_a_service_on_the_port_is_used_only_when_it_serves_the_expected_index(tmp_path, built_index):
-    from openrlhf_search.retriever_check import expected_fingerprint
+    from openrlhf_search.launch.retriever_check import expected_fingerprint
 
     want = expected_fingerprint(built_index)
     other = _FakeHealth("0123456789abcdef")

@@ -17,8 +17,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from openrlhf_search.advantages import group_baseline_rewards
-from openrlhf_search.loss import MaskedPolicyLoss
+from openrlhf_search.rl.advantages import group_baseline_rewards
+from openrlhf_search.rl.loss import MaskedPolicyLoss
 
 VOCAB = 16
 PROMPT = [1, 2, 3]

@@ -1,11 +1,11 @@
 """The overlong penalty of a multi-turn trajectory is measured against the trajectory's budget, max_turns x the
-per-turn budget (openrlhf_search/length_penalty.py)."""
+per-turn budget (openrlhf_search/env/length_penalty.py)."""
 
 import pytest
 
-from openrlhf_search.config import ConfigError
-from openrlhf_search.experience_maker import SearchExperienceMaker
-from openrlhf_search.length_penalty import args_with_overlong_budget, check_overlong_args, overlong_budget
+from openrlhf_search.env.config import ConfigError
+from openrlhf_search.rl.experience_maker import SearchExperienceMaker
+from openrlhf_search.env.length_penalty import args_with_overlong_budget, check_overlong_args, overlong_budget
 from tests.test_cluster_wiring import _maker, _parse
 from tests.test_rl_core import _generator, _response
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import openrlhf_search._cpu_compat  # noqa: F401
-from openrlhf_search import trainer as trainer_module
+from openrlhf_search.rl import trainer as trainer_module
 
 
 def _lora_model(rank=8):

@@ -6,8 +6,8 @@ import torch
 import openrlhf_search._cpu_compat  # noqa: F401
 from openrlhf.models.loss import PolicyLoss, ValueLoss
 
-from openrlhf_search.advantages import masked_gae
-from openrlhf_search.loss import (
+from openrlhf_search.rl.advantages import masked_gae
+from openrlhf_search.rl.loss import (
     MaskedPolicyLoss,
     MaskedValueLoss,
     install_into_openrlhf,

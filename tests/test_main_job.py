@@ -6,13 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from openrlhf_search.agent import SearchAgentExecutor
-from openrlhf_search.config import SearchConfig
+from openrlhf_search.env.agent import SearchAgentExecutor
+from openrlhf_search.env.config import SearchConfig
 from openrlhf_search.cpu.main_job.warmstart import (SELF_ANSWER_PROMPT, answer_span, first_sentence,
                                                     scripted_query, scripted_trajectory, scripted_turns, self_answers)
-from openrlhf_search.protocol import get_protocol
-from openrlhf_search.rewards import check_format
-from openrlhf_search.types import Passage
+from openrlhf_search.env.protocol import get_protocol
+from openrlhf_search.env.rewards import check_format
+from openrlhf_search.env.types import Passage
 
 PASSAGE = Passage(id="FRA-geo", title="France",
                   text="France is a country in Western Europe. The capital of France is Paris, the seat of its "
@@ -160,7 +160,7 @@ def test_scripted_queries_retrieve_the_supporting_passage(default_bm25_url, defa
     keeps only function words, or drops the entity)."""
     import json
 
-    from openrlhf_search.retrieval_client import RetrievalClient
+    from openrlhf_search.env.retrieval_client import RetrievalClient
 
     rows = [json.loads(line) for line in open(default_data.train_path)]
     one_hop = [r for r in rows if r["hops"] == 1][:40]

@@ -10,8 +10,8 @@ import stat
 import pytest
 
 from openrlhf_search.cli import train as cli
-from openrlhf_search.config import ConfigError
-from openrlhf_search.memory_estimate import (
+from openrlhf_search.env.config import ConfigError
+from openrlhf_search.launch.memory_estimate import (
     CUDA_CONTEXT_GB,
     GIB,
     KNOWN_CONFIGS,
@@ -174,8 +174,8 @@ def test_the_retriever_counts_where_it_sits():
 
 
 def test_a_launch_whose_checkpoints_cannot_fit_the_disk_is_refused(tmp_path, monkeypatch):
-    from openrlhf_search import memory_estimate
-    from openrlhf_search.memory_estimate import checkpoint_volume, disk_problem
+    from openrlhf_search.launch import memory_estimate
+    from openrlhf_search.launch.memory_estimate import checkpoint_volume, disk_problem
 
     args, _ = cli.parse_args(_argv(PPO7) + ["--ckpt.path", str(tmp_path / "run" / "ckpt"),
                                              "--ckpt.output_dir", str(tmp_path / "run")])

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from openrlhf_search.metrics import (
+from openrlhf_search.env.metrics import (
     cover_em,
     cover_em_squad,
     exact_match,

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from openrlhf_search.model_check import ModelCheckError, check_model
+from openrlhf_search.launch.model_check import ModelCheckError, check_model
 from tests.test_launchers import QA, SCRIPTS, _env
 
 

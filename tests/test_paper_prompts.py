@@ -23,7 +23,7 @@ import pytest
 from openrlhf_search.cli.prepare_data import RenderingError, check_prompt_file
 from openrlhf_search.evaluation.runner import EvalSettings
 from openrlhf_search.evaluation.settings import eval_setting
-from openrlhf_search.protocol import get_protocol
+from openrlhf_search.env.protocol import get_protocol
 from tests.conftest import REPO_ROOT, shared_path
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")

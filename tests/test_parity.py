@@ -12,16 +12,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from openrlhf_search.agent import SearchAgentExecutor
+from openrlhf_search.env.agent import SearchAgentExecutor
 from openrlhf_search.cli import eval as eval_cli
 from openrlhf_search.cli import prepare_data
-from openrlhf_search.config import ConfigError, SearchConfig
+from openrlhf_search.env.config import ConfigError, SearchConfig
 from openrlhf_search.evaluation.settings import eval_setting
 from openrlhf_search.evaluation.summary import format_table
 from openrlhf_search.parity import check, reference, report
 from openrlhf_search.parity.reference import LAUNCHERS
-from openrlhf_search.protocol import engine_prompt, get_protocol
-from openrlhf_search.types import Passage
+from openrlhf_search.env.protocol import engine_prompt, get_protocol
+from openrlhf_search.env.types import Passage
 from tests.conftest import shared_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -377,7 +377,7 @@ def test_released_eval_prompt_has_the_token_ids_vllm_gives_a_text_prompt(llama3_
 
 def test_released_llama_training_prompt_carries_two_bos_as_vllm_gave_it(llama3_tokenizer_dir, llama3_tokenizer,
                                                                               tmp_path):
-    from openrlhf_search.protocol import _R1_CHAT_SYSTEM
+    from openrlhf_search.env.protocol import _R1_CHAT_SYSTEM
     from tests.llama3_tokenizer import BOS_ID
 
     tok = llama3_tokenizer
@@ -403,7 +403,7 @@ def test_released_llama_training_prompt_carries_two_bos_as_vllm_gave_it(llama3_t
 
 # ---------------------------------------------------------------- the released Llama stage-1 reward shape
 def test_zero_padded_group_norm_is_the_released_llama_stage1_normalisation():
-    from openrlhf_search.advantages import zero_padded_group_norm
+    from openrlhf_search.rl.advantages import zero_padded_group_norm
 
     gen = torch.Generator().manual_seed(0)
     scores = torch.tensor([-1.0, 0.0, 0.5, 1.0, 1.5, 2.0])[torch.randint(0, 6, (64,), generator=gen)]
@@ -421,7 +421,7 @@ def test_zero_padded_group_norm_is_the_released_llama_stage1_normalisation():
 def test_the_released_llama_stage1_launcher_trains_with_it_the_paper_setting_does_not():
     from openrlhf_search.cli import train as cli
     from tests.test_cluster_wiring import _contiguous_masks, _experiences, _maker
-    from openrlhf_search.experience_maker import SearchExperienceMaker
+    from openrlhf_search.rl.experience_maker import SearchExperienceMaker
 
     launcher = LAUNCHERS["r1searcher_llama8b_instruct_stage1.sh"]
     by_setting = {}
@@ -441,7 +441,7 @@ def test_the_released_llama_stage1_launcher_trains_with_it_the_paper_setting_doe
             _experiences(_contiguous_masks([3] * 8), rewards))
         first = torch.cat([e.returns[:, 0] for e in exps])
         if zero_pad:
-            from openrlhf_search.advantages import zero_padded_group_norm
+            from openrlhf_search.rl.advantages import zero_padded_group_norm
 
             torch.testing.assert_close(first, zero_padded_group_norm(torch.tensor(rewards), 4))
             assert (first[:4] > 0.5).all()

@@ -1,4 +1,4 @@
-"""Per-token policy versions (asynchronous training with partial rollouts; ``openrlhf_search/policy_versions.py``),
+"""Per-token policy versions (asynchronous training with partial rollouts; ``openrlhf_search/env/policy_versions.py``),
 without Ray: the real ``SearchAgentExecutor`` over an engine stand-in built like OpenRLHF's ``RolloutRayActor``
 (``generate`` reads vLLM's stream of cumulative outputs) whose streamed generation is paused for a weight sync
 mid-turn, and again while a search is in flight; the instruments are installed by the real
@@ -14,13 +14,13 @@ import torch
 
 import openrlhf_search._cpu_compat  # noqa: F401
 from openrlhf.trainer.ppo_utils.experience import Experience
-from openrlhf_search import policy_versions as pv
-from openrlhf_search import step_timing
-from openrlhf_search.agent import SearchAgentExecutor
-from openrlhf_search.config import SearchConfig
-from openrlhf_search.experience_maker import SearchSamplesGenerator
-from openrlhf_search.protocol import get_protocol
-from openrlhf_search.types import Passage
+from openrlhf_search.env import policy_versions as pv
+from openrlhf_search.rl import step_timing
+from openrlhf_search.env.agent import SearchAgentExecutor
+from openrlhf_search.env.config import SearchConfig
+from openrlhf_search.rl.experience_maker import SearchSamplesGenerator
+from openrlhf_search.env.protocol import get_protocol
+from openrlhf_search.env.types import Passage
 
 
 class StreamingLLM:

@@ -12,7 +12,7 @@ from openrlhf.datasets.prompts_dataset import preprocess_data
 
 from tests.conftest import REPO_ROOT, shared_path
 from openrlhf_search.evaluation.difficulty import bucket_of, count_correct, mix_buckets, parse_mix
-from openrlhf_search.protocol import get_protocol
+from openrlhf_search.env.protocol import get_protocol
 
 
 def _prepare(*args):

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from openrlhf_search.config import ConfigError
-from openrlhf_search.protocol import (
+from openrlhf_search.env.config import ConfigError
+from openrlhf_search.env.protocol import (
     PROTOCOLS,
     Protocol,
     R1SearcherProtocol,
@@ -14,7 +14,7 @@ from openrlhf_search.protocol import (
     get_protocol,
     register_protocol,
 )
-from openrlhf_search.types import Passage
+from openrlhf_search.env.types import Passage
 from tests.conftest import shared_path
 
 R1 = get_protocol("r1searcher")
@@ -75,7 +75,7 @@ def test_a_third_protocol_is_a_subclass_plus_register():
         assert proto.extract_answer(response) == "Paris"
         assert [s.kind for s in proto.split_turns(response)] == ["model", "environment", "model"]
         # the generic reward code works with it unchanged
-        from openrlhf_search.rewards import check_format, compute_reward
+        from openrlhf_search.env.rewards import check_format, compute_reward
         assert check_format(response, proto) == (True, "")
         assert compute_reward("r1searcher_stage2", response, ["Paris"], "toolcall_test").reward == 1.0
     finally:

@@ -63,7 +63,7 @@ def proxied(monkeypatch):
 def test_search_reaches_the_local_retriever_with_a_proxy_set(proxied):
     import httpx
 
-    from openrlhf_search.retrieval_client import RetrievalClient
+    from openrlhf_search.env.retrieval_client import RetrievalClient
 
     assert httpx.get(proxied + "/health").status_code == 502  # what a default client meets: the proxy
     _Proxy.hits = 0
@@ -74,7 +74,7 @@ def test_search_reaches_the_local_retriever_with_a_proxy_set(proxied):
 
 
 def test_health_checks_bypass_the_proxy(proxied):
-    from openrlhf_search.retriever_check import fetch_health
+    from openrlhf_search.launch.retriever_check import fetch_health
     from retriever.launch import health
 
     assert fetch_health(proxied)["fingerprint"] == "abc"

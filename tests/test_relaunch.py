@@ -1,4 +1,4 @@
-"""A relaunch resumes or refuses, never silently starts over (openrlhf_search/relaunch.py).
+"""A relaunch resumes or refuses, never silently starts over (openrlhf_search/launch/relaunch.py).
 
 OpenRLHF 0.11.2's ``save_ckpt`` (run here for real: its rotation deletes the evicted tag before DeepSpeed writes the
 new one) is killed midway by a DeepSpeed engine stand-in whose save dies after creating the new tag's folder, before
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 import openrlhf.utils.deepspeed.deepspeed as ods
-from openrlhf_search import memory_estimate, relaunch
-from openrlhf_search.trainer import check_checkpoint_loaded
+from openrlhf_search.launch import memory_estimate, relaunch
+from openrlhf_search.rl.trainer import check_checkpoint_loaded
 from tests.test_fresh_run_checkpoints import _Engine, _Strategy
 from tests.test_launchers import _common
 

@@ -3,7 +3,7 @@ r1searcher_released_llama_stage{1,2}; the released launchers use them (docs/pari
 
 import pytest
 
-from openrlhf_search.rewards import compute_reward
+from openrlhf_search.env.rewards import compute_reward
 
 DOCS = "<|begin_of_documents|>\n(1)Title: Paris Text: Paris is the capital of France.\n<|end_of_documents|>\n\n"
 RETRIEVAL = " I need to search.<|begin_of_query|> capital of France<|end_of_query|>\n\n" + DOCS
@@ -73,8 +73,8 @@ def test_released_rollout_does_not_stop_at_the_answer(qwen_tokenizer):
 
     from vllm import SamplingParams
 
-    from openrlhf_search.agent import SearchAgentExecutor
-    from openrlhf_search.config import SearchConfig
+    from openrlhf_search.env.agent import SearchAgentExecutor
+    from openrlhf_search.env.config import SearchConfig
 
     turn = " So it is done. </think>\n\n<answer> Paris </answer> and more <answer> Lyon </answer>"
     ids = qwen_tokenizer(turn, add_special_tokens=False).input_ids

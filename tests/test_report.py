@@ -79,7 +79,7 @@ def test_report_errors(tmp_path):
 def test_cluster_metrics_count_global_steps_and_every_summary_is_found(tmp_path):
     """The cluster trainer writes ``global_step`` (schedules.append_step_metrics): 30 steps are 30, not 1; a folder's
     summaries are found by content, whatever their names (a --rescore --summary_json output among them)."""
-    from openrlhf_search.schedules import append_step_metrics
+    from openrlhf_search.rl.schedules import append_step_metrics
 
     metrics = tmp_path / "metrics.jsonl"
     for step in range(1, 31):

@@ -9,8 +9,8 @@ import socket
 import httpx
 import pytest
 
-from openrlhf_search.config import SearchConfig
-from openrlhf_search.retrieval_client import QueryRejected, RetrievalClient, RetrievalError, passage_from_document
+from openrlhf_search.env.config import SearchConfig
+from openrlhf_search.env.retrieval_client import QueryRejected, RetrievalClient, RetrievalError, passage_from_document
 from retriever.launch import start_server_process, stop_server_process
 
 QUERIES = ["Scott Derrickson nationality", "Ed Wood director", "film producer Jerry Bruckheimer",

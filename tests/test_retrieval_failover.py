@@ -14,10 +14,10 @@ import httpx
 import pytest
 from vllm import SamplingParams
 
-from openrlhf_search.agent import SearchAgentExecutor
-from openrlhf_search.config import SearchConfig
-from openrlhf_search.protocol import get_protocol
-from openrlhf_search.retrieval_client import RetrievalClient, RetrievalError, start_retrieval_trace
+from openrlhf_search.env.agent import SearchAgentExecutor
+from openrlhf_search.env.config import SearchConfig
+from openrlhf_search.env.protocol import get_protocol
+from openrlhf_search.env.retrieval_client import RetrievalClient, RetrievalError, start_retrieval_trace
 from tests.test_retrieval_client import _WholeRequestServer
 from retriever.launch import start_server_process, stop_server_process
 from tests.scripted_engine import ScriptedEngine
@@ -82,7 +82,7 @@ def test_one_of_four_retrievers_killed_mid_rollout_loses_no_sample(qwen_tokenize
     async def rollout():
         return await asyncio.gather(*(executor.execute(p, '["Ed Wood"]', params, 4096, tok, killer) for p in prompts))
 
-    with caplog.at_level(logging.INFO, logger="openrlhf_search.retrieval_client"):
+    with caplog.at_level(logging.INFO, logger="openrlhf_search.env.retrieval_client"):
         results = asyncio.run(rollout())
 
     assert victim_proc.poll() is not None and killer.killed_at < killer.calls  # really killed, mid-rollout

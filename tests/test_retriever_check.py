@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from openrlhf_search.retriever_check import (RetrieverCheckError, check_on_ray_nodes, check_retrievers,
+from openrlhf_search.launch.retriever_check import (RetrieverCheckError, check_on_ray_nodes, check_retrievers,
                                              expected_fingerprint, fetch_health, main)
 from retriever.index import manifest_fingerprint
 from tests.test_launchers import _FakeHealth, _free_port

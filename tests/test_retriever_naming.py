@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from openrlhf_search.retriever_check import serving_line
+from openrlhf_search.launch.retriever_check import serving_line
 from tests.test_launchers import SCRIPTS, _common, _env
 from tests.test_proxy_env import _Retriever, _serve
 

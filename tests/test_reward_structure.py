@@ -1,5 +1,5 @@
 """Structural holes of R1-Searcher's format check, one table: response -> reward under the paper schemes
-(``r1searcher_stage1/2``, :func:`openrlhf_search.rewards.check_format`, ``docs/design.md``, "Rewards") and under the
+(``r1searcher_stage1/2``, :func:`openrlhf_search.env.rewards.check_format`, ``docs/design.md``, "Rewards") and under the
 released schemes, whose expected values come from the logic of R1-Searcher's released reward servers
 (RUCAIBox/R1-Searcher ``train/reward_server_qwen_zero.py`` = ``r1searcher_released_stage2``,
 ``train/reward_server_llama_stage1.py`` = ``r1searcher_released_stage1`` = ``r1searcher_released_llama_stage1``,
@@ -26,9 +26,9 @@ an empty answer) and role markers in the model's own text only, and has no CJK r
 
 import pytest
 
-from openrlhf_search.protocol import get_protocol
-from openrlhf_search.rewards import check_format, compute_reward
-from openrlhf_search.types import Passage
+from openrlhf_search.env.protocol import get_protocol
+from openrlhf_search.env.rewards import check_format, compute_reward
+from openrlhf_search.env.types import Passage
 
 R1 = get_protocol("r1searcher")
 SR = get_protocol("searchr1")

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from openrlhf_search.protocol import get_protocol
-from openrlhf_search.rewards import (
+from openrlhf_search.env.protocol import get_protocol
+from openrlhf_search.env.rewards import (
     REWARD_SCHEMES,
     RewardResult,
     check_format,
@@ -17,7 +17,7 @@ from openrlhf_search.rewards import (
     searchr1_valid_sequence,
     strip_end_of_turn,
 )
-from openrlhf_search.types import Passage
+from openrlhf_search.env.types import Passage
 
 R1 = get_protocol("r1searcher")
 SR = get_protocol("searchr1")
@@ -268,7 +268,7 @@ def _set_config(monkeypatch, **fields):
 
 
 def test_reward_func_contract(monkeypatch):
-    from openrlhf_search.reward_func import reward_func
+    from openrlhf_search.env.reward_func import reward_func
 
     _set_config(monkeypatch, protocol="r1searcher", reward_scheme="r1searcher_stage2")
     prompt = R1.build_prompt("What is the capital of France?")
@@ -291,7 +291,7 @@ def test_reward_func_loaded_by_openrlhf_single_turn_executor(monkeypatch, qwen_t
 
     _set_config(monkeypatch, protocol="searchr1", reward_scheme="searchr1_format")
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "openrlhf_search", "reward_func.py")
+                        "openrlhf_search", "env", "reward_func.py")
     executor = SingleTurnAgentExecutor(remote_rm_url=path)
     assert executor.reward_func is not None
     prompt = SR.build_prompt("What is the capital of France?", qwen_tokenizer, chat=True)

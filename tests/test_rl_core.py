@@ -13,14 +13,14 @@ from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
-from openrlhf_search.experience_maker import (
+from openrlhf_search.rl.experience_maker import (
     SearchExperienceMaker,
     SearchSamplesGenerator,
     group_has_signal,
     valid_rollout_stats,
 )
-from openrlhf_search.loss import MaskedPolicyLoss, MaskedValueLoss, safe_aggregate_loss, safe_masked_mean
-from openrlhf_search.reward_schedule import RewardSchedule
+from openrlhf_search.rl.loss import MaskedPolicyLoss, MaskedValueLoss, safe_aggregate_loss, safe_masked_mean
+from openrlhf_search.env.reward_schedule import RewardSchedule
 from tests.test_cluster_wiring import _maker, _parse
 from tests.test_loss import CONFIGS
 
@@ -94,7 +94,7 @@ def _sample(reward, failed=False, score=0.0, length=10):
 
 
 def test_rollout_stats_leave_failed_samples_out():
-    from openrlhf_search.trainer import _SearchPPOTrainer
+    from openrlhf_search.rl.trainer import _SearchPPOTrainer
 
     exps = [_sample(1.0, length=10), _sample(0.0, failed=True, length=900), _sample(0.5, length=20)]
     stats = valid_rollout_stats(exps)
@@ -140,7 +140,7 @@ def test_dynamic_filtering_replaces_groups_without_spread(monkeypatch):
 
 # ------------------------------------------------------------------------------ stage switch
 def test_samples_buffered_under_stage_1_are_dropped_when_stage_2_starts():
-    from openrlhf_search.trainer import _SearchPPOTrainer
+    from openrlhf_search.rl.trainer import _SearchPPOTrainer
 
     args, _ = _parse("--algo.advantage.estimator", "reinforce", "--rollout.n_samples_per_prompt", "1")
     gen = _generator(args)
@@ -239,7 +239,7 @@ def _actor_ppo_train(monkeypatch, empties, safe):
     from openrlhf.trainer.ppo_utils import NaiveReplayBuffer
 
     from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2, load_qwen_tokenizer
-    from openrlhf_search.loss import install_into_openrlhf
+    from openrlhf_search.rl.loss import install_into_openrlhf
 
     for name in ("PolicyLoss", "aggregate_loss", "masked_mean", "ActorPPOTrainer"):
         monkeypatch.setattr(ppo_actor, name, getattr(ppo_actor, name))  # restored after the test

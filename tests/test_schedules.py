@@ -1,4 +1,4 @@
-"""The step cap and LR-schedule sizing of openrlhf_search/schedules.py, run inside OpenRLHF 0.11.2's real
+"""The step cap and LR-schedule sizing of openrlhf_search/rl/schedules.py, run inside OpenRLHF 0.11.2's real
 ``PPOTrainer.fit`` loop (only the trainer step, checkpointing and the sample generator are stubs), and the warm-up
 that transformers' ``constant_with_warmup`` scheduler gives with the horizon we compute."""
 
@@ -12,8 +12,8 @@ import openrlhf_search._cpu_compat  # noqa: F401
 from openrlhf.trainer.ppo_trainer import PPOTrainer
 
 from openrlhf_search.cli import train as cli
-from openrlhf_search.config import ConfigError
-from openrlhf_search.schedules import (StepCapTrainerMixin, resolved_schedule, scheduler_horizon, updates_per_step,
+from openrlhf_search.env.config import ConfigError
+from openrlhf_search.rl.schedules import (StepCapTrainerMixin, resolved_schedule, scheduler_horizon, updates_per_step,
                                        warmup_updates, with_step_cap)
 
 
@@ -110,11 +110,11 @@ def test_cap_ends_fit_at_once_with_one_step_line_per_step(caplog):
     t = _Capped(_args(max_steps=3, save_steps=float("inf")))
     asks, wrapped = [], t.samples_generator.generate_samples
     t.samples_generator.generate_samples = lambda **kw: (asks.append(1), wrapped(**kw))[1]
-    from openrlhf_search.schedules import logger
+    from openrlhf_search.rl.schedules import logger
 
     logger.addHandler(caplog.handler)  # OpenRLHF's loggers do not propagate to the root logger caplog reads
     try:
-        with caplog.at_level(logging.INFO, logger="openrlhf_search.schedules"):
+        with caplog.at_level(logging.INFO, logger="openrlhf_search.rl.schedules"):
             t.fit()
     finally:
         logger.removeHandler(caplog.handler)

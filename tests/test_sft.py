@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from openrlhf_search.sft import TrajectoryFormatError, TrajectorySFTDataset, check_trajectory, loss_mask
+from openrlhf_search.rl.sft import TrajectoryFormatError, TrajectorySFTDataset, check_trajectory, loss_mask
 from tests.conftest import REPO_ROOT
 
 

@@ -12,7 +12,7 @@ import pytest
 import ray
 import ray.cloudpickle
 
-from openrlhf_search.experience_maker import SearchSamplesGenerator
+from openrlhf_search.rl.experience_maker import SearchSamplesGenerator
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MB = 1 << 20
@@ -21,14 +21,14 @@ MB = 1 << 20
 def _engine_class():
     from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
-    from openrlhf_search.agent import SearchAgentExecutor
-    from openrlhf_search.config import SearchConfig
+    from openrlhf_search.env.agent import SearchAgentExecutor
+    from openrlhf_search.env.config import SearchConfig
 
     class RecordingExecutor(SearchAgentExecutor):
         """Our executor's token cache, fed the prompt and the documents' opening tag of every trajectory."""
 
         async def execute(self, prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images=None):
-            from openrlhf_search.tokenizer_handle import tokenizer_loads
+            from openrlhf_search.env.tokenizer_handle import tokenizer_loads
 
             ids = self._encode_cached(hf_tokenizer, prompt)
             self._encode_cached(hf_tokenizer, self.protocol.doc_open)

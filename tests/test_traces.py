@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-from openrlhf_search.metrics import cover_em, cover_em_squad, mean
-from openrlhf_search.protocol import get_protocol
-from openrlhf_search.rewards import check_format, compute_reward
-from openrlhf_search.types import Passage
+from openrlhf_search.env.metrics import cover_em, cover_em_squad, mean
+from openrlhf_search.env.protocol import get_protocol
+from openrlhf_search.env.rewards import check_format, compute_reward
+from openrlhf_search.env.types import Passage
 from tests.conftest import shared_path
 
 R1 = get_protocol("r1searcher")
@@ -160,7 +160,7 @@ def test_r1searcher_released_later_turn_prompts_equal_the_published_trace(bamboo
 
     from vllm import SamplingParams
 
-    from openrlhf_search.agent import SearchAgentExecutor
+    from openrlhf_search.env.agent import SearchAgentExecutor
     from openrlhf_search.evaluation.runner import EvalSettings
     from openrlhf_search.evaluation.settings import eval_setting, for_dataset
 

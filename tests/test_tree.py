@@ -175,7 +175,7 @@ def cpu_only_imports(repo: str, core: Sequence[str], cpu_only: Sequence[str], ow
 
 def test_the_cluster_core_imports_nothing_that_only_a_cpu_machine_needs():
     core = cluster_core(REPO)
-    assert {"openrlhf_search/trainer.py", "openrlhf_search/agent.py", "openrlhf_search/evaluation",
+    assert {"openrlhf_search/rl", "openrlhf_search/env", "openrlhf_search/launch", "openrlhf_search/evaluation",
             "retriever"} <= set(core), core
     chains = cpu_only_imports(REPO, core, CPU_ROOM)
     assert not chains, "cluster-core modules reach CPU-only modules:\n" + "\n".join(chains)
@@ -221,6 +221,126 @@ def test_the_import_check_sees_every_form_of_import(tmp_path):
         "retriever"]
     with pytest.raises(FileNotFoundError, match="moved.py is not in the tree"):
         cpu_only_imports(str(tmp_path), ["openrlhf_search/moved.py"], ["openrlhf_search.cpu"])
+
+
+# ------------------------------------------------------------------------------ rooms and the way imports run
+# The package's folders by role, each allowed to import only the rooms below it (besides itself, the package's
+# ``__init__`` and the retriever where listed). Any import counts, at module level or inside a function.
+ROOM_IMPORTS = {
+    "_cpu_compat": set(),
+    "env": {"_cpu_compat"},                                   # the search environment: executor, protocols, rewards
+    "rl": {"env", "_cpu_compat"},                             # OpenRLHF's trainer subclasses
+    "launch": {"env", "_cpu_compat", "retriever"},            # pre-flight checks
+    "evaluation": {"env", "retriever"},
+    "cli": {"env", "rl", "launch", "evaluation", "cpu", "_cpu_compat", "retriever"},
+    "parity": {"cli", "env", "rl", "launch", "evaluation", "_cpu_compat"},
+    "cpu": {"cli", "env", "rl", "launch", "evaluation", "_cpu_compat", "retriever"},
+    "retriever": set(),
+}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] != PACKAGE:
+        return parts[0]
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def _own_edges(repo: str) -> Iterator[Tuple[str, str, int, bool]]:
+    """(importing module, imported module, line, inside a function) between two modules of the own packages."""
+    for path in _python_files(repo, OWN_PACKAGES):
+        module = _module_name(repo, path)
+        for name, line, nested in imported_names(repo, path):
+            source = _is_under(name, OWN_PACKAGES) and _source_of(repo, name)
+            if source:
+                target = _module_name(repo, source)
+                if target != module:
+                    yield module, target, line, nested
+
+
+def upward_imports(repo: str, rooms: Dict[str, set] = ROOM_IMPORTS) -> List[str]:
+    """``module:line -> module`` for every import from a room into one it may not import (:data:`ROOM_IMPORTS`);
+    a room missing from ``rooms`` is an error too (a new folder says where it stands)."""
+    bad = []
+    for module, target, line, _ in _own_edges(repo):
+        src, dst = _room(module), _room(target)
+        if src == dst or dst == "__init__":
+            continue
+        if src not in rooms or dst not in rooms[src]:
+            bad.append(f"{module}:{line} -> {target}")
+    return bad
+
+
+def import_cycles(repo: str) -> List[List[str]]:
+    """Sets of modules that import each other at module level (strongly connected components, Tarjan), sorted."""
+    graph: Dict[str, set] = {}
+    for module, target, _, nested in _own_edges(repo):
+        if not nested:
+            graph.setdefault(module, set()).add(target)
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+def test_each_room_imports_only_the_rooms_below_it():
+    top = os.path.join(REPO, PACKAGE)
+    rooms = {e[:-3] if e.endswith(".py") else e for e in os.listdir(top)
+             if e != "__pycache__" and (e.endswith(".py") or os.path.isdir(os.path.join(top, e)))} - {"__init__"}
+    assert rooms <= set(ROOM_IMPORTS), f"a room the direction rule does not know: {rooms - set(ROOM_IMPORTS)}"
+    bad = upward_imports(REPO)
+    assert not bad, "imports against the rooms' direction (see ROOM_IMPORTS):\n" + "\n".join(bad)
+
+
+def test_no_modules_import_each_other():
+    cycles = import_cycles(REPO)
+    assert not cycles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_direction_and_cycle_checks_catch_planted_faults(tmp_path):
+    pkg = tmp_path / PACKAGE
+    for d in ("env", "rl"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (tmp_path / "retriever").mkdir()
+    (tmp_path / "retriever" / "__init__.py").write_text("")
+    (pkg / "rl" / "trainer.py").write_text("from openrlhf_search.env import agent\n")
+    (pkg / "env" / "agent.py").write_text("import os\n")
+    assert upward_imports(str(tmp_path)) == [] and import_cycles(str(tmp_path)) == []
+    (pkg / "env" / "agent.py").write_text("def f():\n    from ..rl import trainer\n")  # upward, inside a function
+    assert upward_imports(str(tmp_path)) == ["openrlhf_search.env.agent:2 -> openrlhf_search.rl",
+                                             "openrlhf_search.env.agent:2 -> openrlhf_search.rl.trainer"]
+    assert import_cycles(str(tmp_path)) == []  # a function-level import is no module-level circle
+    (pkg / "env" / "rewards.py").write_text("from openrlhf_search.env.protocol import P\n")
+    (pkg / "env" / "protocol.py").write_text("P = 1\nfrom openrlhf_search.env import rewards\n")
+    assert import_cycles(str(tmp_path)) == [["openrlhf_search.env.protocol", "openrlhf_search.env.rewards"]]
+    (tmp_path / "retriever" / "server.py").write_text("import openrlhf_search.env.agent\n")
+    assert "retriever.server:1 -> openrlhf_search.env.agent" in upward_imports(str(tmp_path))
 
 
 # ------------------------------------------------------------------------------ the linter

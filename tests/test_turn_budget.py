@@ -5,7 +5,7 @@ import torch
 from openrlhf.trainer.ppo_utils.experience_maker import Experience
 
 from openrlhf_search.cli import train as cli
-from openrlhf_search.experience_maker import search_rollout_stats, turn_cut_warning
+from openrlhf_search.rl.experience_maker import search_rollout_stats, turn_cut_warning
 from tests.test_launchers import _argv
 
 

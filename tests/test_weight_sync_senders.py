@@ -37,7 +37,7 @@ class _IpcEngine:
 def _rank_main(rank, world, init_file, out):
     import torch.distributed as dist
 
-    from openrlhf_search import trainer as trainer_module
+    from openrlhf_search.rl import trainer as trainer_module
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     # the device layer only: each rank "is" GPU-<rank>; synchronize has nothing to wait for on CPU
@@ -123,7 +123,7 @@ def test_the_ipc_sender_calls_openrlhfs_gpu_id_helper():
 
     from openrlhf.trainer.ray.utils import get_physical_gpu_id
 
-    from openrlhf_search.trainer import SearchActorPPOTrainer
+    from openrlhf_search.rl.trainer import SearchActorPPOTrainer
 
     src = inspect.getsource(SearchActorPPOTrainer._lora_send_cuda_ipc)
     assert "from openrlhf.trainer.ray.utils import get_physical_gpu_id" in src

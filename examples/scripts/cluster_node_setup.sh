@@ -11,7 +11,7 @@
 # One retriever per node: rollout actors reach it at
 # http://127.0.0.1:$RETRIEVER_PORT, so retrieval traffic never crosses nodes and a slow node does not slow others.
 # Before training, the job's driver checks on every GPU node that its retriever answers and that all nodes serve
-# the same index (openrlhf_search.retriever_check, --search.check_retrievers).
+# the same index (openrlhf_search.launch.retriever_check, --search.check_retrievers).
 # The retriever wait (RETRIEVER_WAIT_S, default 3600 s for index building) ends at once if the retriever process
 # dies. Ray is the project's own: "$PYTHON -m ray.scripts.scripts" (PYTHON: the checkout's .venv if present).
 # DRY_RUN=1 prints the commands instead of running them.
@@ -65,10 +65,10 @@ else
     config="$("${RETRIEVER_CMD[@]}" --print_config)" || exit 2
     index_dir="$(sed -n 's/^index_dir=//p' <<< "$config")"
     echo "[cluster_node_setup] $(tr '\n' ' ' <<< "$config")" >&2
-    if "$PYTHON" -m openrlhf_search.retriever_check --urls "$URL" >/dev/null 2>&1; then
+    if "$PYTHON" -m openrlhf_search.launch.retriever_check --urls "$URL" >/dev/null 2>&1; then
         # something already serves the port: keep it only if it serves this node's index
         if [[ -f "$index_dir/manifest.json" ]] \
-            && "$PYTHON" -m openrlhf_search.retriever_check --urls "$URL" --index_dir "$index_dir" >/dev/null; then
+            && "$PYTHON" -m openrlhf_search.launch.retriever_check --urls "$URL" --index_dir "$index_dir" >/dev/null; then
             echo "[cluster_node_setup] $URL already serves $index_dir; not starting another" >&2
             run "${RAY_CMD[@]}"
             exit 0
@@ -85,7 +85,7 @@ else
             tail -n 20 "retriever_${RETRIEVER_PORT}.log" >&2 || true
             exit 1
         fi
-        if "$PYTHON" -m openrlhf_search.retriever_check --urls "$URL" --index_dir "$index_dir" >/dev/null 2>&1; then
+        if "$PYTHON" -m openrlhf_search.launch.retriever_check --urls "$URL" --index_dir "$index_dir" >/dev/null 2>&1; then
             healthy=1
             break
         fi

@@ -54,7 +54,7 @@ DATA_DIR="${DATA_DIR:-$REPO_ROOT/data}"
 
 CPU_CLUSTER="${CPU_CLUSTER:-0}"
 MAX_STEPS="${MAX_STEPS:-2}"
-ASYNC_ARGS=()  # ASYNC=1: OpenRLHF's async trainer with ours inside (openrlhf_search/async_trainer.py)
+ASYNC_ARGS=()  # ASYNC=1: OpenRLHF's async trainer with ours inside (openrlhf_search/rl/async_trainer.py)
 if [[ "${ASYNC:-0}" == "1" ]]; then
     ASYNC_ARGS=(--train.async_enable --train.async_queue_size "${ASYNC_QUEUE_SIZE:-1}")
     [[ "${PARTIAL_ROLLOUT:-0}" == "1" ]] && ASYNC_ARGS+=(--train.partial_rollout_enable)
@@ -138,7 +138,7 @@ check_gpu_python() {
     export OPENRLHF_SEARCH_REQUIRE_CUDA=1
 }
 
-# GPU layout (python -m openrlhf_search.layout): actor, reference (and critic) share every GPU of the job with the
+# GPU layout (python -m openrlhf_search.launch.layout): actor, reference (and critic) share every GPU of the job with the
 # vLLM engines (colocate_all, sleep mode), as both papers' single-node setups do, when the batch sizes fit all the
 # GPUs (DeepSpeed: train batch == micro x grad_accum x actor ranks; rollout micro-batches divide over the ranks);
 # otherwise the actor and reference train on the largest number of GPUs per node that fits and the vLLM engines
@@ -175,7 +175,7 @@ layout_args() {
     [[ "$critic" == "true" ]] && extra+=(--critic)
     # async: vLLM is never colocated; the layout picks the split closest to half that fits the batch sizes
     [[ "${ASYNC:-0}" == "1" ]] && extra+=(--async_mode)
-    out="$("$PYTHON" -m openrlhf_search.layout --nnodes "$NNODES" --gpus_per_node "$gpus" \
+    out="$("$PYTHON" -m openrlhf_search.launch.layout --nnodes "$NNODES" --gpus_per_node "$gpus" \
         --vllm_tp "$VLLM_TP" --train_batch "$train_bs" --train_micro "$train_micro" --rollout_samples "$samples" \
         --rollout_micro "$rollout_micro" "${extra[@]}" 2>&1)" || die "$out"
     local actor engines colocated desc
@@ -216,14 +216,14 @@ layout_args() {
 die() { echo "[$(basename "$0")] error: $*" >&2; exit 2; }
 
 # A model argument: a local path must exist; "org/name" that is not a local path is a hub name, looked up in the
-# local Hugging Face cache, then on the hub (openrlhf_search.model_check: the line says which was checked; offline,
+# local Hugging Face cache, then on the hub (openrlhf_search.launch.model_check: the line says which was checked; offline,
 # only the launchers' paper models pass unchecked; MODEL_WHERE holds the line). MODEL_CHECK=0 skips the look-up.
 require_model() {
     local what="$1" path="$2" line
     if [[ -e "$path" ]]; then return 0; fi
     if [[ "$path" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$ ]]; then
         [[ "${MODEL_CHECK:-1}" == "0" ]] && { MODEL_WHERE="hub name not checked (MODEL_CHECK=0)"; return 0; }
-        if line="$("$PYTHON" -m openrlhf_search.model_check "$path" 2>&1)"; then
+        if line="$("$PYTHON" -m openrlhf_search.launch.model_check "$path" 2>&1)"; then
             MODEL_WHERE="${line#model $path: }"  # logged with the launcher's setting line
             return 0
         fi
@@ -301,7 +301,7 @@ PY
 }
 
 # Warn when the training file holds fewer prompts than one step takes: that step's batch is short and is cut to whole
-# training batches (openrlhf_search/even_batches.py), so fewer samples train than the step generates, none when they
+# training batches (openrlhf_search/rl/even_batches.py), so fewer samples train than the step generates, none when they
 # do not fill one batch. Arguments: file, prompts per step, samples per prompt, samples per update (--train.batch_size).
 # Not in DRY_RUN=argv (a test hook) nor in CPU_CLUSTER=1 (its own batches).
 check_data_batch() {
@@ -370,14 +370,14 @@ retriever_config() {
 # RETRIEVER_GPU_GB (unless set): GiB per GPU that this node's retriever takes on each GPU it sits on (RETRIEVER_GPUS,
 # default all), read by the memory estimate: faiss-gpu (when installed on the node) shards a dense Flat index in
 # fp16 over those GPUs (rows x dim x 2 / GPUs), plus faiss' temporary memory (RETRIEVER_FAISS_TEMP_GB, 1.5) and a
-# CUDA context each (openrlhf_search.memory_estimate.retriever_gpu_cost); rows from the built index's manifest, else
+# CUDA context each (openrlhf_search.launch.memory_estimate.retriever_gpu_cost); rows from the built index's manifest, else
 # from the corpus file's size and its first 1,000 lines; BM25 and HNSW stay on the CPU (0).
 retriever_gpu_estimate() {
     [[ -n "${RETRIEVER_GPU_GB:-}" ]] && return 0
     RETRIEVER_GPU_GB="$("$PYTHON" - "$R_ENCODER" "$R_INDEX_TYPE" "$R_INDEX_DIR" "$R_CORPUS" "$GPUS_PER_NODE" \
         "${RETRIEVER_GPUS:-all}" "${RETRIEVER_FAISS_TEMP_GB:-1.5}" <<'PY' 2>/dev/null || echo 0
 import json, os, sys
-from openrlhf_search.memory_estimate import retriever_gpu_cost
+from openrlhf_search.launch.memory_estimate import retriever_gpu_cost
 encoder, index_type, index_dir, corpus, gpus, placed, temp = sys.argv[1:8]
 dims = {"e5-base-v2": 768, "bge-large-en-v1.5": 1024, "minilm": 384}
 if encoder == "bm25" or index_type != "flat" or placed.lower() in ("none", "cpu"):
@@ -405,7 +405,7 @@ check_retriever_urls() {  # every URL healthy (/health, 5 s) and serving one ind
     [[ -n "${1:-}" ]] && expect=(--index_dir "$1")   # SETTING=released, a warning when it is not the paper's
     [[ "${SETTING:-released}" == "released" && -n "${PAPER_RETRIEVER_ENCODER:-}" ]] \
         && paper=(--paper_encoder "$PAPER_RETRIEVER_ENCODER" --paper_index_type "${PAPER_RETRIEVER_INDEX_TYPE:-}")
-    err="$("$PYTHON" -m openrlhf_search.retriever_check --urls "$RETRIEVER_URLS" --timeout 5 --describe \
+    err="$("$PYTHON" -m openrlhf_search.launch.retriever_check --urls "$RETRIEVER_URLS" --timeout 5 --describe \
         "${expect[@]}" "${paper[@]}" 2>&1 >/dev/null)" || { log "${err##*error: } (the job does not start)"; exit 1; }
     log "retrievers healthy and serving one index: $RETRIEVER_URLS"
     while IFS= read -r line; do [[ -n "$line" ]] && log "$line"; done <<< "$err"
@@ -467,7 +467,7 @@ start_retrievers() {
     if [[ -n "$busy" ]]; then
         [[ "$R_INDEX_STATE" == "built" ]] || die "port $RETRIEVER_PORT already serves index $busy; the index for $R_CORPUS is not built yet: stop that service or set RETRIEVER_PORT"
         local want
-        want="$("$PYTHON" -c 'import sys; from openrlhf_search.retriever_check import expected_fingerprint as f; print(f(sys.argv[1]))' "$R_INDEX_DIR")"
+        want="$("$PYTHON" -c 'import sys; from openrlhf_search.launch.retriever_check import expected_fingerprint as f; print(f(sys.argv[1]))' "$R_INDEX_DIR")"
         [[ "$busy" == "$want" ]] || die "port $RETRIEVER_PORT already serves index $busy, not $R_INDEX_DIR ($want): stop it or set RETRIEVER_PORT"
         log "using the retriever already serving $R_INDEX_DIR on port $RETRIEVER_PORT"
         return 0
@@ -484,7 +484,7 @@ start_retrievers() {
 
 # A relaunch resumes: when --ckpt.path holds DeepSpeed states (_actor, written every --ckpt.save_steps), the run
 # continues from the newest one with OpenRLHF's --ckpt.load_enable (weights, optimizer, step, data position); states
-# a killed save left broken (latest naming a missing tag, no latest) are refused (openrlhf_search/relaunch.py). A
+# a killed save left broken (latest naming a missing tag, no latest) are refused (openrlhf_search/launch/relaunch.py). A
 # run folder (--ckpt.output_dir) that is not empty but has nothing to resume from is refused in one line: starting
 # there would rotate away the earlier run's checkpoints. FRESH=1 starts over: the old folder is moved aside to
 # <folder>.old-<UTC time> (never deleted). Arguments: the trainer flags; sets RESUME_ARGS.
@@ -514,7 +514,7 @@ resume_args() {
     if [[ "$has_state" == "1" ]]; then
         # latest must name a complete tag (a save killed after the rotation can leave it naming a deleted one)
         local tag
-        tag="$("$PYTHON" -m openrlhf_search.relaunch "$ckpt" 2>&1)" || die "${tag#error: }"
+        tag="$("$PYTHON" -m openrlhf_search.launch.relaunch "$ckpt" 2>&1)" || die "${tag#error: }"
         RESUME_ARGS=(--ckpt.load_enable)
         log "resuming from $ckpt ($tag); FRESH=1 starts over"
         return 0

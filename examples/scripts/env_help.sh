@@ -28,7 +28,7 @@ Run mode|DRY_RUN|0|1 (or --dry_run): validate every flag with OpenRLHF's parser,
 Layout|NNODES|${NNODES-}|nodes in the job|common.sh
 Layout|GPUS_PER_NODE|${GPUS_PER_NODE-}|GPUs per node; with CPU_CLUSTER=1 the DeepSpeed ranks per model and vLLM-CPU engines (default 1 there)|common.sh
 Layout|VLLM_TP|${VLLM_TP-}|tensor parallel size of each vLLM engine|common.sh
-Layout|ACTOR_GPUS_PER_NODE|auto${LAYOUT_ACTOR_GPUS:+ (here $LAYOUT_ACTOR_GPUS)}|GPUs per node for actor and reference, the rest hold vLLM (auto: all, colocated, when the batch sizes fit; with ASYNC=1 the split closest to half that fits; python -m openrlhf_search.layout)|common.sh
+Layout|ACTOR_GPUS_PER_NODE|auto${LAYOUT_ACTOR_GPUS:+ (here $LAYOUT_ACTOR_GPUS)}|GPUs per node for actor and reference, the rest hold vLLM (auto: all, colocated, when the batch sizes fit; with ASYNC=1 the split closest to half that fits; python -m openrlhf_search.launch.layout)|common.sh
 Layout|GPU_MEM_GB|nvidia-smi, else 80|GiB of one GPU for the per-phase memory estimate (dry run and launch): above 90% a warning, above 100% a refusal naming the settings that fit; MEMORY_CHECK=0 launches anyway|common.sh
 Layout|RETRIEVER_GPU_GB|estimated|GiB the node's dense retriever index takes on each GPU it sits on: its fp16 faiss shard, faiss temporary memory and a CUDA context (estimated for a Flat index; 0 for BM25, HNSW, Serve)|common.sh
 Layout|RETRIEVER_GPUS|${RETRIEVER_GPUS:-all}|GPUs of the node's dense index and its query encoder: all, none or ids (a split layout: the vLLM GPUs)|common.sh

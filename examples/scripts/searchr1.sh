@@ -8,7 +8,7 @@
 # defaults of verl/trainer/config/ppo_trainer.yaml. SETTING=paper is accepted and identical: every value the paper
 # states agrees with those scripts. docs/parity.md lists each value, its source file:line and ours.
 #   actor lr 1e-6, constant after a linear warm-up over 28.5% of the steps (critic 1e-5, 1.5%); 1,004 steps
-#   (--train.max_steps, openrlhf_search/schedules.py: verl's total_training_steps=1005 with global_steps starting at
+#   (--train.max_steps, openrlhf_search/rl/schedules.py: verl's total_training_steps=1005 with global_steps starting at
 #   1 and the loop returning when it reaches 1005, ray_trainer.py:673,843-845); 512 prompts per step; updates of 256 samples
 #   (PPO 2 per step, GRPO 512 x 5 / 256 = 10); AdamW betas (0.9, 0.999), weight decay 0.01; entropy bonus 0.001;
 #   PPO: GAE gamma = lambda = 1, KL 0.001 as a k1 penalty in the reward; GRPO: group 5, KL 0.001 as a k3 loss,

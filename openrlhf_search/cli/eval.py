@@ -50,7 +50,7 @@ import re
 import sys
 from typing import Any, Dict, List, Optional
 
-from openrlhf_search.config import ConfigError
+from openrlhf_search.env.config import ConfigError
 from openrlhf_search.evaluation.loaders import DatasetError, load_eval_dataset
 from openrlhf_search.evaluation.paper_reference import canonical_dataset, reference_numbers
 from openrlhf_search.evaluation.predictions import PredictionFormatError, PredictionRecord, load_predictions
@@ -303,7 +303,7 @@ def run_settings(args, datasets: List[str], paper, topk: int, max_turns: int, ma
             bad template (one line).
     """
     from openrlhf_search.evaluation.runner import EvalSettings
-    from openrlhf_search.protocol import get_protocol
+    from openrlhf_search.env.protocol import get_protocol
 
     max_length = _cap(args.max_length) if args.max_length is not None else (paper.max_length if paper else 4096)
     max_obs = _cap(args.max_obs_tokens) if args.max_obs_tokens is not None else \
@@ -366,14 +366,14 @@ def _check_model(name: str) -> str:
     ModelCheckError."""
     if name == "tiny":
         return "model tiny: built in memory"
-    from openrlhf_search.model_check import check_model
+    from openrlhf_search.launch.model_check import check_model
 
     return check_model(name)
 
 
 def run(args) -> int:
     from openrlhf_search.evaluation.settings import eval_setting
-    from openrlhf_search.model_check import ModelCheckError
+    from openrlhf_search.launch.model_check import ModelCheckError
 
     if not args.model:
         print("error: give --model (or --rescore PATH)", file=sys.stderr)
@@ -416,7 +416,7 @@ def run(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     args.max_length = next(iter(per_set.values())).max_length  # the engine's context: the setting's unless given
-    from openrlhf_search.context_length import context_error, model_context_length
+    from openrlhf_search.env.context_length import context_error, model_context_length
 
     error = context_error(args.max_length, model_context_length(args.model), flag="--max_length")
     if error:
@@ -454,7 +454,7 @@ async def _run_async(args, data, per_set, where, topk, max_turns) -> int:
     from openrlhf_search.evaluation.predictions import PredictionRecord
     from openrlhf_search.evaluation.runner import run_eval
     from openrlhf_search.evaluation.engines import EngineLoadError
-    from openrlhf_search.retrieval_client import RetrievalStopped
+    from openrlhf_search.env.retrieval_client import RetrievalStopped
 
     from openrlhf_search.cpu.main_job.eval_engines import CPU_ENGINES  # the HF engine when there is no vLLM/GPU
 
@@ -468,7 +468,7 @@ async def _run_async(args, data, per_set, where, topk, max_turns) -> int:
     except (OSError, ValueError) as e:  # a model path that is not there, or not a model (transformers' errors)
         print(f"error: cannot load --model {args.model}: {e}", file=sys.stderr)
         return 2
-    from openrlhf_search.retriever_check import RetrieverCheckError, check_retrievers
+    from openrlhf_search.launch.retriever_check import RetrieverCheckError, check_retrievers
 
     try:  # as the launchers do: a dead retriever would score every question 0 under a normal-looking table
         for name, st in per_set.items():

@@ -50,7 +50,7 @@ import sys
 from collections import Counter
 from typing import List, Optional
 
-from openrlhf_search.config import ConfigError
+from openrlhf_search.env.config import ConfigError
 from openrlhf_search.evaluation.difficulty import bucket_of, count_correct, mix_buckets, parse_mix
 from openrlhf_search.evaluation.loaders import DatasetError, QAExample, load_eval_dataset
 
@@ -128,7 +128,7 @@ def load_policy_tokenizer(path: str):
     """
     from transformers import AutoTokenizer
 
-    from openrlhf_search.model_check import ModelCheckError, require_hub_files
+    from openrlhf_search.launch.model_check import ModelCheckError, require_hub_files
 
     try:
         require_hub_files(path)  # one request, not a minute of retries, when the hub is out of reach
@@ -170,7 +170,7 @@ def rendering_record(protocol_name: str, chat: Optional[bool], tokenizer=None, t
     Raises:
         ValueError: chat rendering without the policy's tokenizer, unknown protocol template.
     """
-    from openrlhf_search.protocol import get_protocol
+    from openrlhf_search.env.protocol import get_protocol
 
     protocol = get_protocol(protocol_name)
     protocol._check_template(template)
@@ -315,7 +315,7 @@ def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], polic
     recorded = record.get("tokenizer")
     if not policy or (not os.path.isdir(policy) and (not record.get("chat_template") or recorded in (None, policy))):
         return record  # a hub name the file was rendered with, or a plain-text file: nothing to compare
-    from openrlhf_search.protocol import engine_prompt, get_protocol
+    from openrlhf_search.env.protocol import engine_prompt, get_protocol
 
     try:
         tokenizer = load_policy_tokenizer(policy)
@@ -367,7 +367,7 @@ def render_rows(examples: List[QAExample], protocol_name: str, chat: Optional[bo
     Raises:
         ValueError: chat rendering without the policy's tokenizer (or with one that has no template), bad template.
     """
-    from openrlhf_search.protocol import engine_prompt, get_protocol
+    from openrlhf_search.env.protocol import engine_prompt, get_protocol
 
     protocol = get_protocol(protocol_name)
     record = rendering_record(protocol_name, chat, tokenizer, template, engine_special_tokens)
@@ -448,7 +448,7 @@ def load_input(name: str, data_dir: Optional[str] = None, split: Optional[str] =
 def question_key(question: str) -> str:
     """What makes two questions the same: SQuAD normalisation (case, punctuation, articles, whitespace), so
     "Who wrote Hamlet?" and "who wrote hamlet" are one question."""
-    from openrlhf_search.metrics import normalize_answer
+    from openrlhf_search.env.metrics import normalize_answer
 
     return normalize_answer(question)
 

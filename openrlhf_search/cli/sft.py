@@ -4,12 +4,12 @@
         --ckpt.output_dir OUT [every OpenRLHF train_sft flag] [--model.trainable_layers K] [--cpu]
 
 Each row of ``--data.dataset`` is a tokenised trajectory ``{"input_ids": [...], "action_ranges": [[s, e], ...]}``
-(:mod:`openrlhf_search.sft`; the spans are the policy's turns, everything else — prompt, documents blocks — is
+(:mod:`openrlhf_search.rl.sft`; the spans are the policy's turns, everything else — prompt, documents blocks — is
 context only). OpenRLHF's parser, validation, trainer, loss, optimiser, LR schedule and checkpoints run unchanged
 (its ``__main__`` block is reused as ``cli.train`` reuses ``train_ppo_ray``'s); two things are injected where its
-``train()`` looks them up: the dataset class (:class:`~openrlhf_search.sft.TrajectorySFTDataset` instead of
+``train()`` looks them up: the dataset class (:class:`~openrlhf_search.rl.sft.TrajectorySFTDataset` instead of
 ``SFTDataset``) and, with ``--model.trainable_layers K``, a strategy whose ``prepare`` freezes all but the top ``K``
-decoder layers (:mod:`openrlhf_search.freeze`; with ZeRO 0-2 the frozen layers' states are computed once per
+decoder layers (:mod:`openrlhf_search.rl.freeze`; with ZeRO 0-2 the frozen layers' states are computed once per
 trajectory and reused by every later epoch). The HF model is written to ``--ckpt.output_dir``.
 
 ``--cpu``: run on this machine's CPU in this process (one data-parallel rank over gloo, the CPU cluster mode's
@@ -64,7 +64,7 @@ def check_data(path: Optional[str]) -> Optional[str]:
     tokenizer), None when its first row is a trajectory."""
     import json
 
-    from openrlhf_search.sft import TrajectoryFormatError, check_trajectory
+    from openrlhf_search.rl.sft import TrajectoryFormatError, check_trajectory
 
     if not path:
         return "--data.dataset is required (a jsonl of {\"input_ids\": [...], \"action_ranges\": [[s, e], ...]})"
@@ -105,12 +105,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     args = main_block.validate(flat)
     module = main_block.module
-    from openrlhf_search.sft import TrajectorySFTDataset
+    from openrlhf_search.rl.sft import TrajectorySFTDataset
 
     module.SFTDataset = TrajectorySFTDataset
     k = args.model.trainable_layers
     if k:
-        from openrlhf_search.freeze import freeze_before_prepare
+        from openrlhf_search.rl.freeze import freeze_before_prepare
 
         real_get_strategy = module.get_strategy
 

@@ -15,7 +15,7 @@ after:
   vLLM actors are built with no arguments and read it) and ``PYTHONPATH`` with this checkout (so every worker can
   import ``openrlhf_search``); inside ``ray job submit`` Ray merges it with the job's runtime env.
 
-``--train.agent_func_path`` defaults to ``openrlhf_search/agent.py``. ``--dry_run`` parses and validates every flag
+``--train.agent_func_path`` defaults to ``openrlhf_search/env/agent.py``. ``--dry_run`` parses and validates every flag
 with OpenRLHF's real parser and :class:`SearchConfig`, prints the resolved configuration (OpenRLHF args, search
 config, reward schedule, runtime env) as JSON and exits 0 without Ray or a GPU.
 
@@ -24,8 +24,8 @@ Search options (``--search.<field>`` for every :class:`SearchConfig` field; unse
 safety options: ``--search.stage2_reward_scheme``, ``--search.stage2_start_step`` (-1: one stage),
 ``--search.eval_reward_scheme``, ``--search.max_failed_fraction`` (default 0.5). Retriever check:
 ``--search.check_retrievers`` (default true: before ``train()``, every GPU node must reach every URL and all must
-serve one index, ``openrlhf_search.retriever_check``), ``--search.retriever_fingerprint`` (the index they must
-serve). Training length: ``--train.max_steps`` (``openrlhf_search.schedules``: stop after N steps and size the LR
+serve one index, ``openrlhf_search.launch.retriever_check``), ``--search.retriever_fingerprint`` (the index they must
+serve). Training length: ``--train.max_steps`` (``openrlhf_search.rl.schedules``: stop after N steps and size the LR
 schedule to them); the trainer class injected is ``SearchPPOTrainer``'s class with that step cap.
 """
 
@@ -41,16 +41,16 @@ import typing
 from typing import Any, Dict, List, Optional, Tuple
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
-from openrlhf_search.async_checks import check_async_args, gpu_layout
-from openrlhf_search.config import ENV_VAR, ConfigError, SearchConfig, document_reward_flags, flag_help
-from openrlhf_search.length_penalty import check_overlong_args, document_overlong_flags
-from openrlhf_search.off_policy import check_is_correction_sampling
-from openrlhf_search.schedules import add_schedule_arguments, resolved_schedule, validate_schedule_args
+from openrlhf_search.launch.async_checks import check_async_args, gpu_layout
+from openrlhf_search.env.config import ENV_VAR, ConfigError, SearchConfig, document_reward_flags, flag_help
+from openrlhf_search.env.length_penalty import check_overlong_args, document_overlong_flags
+from openrlhf_search.rl.off_policy import check_is_correction_sampling
+from openrlhf_search.rl.schedules import add_schedule_arguments, resolved_schedule, validate_schedule_args
 
 OPENRLHF_TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(PACKAGE_DIR)
-DEFAULT_AGENT_PATH = os.path.join(PACKAGE_DIR, "agent.py")
+DEFAULT_AGENT_PATH = os.path.join(PACKAGE_DIR, "env", "agent.py")
 SCHEDULE_OPTIONS = ("stage2_reward_scheme", "stage2_start_step", "eval_reward_scheme", "max_failed_fraction",
                     "check_retrievers", "retriever_fingerprint", "web_budget_check")
 
@@ -165,7 +165,7 @@ def _split_urls(text: str) -> List[str]:
 def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add ``--search.<field>`` for every SearchConfig field, the schedule options and ``--dry_run``."""
     hints = typing.get_type_hints(SearchConfig)
-    group = parser.add_argument_group("search", "search environment (openrlhf_search.config.SearchConfig)")
+    group = parser.add_argument_group("search", "search environment (openrlhf_search.env.config.SearchConfig)")
     for f in dataclasses.fields(SearchConfig):
         hint = hints[f.name]
         origin = typing.get_origin(hint)
@@ -195,8 +195,8 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                             "not a paper setting")
     group.add_argument("--search.check_retrievers", type=_parse_bool_or_auto, default=True,
                        help="before training, check on every GPU node that all retriever URLs answer /health "
-                            "and serve one index (openrlhf_search.retriever_check), true/false (default true); not a "
-                            "paper setting")
+                            "and serve one index (openrlhf_search.launch.retriever_check), true/false (default "
+                            "true); not a paper setting")
     group.add_argument("--search.retriever_fingerprint", type=str, default=None,
                        help="index fingerprint the retrievers must serve (GET /health 'fingerprint'; default: any, "
                             "as long as all agree); not a paper setting")
@@ -204,12 +204,12 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                        help="against a web retriever, refuse a run whose expected searches (batch x samples x turns "
                             "per step, after the cache's hit rate) the server's budget cannot cover, true/false "
                             "(default true); not a paper setting")
-    add_schedule_arguments(parser)  # --train.max_steps (openrlhf_search.schedules)
+    add_schedule_arguments(parser)  # --train.max_steps (openrlhf_search.rl.schedules)
     parser.add_argument("--actor.trainable_layers", type=int, default=0,
                         help="train only the top K decoder layers and the final norm of the policy (embeddings, LM "
                              "head and lower layers frozen; the weight sync sends only the trained tensors, and the "
                              "update reuses the frozen layers' states of the experience forward: "
-                             "openrlhf_search.freeze); 0 (default): train every parameter; not a paper setting")
+                             "openrlhf_search.rl.freeze); 0 (default): train every parameter; not a paper setting")
     allow_cpu_fp32(parser)
     parser.add_argument("--dry_run", action="store_true", default=False,
                         help="parse and validate every flag, print the resolved config as JSON, exit 0")
@@ -237,7 +237,7 @@ def allow_cpu_fp32(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """OpenRLHF's ``train_ppo_ray`` parser (built by its own code) with the search options added."""
     parser = add_search_arguments(openrlhf_main().build_parser())
-    document_overlong_flags(parser)  # the overlong budget is the trajectory's (openrlhf_search.length_penalty)
+    document_overlong_flags(parser)  # the overlong budget is the trajectory's (openrlhf_search.env.length_penalty)
     document_reward_flags(parser)  # OpenRLHF's other --reward.* flags on the search path
     parser.error = types.MethodType(_one_line_error, parser)
     return parser
@@ -317,8 +317,8 @@ def search_config_from_args(args) -> SearchConfig:
 
 def validate_search(args, cfg: SearchConfig) -> None:
     """Cross-checks that need the other modules: protocol and reward names, schedule, agent file, trainer mode."""
-    from openrlhf_search.protocol import PROTOCOLS
-    from openrlhf_search.reward_schedule import RewardSchedule, known_reward_schemes
+    from openrlhf_search.env.protocol import PROTOCOLS
+    from openrlhf_search.env.reward_schedule import RewardSchedule, known_reward_schemes
 
     if cfg.protocol not in PROTOCOLS:
         raise ConfigError(f"--search.protocol {cfg.protocol!r} is not a registered protocol; "
@@ -327,7 +327,7 @@ def validate_search(args, cfg: SearchConfig) -> None:
         RewardSchedule.from_args(args).validate(known_reward_schemes())
     except ValueError as e:
         raise ConfigError(str(e)) from e
-    from openrlhf_search.protocol import get_protocol
+    from openrlhf_search.env.protocol import get_protocol
 
     get_protocol(cfg.protocol).with_options(cfg.passage_format, cfg.query_cleaning)  # a typo fails here, not in vLLM
     if cfg.group_norm_zero_pad and (args.algo.advantage.estimator != "group_norm"
@@ -387,7 +387,7 @@ def parse_args(argv: Optional[List[str]] = None) -> Tuple[Any, SearchConfig]:
         ConfigError: a search option is invalid.
         AssertionError: OpenRLHF's own validation rejected the combination (its message).
     """
-    from openrlhf_search.layout import LayoutError, check_args, check_positive_sizes
+    from openrlhf_search.launch.layout import LayoutError, check_args, check_positive_sizes
 
     parser = build_parser()
     flat = parser.parse_args(argv)
@@ -413,7 +413,7 @@ def parse_args(argv: Optional[List[str]] = None) -> Tuple[Any, SearchConfig]:
         check_args(args)  # DeepSpeed's batch check and the rollout micro-batches over the actor ranks
     except LayoutError as e:
         raise ConfigError(str(e)) from e
-    from openrlhf_search.context_length import context_error, model_context_length
+    from openrlhf_search.env.context_length import context_error, model_context_length
 
     error = context_error(args.data.max_len, model_context_length(args.actor.model_name_or_path))
     if error:  # vLLM would refuse max_model_len = --data.max_len only once its engines start
@@ -468,8 +468,8 @@ def _to_jsonable(x):
 
 
 def layout_summary(args) -> Dict[str, Any]:
-    """Ranks per model, engines and the even unit short batches are cut to (:mod:`openrlhf_search.even_batches`)."""
-    from openrlhf_search.even_batches import unit_of
+    """Ranks per model, engines and the even unit short batches are cut to (:mod:`openrlhf_search.rl.even_batches`)."""
+    from openrlhf_search.rl.even_batches import unit_of
 
     out = {"actor_ranks": args.actor.num_nodes * args.actor.num_gpus_per_node,
            "ref_ranks": args.ref.num_nodes * args.ref.num_gpus_per_node,
@@ -488,7 +488,7 @@ def layout_summary(args) -> Dict[str, Any]:
 
 def resolved_config(args, cfg: SearchConfig) -> Dict[str, Any]:
     """Everything a run is defined by, as JSON-able data (printed by --dry_run)."""
-    from openrlhf_search.reward_schedule import RewardSchedule
+    from openrlhf_search.env.reward_schedule import RewardSchedule
 
     return {
         "openrlhf_args": _to_jsonable(args),
@@ -498,12 +498,12 @@ def resolved_config(args, cfg: SearchConfig) -> Dict[str, Any]:
         "layout": layout_summary(args),
         "runtime_env": build_runtime_env(cfg),
         "gpu_split": gpu_layout(args),
-        "classes": {"trainer": "openrlhf_search.trainer.SearchPPOTrainer",
-                    "experience_maker": "openrlhf_search.experience_maker.SearchExperienceMaker",
-                    "policy_loss": "openrlhf_search.loss.MaskedPolicyLoss",
-                    **({"trainer": "openrlhf_search.async_trainer.SearchPPOTrainerAsync",
-                        "generator_actor": "openrlhf_search.async_trainer.SearchGenerateSamplesActor",
-                        "training_actor": "openrlhf_search.async_trainer.SearchTrainingActor"}
+        "classes": {"trainer": "openrlhf_search.rl.trainer.SearchPPOTrainer",
+                    "experience_maker": "openrlhf_search.rl.experience_maker.SearchExperienceMaker",
+                    "policy_loss": "openrlhf_search.rl.loss.MaskedPolicyLoss",
+                    **({"trainer": "openrlhf_search.rl.async_trainer.SearchPPOTrainerAsync",
+                        "generator_actor": "openrlhf_search.rl.async_trainer.SearchGenerateSamplesActor",
+                        "training_actor": "openrlhf_search.rl.async_trainer.SearchTrainingActor"}
                        if args.train.async_enable else {})},
     }
 
@@ -513,8 +513,8 @@ def inject_classes() -> Dict[str, Any]:
     import openrlhf.trainer.ppo_trainer as ppo_trainer
     import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
 
-    from openrlhf_search.async_trainer import SearchPPOTrainerAsync
-    from openrlhf_search.trainer import SearchCriticModelActor, SearchPolicyModelActor
+    from openrlhf_search.rl.async_trainer import SearchPPOTrainerAsync
+    from openrlhf_search.rl.trainer import SearchCriticModelActor, SearchPolicyModelActor
 
     module = openrlhf_main().module
     saved = {"PPOTrainer": ppo_trainer.PPOTrainer, "PolicyModelActor": module.PolicyModelActor,
@@ -530,15 +530,15 @@ _SCHEDULED_TRAINER = None
 
 
 def scheduled_trainer_class():
-    """``SearchPPOTrainer`` with the step cap of :mod:`openrlhf_search.schedules` (a Ray actor class, built once).
+    """``SearchPPOTrainer`` with the step cap of :mod:`openrlhf_search.rl.schedules` (a Ray actor class, built once).
 
-    ``openrlhf_search.trainer`` stays as it is: the cap is a mixin composed here."""
+    ``openrlhf_search.rl.trainer`` stays as it is: the cap is a mixin composed here."""
     global _SCHEDULED_TRAINER
     if _SCHEDULED_TRAINER is None:
         import ray
 
-        from openrlhf_search.schedules import with_step_cap
-        from openrlhf_search.trainer import _SearchPPOTrainer
+        from openrlhf_search.rl.schedules import with_step_cap
+        from openrlhf_search.rl.trainer import _SearchPPOTrainer
 
         _SCHEDULED_TRAINER = ray.remote(with_step_cap(_SearchPPOTrainer))
     return _SCHEDULED_TRAINER
@@ -550,7 +550,7 @@ def check_retrievers_before_training(args, cfg: SearchConfig) -> Optional[str]:
     Skipped (None) with ``--search.check_retrievers false``. Raises ``RetrieverCheckError`` (one line)."""
     if args.search.check_retrievers is False:
         return None
-    from openrlhf_search.retriever_check import check_on_ray_nodes
+    from openrlhf_search.launch.retriever_check import check_on_ray_nodes
 
     fingerprint = check_on_ray_nodes(cfg.retriever_urls, args.search.retriever_fingerprint)
     check_web_budget(args, cfg)
@@ -562,7 +562,7 @@ def check_web_budget(args, cfg: SearchConfig) -> Optional[str]:
     refuse (ConfigError, one line) a run the budget cannot carry through its planned steps while the server stops
     at its budget, unless ``--search.web_budget_check false``. Returns the line (None for an index, or when the
     driver cannot read the retriever's ``/health``)."""
-    from openrlhf_search.retriever_check import RetrieverCheckError, fetch_health, web_preflight
+    from openrlhf_search.launch.retriever_check import RetrieverCheckError, fetch_health, web_preflight
 
     try:
         health = fetch_health(cfg.retriever_urls[0])
@@ -619,7 +619,7 @@ def run(args, cfg: SearchConfig) -> None:
         started = True
     try:
         if not cpu:  # a layout Ray cannot place fails here, not in train()'s ray.get(pg.ready()) forever
-            from openrlhf_search.layout import LayoutError, wait_for_free_gpus
+            from openrlhf_search.launch.layout import LayoutError, wait_for_free_gpus
 
             try:
                 wait_for_free_gpus(args, float(os.environ.get("PLACEMENT_WAIT_S") or 60))
@@ -669,9 +669,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"[dry_run] {turn_budget_line(cfg)}", file=sys.stderr)
         print(json.dumps(resolved, indent=2, sort_keys=True, default=str), file=stdout)
         return 0
-    from openrlhf_search.retriever_check import RetrieverCheckError
+    from openrlhf_search.launch.retriever_check import RetrieverCheckError
 
-    from openrlhf_search.relaunch import load_problem
+    from openrlhf_search.launch.relaunch import load_problem
 
     problem = cuda_python_problem(args) or load_problem(args)
     if problem:
@@ -705,7 +705,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 def turn_budget_line(cfg: SearchConfig) -> str:
     """The per-turn token budget a rollout runs under, naming whether the policy thinks inside it (a protocol whose
     chat template has ``enable_thinking`` on: the reasoning and the tool call or answer share the budget)."""
-    from openrlhf_search.protocol import get_protocol
+    from openrlhf_search.env.protocol import get_protocol
 
     thinking = bool(getattr(get_protocol(cfg.protocol), "enable_thinking", False))
     line = (f"turn budget: {cfg.max_new_tokens_per_turn} new tokens per turn (--search.max_new_tokens_per_turn), "
@@ -731,13 +731,13 @@ def cuda_python_problem(args) -> Optional[str]:
 
 
 def memory_estimate(args, dry_run: bool = True) -> Dict[str, Any]:
-    """:func:`openrlhf_search.memory_estimate.estimate` against the GPU's memory (``GPU_MEM_GB``, else what
+    """:func:`openrlhf_search.launch.memory_estimate.estimate` against the GPU's memory (``GPU_MEM_GB``, else what
     ``nvidia-smi`` reports, else 80) with the retriever the launcher placed (``RETRIEVER_GPU_GB`` per GPU it sits
     on; ``RETRIEVER_ON_VLLM_GPUS=1``: the vLLM GPUs of a split layout, else the training GPUs). Prints the summary
-    line and a warning (stderr); adds ``checkpoints`` (:func:`~openrlhf_search.memory_estimate.checkpoint_volume`)
-    in a dry run. Raises :class:`ConfigError` (one line naming the settings that fit) when the estimate exceeds the
-    GPU, unless ``MEMORY_CHECK=0``."""
-    from openrlhf_search.memory_estimate import checkpoint_volume, estimate, gpu_memory_gb, summary_line
+    line and a warning (stderr); adds ``checkpoints``
+    (:func:`~openrlhf_search.launch.memory_estimate.checkpoint_volume`) in a dry run. Raises :class:`ConfigError`
+    (one line naming the settings that fit) when the estimate exceeds the GPU, unless ``MEMORY_CHECK=0``."""
+    from openrlhf_search.launch.memory_estimate import checkpoint_volume, estimate, gpu_memory_gb, summary_line
 
     try:
         gpu_gb, source = gpu_memory_gb()
@@ -769,8 +769,8 @@ def memory_estimate(args, dry_run: bool = True) -> Dict[str, Any]:
 
 def check_disk(args) -> None:
     """Refuse (:class:`ConfigError`, one line) a launch whose checkpoints cannot fit the disk of ``--ckpt.path``
-    (:func:`~openrlhf_search.memory_estimate.disk_problem`), unless ``DISK_CHECK=0``."""
-    from openrlhf_search.memory_estimate import checkpoint_volume, disk_problem
+    (:func:`~openrlhf_search.launch.memory_estimate.disk_problem`), unless ``DISK_CHECK=0``."""
+    from openrlhf_search.launch.memory_estimate import checkpoint_volume, disk_problem
 
     problem = disk_problem(args, checkpoint_volume(args))
     if problem and os.environ.get("DISK_CHECK") != "0":
@@ -783,8 +783,8 @@ def stop_reason(error: BaseException) -> Optional[str]:
     """The one-line message of a search-environment error that stops a run (``RetrievalFailureLimit`` raised in
     the trainer actor, ``RetrievalStopped`` raised by a rollout's executor when a web retriever can no longer serve;
     re-raised by ``ray.get`` as a ``RayTaskError``, one per actor hop), None for anything else."""
-    from openrlhf_search.experience_maker import RetrievalFailureLimit
-    from openrlhf_search.retrieval_client import RetrievalStopped
+    from openrlhf_search.rl.experience_maker import RetrievalFailureLimit
+    from openrlhf_search.env.retrieval_client import RetrievalStopped
 
     stopping = (RetrievalFailureLimit, RetrievalStopped)
     seen = set()

@@ -14,7 +14,7 @@ import random
 from collections import Counter
 from typing import Callable, Dict, List, Sequence, Tuple
 
-from openrlhf_search.metrics import cover_em, exact_match, f1_score
+from openrlhf_search.env.metrics import cover_em, exact_match, f1_score
 
 BUCKETS = ("easy", "medium", "hard")
 

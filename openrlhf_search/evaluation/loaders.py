@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional
 
-from openrlhf_search.metrics import parse_golds
+from openrlhf_search.env.metrics import parse_golds
 
 DATA_DIR_ENV = "OPENRLHF_SEARCH_DATA_DIR"
 FLASHRAG_HUB_REPO = "RUC-NLPIR/FlashRAG_datasets"

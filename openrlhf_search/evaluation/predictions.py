@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from openrlhf_search.metrics import parse_golds
+from openrlhf_search.env.metrics import parse_golds
 
 
 class PredictionFormatError(ValueError):

@@ -20,7 +20,7 @@ One record per question, written by the CPU job's ``evaluate`` (``eval_before.js
 
 from typing import List, Optional, Sequence
 
-from openrlhf_search.metrics import normalize_answer
+from openrlhf_search.env.metrics import normalize_answer
 from openrlhf_search.evaluation.summary import score_prediction
 
 FORMS = ("exact", "contained", "absent")
@@ -35,7 +35,7 @@ def span_in(golds: Sequence[str], text: str) -> bool:
 
 def answer_form(prediction: str, golds: Sequence[str], em: Optional[float] = None) -> str:
     """``exact`` (EM 1), ``contained`` (a gold span in a longer answer) or ``absent`` (see the module doc)."""
-    from openrlhf_search.metrics import exact_match
+    from openrlhf_search.env.metrics import exact_match
 
     if (em if em is not None else exact_match(prediction, list(golds))) >= 1.0:
         return "exact"
@@ -84,8 +84,8 @@ def question_record(row: dict, out: dict, protocol, max_turns: int) -> dict:
         row: the question: ``question``, ``golden_answers`` (or ``golds``), optional ``id``, ``type``, ``hops``,
             ``supporting_ids``.
         out: the executor's result (``response_text``, ``extra_logs``, ``search_trace``; see
-            :class:`openrlhf_search.agent.SearchAgentExecutor`).
-        protocol: the rollout's :class:`~openrlhf_search.protocol.Protocol` (answer, query and documents parsing).
+            :class:`openrlhf_search.env.agent.SearchAgentExecutor`).
+        protocol: the rollout's :class:`~openrlhf_search.env.protocol.Protocol` (answer, query and documents parsing).
         max_turns: the turn budget (for the stop reason).
     Returns:
         the record dict of the module doc.

@@ -1,6 +1,6 @@
 """Run the search agent over eval questions: every question (and sample) is one concurrent rollout task.
 
-The rollout is the training executor itself (``openrlhf_search.agent.SearchAgentExecutor``), so eval measures the
+The rollout is the training executor itself (``openrlhf_search.env.agent.SearchAgentExecutor``), so eval measures the
 same prompt, tags, stop strings, document rendering and turn budget the policy was trained with. Decoding is greedy by
 default (both papers evaluate greedily). One question failing (engine error, retriever down past the retry budget)
 yields a row with ``error`` set instead of ending the run.
@@ -108,7 +108,7 @@ class EvalSettings:
     def check_template(self) -> None:
         """Raises ValueError when the protocol has no such prompt template, or asks for chat with one that is plain
         text by definition (R1-Searcher's eval prompt)."""
-        from openrlhf_search.protocol import get_protocol
+        from openrlhf_search.env.protocol import get_protocol
 
         protocol = get_protocol(self.protocol)
         protocol._check_template(self.template)
@@ -119,7 +119,7 @@ class EvalSettings:
     def resolved_chat(self, tokenizer) -> bool:
         """Whether prompts get the chat template with this (the policy's) tokenizer. Raises ValueError as
         ``Protocol.resolve_chat``."""
-        from openrlhf_search.protocol import get_protocol
+        from openrlhf_search.env.protocol import get_protocol
 
         return get_protocol(self.protocol).resolve_chat(self.chat, tokenizer)
 
@@ -130,7 +130,7 @@ class EvalSettings:
         Raises:
             ValueError: empty question, chat rendering without a tokenizer that has a chat template, bad template.
         """
-        from openrlhf_search.protocol import engine_prompt, get_protocol
+        from openrlhf_search.env.protocol import engine_prompt, get_protocol
 
         prompt = get_protocol(self.protocol).build_prompt(question, tokenizer=tokenizer, chat=self.chat,
                                                           template=self.template)
@@ -138,7 +138,7 @@ class EvalSettings:
 
     def search_config(self):
         """The ``SearchConfig`` the executor runs with. Raises ConfigError on bad values."""
-        from openrlhf_search.config import SearchConfig
+        from openrlhf_search.env.config import SearchConfig
 
         urls = self.retriever_url if isinstance(self.retriever_url, list) else \
             [u for u in str(self.retriever_url).split(",") if u]
@@ -237,9 +237,9 @@ async def run_eval(examples: Sequence[QAExample], settings: EvalSettings, engine
     Raises:
         RetrievalStopped: a web retriever said no question can be served (refused API key, budget spent).
     """
-    from openrlhf_search.agent import SearchAgentExecutor
-    from openrlhf_search.protocol import get_protocol
-    from openrlhf_search.retrieval_client import RetrievalClient, RetrievalStopped
+    from openrlhf_search.env.agent import SearchAgentExecutor
+    from openrlhf_search.env.protocol import get_protocol
+    from openrlhf_search.env.retrieval_client import RetrievalClient, RetrievalStopped
 
     cfg = settings.search_config()
     protocol = get_protocol(cfg.protocol)

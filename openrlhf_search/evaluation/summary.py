@@ -1,13 +1,13 @@
 """Per-question scores, dataset summaries, and the table that puts our numbers beside the papers'.
 
-Metrics (:mod:`openrlhf_search.metrics`): EM and F1 with SQuAD normalisation, Cover-EM (R1-Searcher's ACC_R, its own
+Metrics (:mod:`openrlhf_search.env.metrics`): EM and F1 with SQuAD normalisation, Cover-EM (R1-Searcher's ACC_R, its own
 normalisation), judge accuracy (ACC_L). All are fractions in [0, 1].
 """
 
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from openrlhf_search.evaluation.paper_reference import canonical_dataset, reference_numbers
-from openrlhf_search.metrics import cover_em, exact_match, f1_score
+from openrlhf_search.env.metrics import cover_em, exact_match, f1_score
 
 METRIC_COLUMNS = ("em", "f1", "cover_em", "judge_acc")
 _HEADERS = {"em": "EM", "f1": "F1", "cover_em": "Cover-EM", "judge_acc": "Judge acc"}

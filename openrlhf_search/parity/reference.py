@@ -112,7 +112,7 @@ SEARCHR1: List[Ref] = [
     Ref("actor.lr_scheduler", "constant_with_warmup", f"{_YAML}:46, {_FSDP}:240",
         "warmup_style constant = get_constant_schedule_with_warmup; transformers' constant_with_warmup is the same"),
     Ref("actor.lr_warmup_ratio", 0.285, f"{_PPO}:43, {_GRPO}:43",
-        "of total_training_steps; our horizon is --train.max_steps x updates per step (openrlhf_search.schedules)"),
+        "of total_training_steps; our horizon is --train.max_steps x updates per step (openrlhf_search.rl.schedules)"),
     Ref("actor.adam.betas", (0.9, 0.999), f"{_FSDP}:231", "AdamW default of the optim config"),
     Ref("actor.adam.weight_decay", 0.01, f"{_FSDP}:232"),
     Ref("actor.adam.eps", 1e-8, f"{_FSDP}:229", "torch.optim.AdamW default"),
@@ -340,7 +340,7 @@ def _uses_whitening(args, cfg) -> bool:
 
 BEHAVIOUR: Dict[str, Callable[[Any, Any], Any]] = {
     "behaviour.critic_from_actor_model": lambda a, c: a.critic.model_name_or_path == a.actor.model_name_or_path,
-    # OpenRLHF's fit evaluates after steps only; --eval.before_training (openrlhf_search.schedules) adds step 0
+    # OpenRLHF's fit evaluates after steps only; --eval.before_training (openrlhf_search.rl.schedules) adds step 0
     "behaviour.eval_before_training": lambda a, c: bool(getattr(a.eval, "before_training", False)),
     # OpenRLHF's get_optimizer_grouped_parameters exempts biases and norm weights from weight decay
     "behaviour.weight_decay_on_norms_and_biases": lambda a, c: False,

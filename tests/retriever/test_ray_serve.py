@@ -167,7 +167,7 @@ def test_replica_killed_during_load_loses_no_request(serve_app, hotpotqa_bm25_in
     client's stats); Serve brings the deployment back to 2 replicas."""
     from ray import serve
 
-    from openrlhf_search.retrieval_client import RetrievalClient
+    from openrlhf_search.env.retrieval_client import RetrievalClient
 
     index = load_index(hotpotqa_bm25_index)
     want = {q: [p["id"] for p in hits] for q, hits in zip(questions, index.search(questions, 3))}

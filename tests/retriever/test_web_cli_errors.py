@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 
-from openrlhf_search.retrieval_client import RetrievalClient, RetrievalError, RetrievalStopped
+from openrlhf_search.env.retrieval_client import RetrievalClient, RetrievalError, RetrievalStopped
 from retriever.web import get_provider
 from tests.conftest import REPO_ROOT
 from tests.retriever.web_standins import KEY, ProviderStandIn, no_real_provider  # noqa: F401 (autouse fixture)
@@ -300,7 +300,7 @@ def test_preflight_compares_the_runs_searches_with_the_budget_and_refuses_one_it
     from types import SimpleNamespace
 
     from openrlhf_search.cli.train import check_web_budget
-    from openrlhf_search.config import ConfigError
+    from openrlhf_search.env.config import ConfigError
 
     standin = ProviderStandIn("serper")
     server = cli(standin, "--web_max_queries", "1000", "--web_usd_per_1k", "1", "--web_qps", "5")
@@ -324,7 +324,7 @@ def test_preflight_compares_the_runs_searches_with_the_budget_and_refuses_one_it
 
 
 def test_the_step_line_shows_what_the_steps_searches_cost_and_the_run_so_far(cli):
-    from openrlhf_search import step_timing
+    from openrlhf_search.rl import step_timing
 
     standin = ProviderStandIn("serper")
     server = cli(standin, "--web_usd_per_1k", "1")

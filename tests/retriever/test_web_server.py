@@ -21,8 +21,8 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from openrlhf_search import step_timing
-from openrlhf_search.retrieval_client import RetrievalClient, RetrievalError, RetrievalStopped
+from openrlhf_search.rl import step_timing
+from openrlhf_search.env.retrieval_client import RetrievalClient, RetrievalError, RetrievalStopped
 from retriever.server import bind_socket, create_app
 from retriever.web import get_provider
 from retriever.web.backend import WebIndex
@@ -193,8 +193,8 @@ def test_refused_key_stops_the_client_the_executor_and_the_run_in_one_line(serpe
 
 def _executor_error(url, tok):
     """The exception a real SearchAgentExecutor raises when its first search is refused with stop_run."""
-    from openrlhf_search.agent import SearchAgentExecutor
-    from openrlhf_search.config import SearchConfig
+    from openrlhf_search.env.agent import SearchAgentExecutor
+    from openrlhf_search.env.config import SearchConfig
 
     ids = tok("<|begin_of_query|> Ed Wood director <|end_of_query|>", add_special_tokens=False).input_ids
 

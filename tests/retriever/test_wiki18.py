@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from openrlhf_search.protocol import get_protocol
-from openrlhf_search.retrieval_client import passage_from_document
+from openrlhf_search.env.protocol import get_protocol
+from openrlhf_search.env.retrieval_client import passage_from_document
 from retriever.index import build_index, load_index
 from retriever.server import create_app
 from tests.conftest import shared_path

@@ -157,7 +157,7 @@ def sft_warmstart(model, trajectories, pad_id: int, steps: int, lr: float, batch
 
 
 def _corpus_passages(corpus_path: str) -> Dict[str, "object"]:
-    from openrlhf_search.types import Passage
+    from openrlhf_search.env.types import Passage
 
     out = {}
     with open(corpus_path, encoding="utf-8") as f:
@@ -189,7 +189,7 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
 
     from openrlhf_search.cli.prepare_data import main as prepare_main
     from openrlhf_search.cpu.data.default_dataset import build_default_dataset
-    from openrlhf_search.protocol import get_protocol
+    from openrlhf_search.env.protocol import get_protocol
 
     proto = get_protocol(protocol)
     native = bool(getattr(proto, "native_tools", False))  # chat_tools: tools live in the chat template
@@ -242,8 +242,8 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
 
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    from openrlhf_search.agent import SearchAgentExecutor
-    from openrlhf_search.config import SearchConfig
+    from openrlhf_search.env.agent import SearchAgentExecutor
+    from openrlhf_search.env.config import SearchConfig
     from openrlhf_search.cpu.main_job.warmstart import scripted_turns
 
     config_cls, model_cls = (Qwen3Config, Qwen3ForCausalLM) if native else (Qwen2Config, Qwen2ForCausalLM)

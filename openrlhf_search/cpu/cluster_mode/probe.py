@@ -164,7 +164,7 @@ def _policy_named_parameters(actor) -> Dict[str, Any]:
     (``cpu/cluster_mode/runtime.py``, :data:`~openrlhf_search.cpu.cluster_mode.runtime.ZERO3_CPU_SETTINGS`)."""
     model = actor.actor.model.module if hasattr(actor.actor.model, "module") else actor.actor.model
     if hasattr(model, "peft_config"):  # LoRA: the merged base-model weights the sync sends, under vLLM's names
-        from openrlhf_search.trainer import lora_sync_tensors
+        from openrlhf_search.rl.trainer import lora_sync_tensors
 
         zero3 = any(hasattr(p, "ds_id") for p in model.parameters())
         return {n: t.detach().to("cpu").clone() for n, t in lora_sync_tensors(model, zero3=zero3)}
@@ -430,7 +430,7 @@ def _kill_in_save(module) -> None:
 
 HOOKS = (
     ("openrlhf.trainer.ppo_trainer", _wrap_trainer),
-    ("openrlhf_search.experience_maker", _wrap_experience_maker),
+    ("openrlhf_search.rl.experience_maker", _wrap_experience_maker),
     ("openrlhf.trainer.ray.ppo_actor", _wrap_actor_trainer),
 )
 

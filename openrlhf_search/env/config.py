@@ -65,7 +65,7 @@ class SearchConfig:
         group_norm_zero_pad: with ``--algo.advantage.estimator group_norm``, normalise each prompt's samples in rows
             of n_samples_per_prompt values holding n/2 of its samples and n/2 zeros, as R1-Searcher's released Llama
             stage 1 did (its reward server returns ``[score, 0]`` per sample,
-            ``train/reward_server_llama_stage1.py:226``; ``openrlhf_search.advantages.zero_padded_group_norm``).
+            ``train/reward_server_llama_stage1.py:226``; ``openrlhf_search.rl.advantages.zero_padded_group_norm``).
         max_tool_calls_per_turn: native tool-call protocols (``chat_tools``): the calls of one assistant message
             that are run; each call after them gets an invalid-call tool message and is neither searched nor paid
             (a policy that writes 40 calls in one message must not cost 40 web searches). Default 4; the papers'
@@ -79,7 +79,7 @@ class SearchConfig:
         coalesce_window_ms: queries from concurrent samples that arrive within this window go out in one HTTP
             request, milliseconds. Default 5.
         max_batch_queries: most queries in one HTTP request. Default 256.
-        reward_scheme: name of the reward function in ``openrlhf_search.rewards.REWARD_SCHEMES``.
+        reward_scheme: name of the reward function in ``openrlhf_search.env.rewards.REWARD_SCHEMES``.
         answer_max_words: R1-Searcher's format rule: an answer longer than this many words is a format error.
         stop_at_answer: True (default): a turn also stops at the answer's closing tag (``protocol.stop_strings``).
             False: only at the end-of-query tag, as R1-Searcher's released rollout loop does
@@ -119,7 +119,7 @@ class SearchConfig:
     max_batch_queries: int = field(default=256, metadata={
         "help": "most queries in one retriever request; not a paper setting"})
     reward_scheme: str = field(default="r1searcher_stage2", metadata={
-        "help": "reward function, a name in openrlhf_search.rewards.REWARD_SCHEMES; papers: Search-R1 searchr1_em, "
+        "help": "reward function, a name in openrlhf_search.env.rewards.REWARD_SCHEMES; papers: Search-R1 searchr1_em, "
                 "R1-Searcher r1searcher_stage1 then r1searcher_stage2"})
     answer_max_words: int = field(default=10, metadata={
         "help": "words an answer may have before R1-Searcher's format check fails it; paper: 10"})
@@ -253,7 +253,7 @@ REWARD_FLAG_HELP = {
     "--reward.model_name_or_path": "reward model (HF name or path); unused by the search path and by both papers, "
                                    "whose rewards are rules (--search.reward_scheme)",
     "--reward.remote_url": "OpenRLHF's remote reward (HTTP URL or a reward_func .py); the search executor scores "
-                           "itself, openrlhf_search/reward_func.py serves single-turn baselines; R1-Searcher "
+                           "itself, openrlhf_search/env/reward_func.py serves single-turn baselines; R1-Searcher "
                            "released: its rule-based reward server, reproduced as r1searcher_released_* schemes",
     "--reward.num_nodes": "nodes of a reward model; unused without --reward.model_name_or_path (both papers)",
     "--reward.num_gpus_per_node": "GPUs per node of a reward model; unused without --reward.model_name_or_path "

@@ -4,8 +4,8 @@ A local folder must hold ``config.json``. A hub name (``org/name``) is looked up
 on the hub (``HfApi.model_info``); offline, a name found in neither is refused unless it is one of the launchers'
 paper models. A misspelled ``Qwen/Qwen2.5-7B-Bsae`` otherwise passes a dry run and fails on the cluster.
 
-``python -m openrlhf_search.model_check NAME``: one line on stderr, exit 0 (found, or a paper model that could not be
-checked) or 2 (refused).
+``python -m openrlhf_search.launch.model_check NAME``: one line on stderr, exit 0 (found, or a paper model that could
+not be checked) or 2 (refused).
 """
 
 import os
@@ -105,7 +105,7 @@ def require_hub_files(name: str, timeout_s: float = 10.0) -> None:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m openrlhf_search.model_check MODEL", file=sys.stderr)
+        print("usage: python -m openrlhf_search.launch.model_check MODEL", file=sys.stderr)
         return 2
     try:
         print(check_model(argv[0]), file=sys.stderr)

@@ -12,11 +12,11 @@ Two checks a run would otherwise meet only after Ray, DeepSpeed and vLLM have st
   (``--train.batch_size``) carries a partial gradient accumulation into the next step's policy.
 
 :func:`batch_layout_problems` lists what fails; :func:`working_layouts` names the NNODES x GPUS layouts that pass;
-:func:`choose_layout` is what ``examples/scripts/common.sh`` runs (``python -m openrlhf_search.layout``): every GPU
-colocated (actor, reference, critic and vLLM on each, with sleep mode) when the batch sizes fit all of them, else the
-largest number of actor GPUs per node that fits, with vLLM engines on the rest (no critic: a synchronous PPO critic
-would need GPUs of its own). Asynchronous (``ASYNC=1``): vLLM always on GPUs of its own, the DeepSpeed models (critic
-included) colocated on the others, the split closest to half that fits.
+:func:`choose_layout` is what ``examples/scripts/common.sh`` runs (``python -m openrlhf_search.launch.layout``):
+every GPU colocated (actor, reference, critic and vLLM on each, with sleep mode) when the batch sizes fit all of
+them, else the largest number of actor GPUs per node that fits, with vLLM engines on the rest (no critic: a
+synchronous PPO critic would need GPUs of its own). Asynchronous (``ASYNC=1``): vLLM always on GPUs of its own,
+the DeepSpeed models (critic included) colocated on the others, the split closest to half that fits.
 """
 
 import argparse

@@ -9,7 +9,7 @@ Ray worker, rebinds the module's two globals to :data:`SearchGenerateSamplesActo
 before OpenRLHF's constructor runs. Nothing of OpenRLHF is copied; every class below subclasses OpenRLHF's plain class
 (``__ray_actor_class__``) and is wrapped with ``ray.remote`` as OpenRLHF's decorators do.
 
-What runs where, against the synchronous loop (``openrlhf_search.trainer.SearchPPOTrainer``):
+What runs where, against the synchronous loop (``openrlhf_search.rl.trainer.SearchPPOTrainer``):
 
 * **generator** (:class:`_SearchGenerateSamplesActor`): :class:`SearchSamplesGenerator` (sampled-token lengths, the
   training-reward dynamic filter, retrieval timing), the **reward-stage switch** and the **step cap**. The k-th batch
@@ -25,13 +25,13 @@ What runs where, against the synchronous loop (``openrlhf_search.trainer.SearchP
   ``eval_f1``, ... per data source).
 * **trainer** (:class:`_SearchTrainingActor`): :class:`SearchExperienceMaker` (masked GAE, failed samples out, group
   baselines over valid samples, failure limit), ``rollout/*`` and ``search/*`` statistics over trained samples, the
-  step cap's final checkpoint (:class:`~openrlhf_search.schedules.StepCapTrainerMixin`), the step's time split
-  (:class:`~openrlhf_search.step_timing.StepTimingMixin`) and a guard: samples whose reward scheme is not the scheme
+  step cap's final checkpoint (:class:`~openrlhf_search.rl.schedules.StepCapTrainerMixin`), the step's time split
+  (:class:`~openrlhf_search.rl.step_timing.StepTimingMixin`) and a guard: samples whose reward scheme is not the scheme
   of the step being trained are dropped and counted (``search/stale_stage_samples_dropped``; none by construction).
   After each weight sync every engine is told the step whose weights it now holds
-  (:func:`~openrlhf_search.step_timing.set_policy_version`), from which each trajectory's policy version at start
+  (:func:`~openrlhf_search.rl.step_timing.set_policy_version`), from which each trajectory's policy version at start
   and end (``async/staleness_*``) and the version of each action token are recorded
-  (:mod:`openrlhf_search.policy_versions`: ``async/samples_spanning_sync``, samples whose action tokens come from
+  (:mod:`openrlhf_search.env.policy_versions`: ``async/samples_spanning_sync``, samples whose action tokens come from
   more than one version; ``async/token_staleness_*``).
 
 Staleness bound: ``--train.async_queue_size`` q. The generator takes a slot before generating a batch and the trainer
@@ -54,9 +54,8 @@ import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 import openrlhf.trainer.ppo_trainer_async as ppo_async
 from openrlhf.trainer.ppo_trainer import BasePPOTrainer
 
-from openrlhf_search import policy_versions
-from openrlhf_search.async_checks import check_async_args, gpu_layout  # noqa: F401  (re-exported)
-from openrlhf_search.experience_maker import (
+from openrlhf_search.env import policy_versions
+from openrlhf_search.rl.experience_maker import (
     SearchExperienceMaker,
     SearchSamplesGenerator,
     failed_mask,
@@ -64,10 +63,10 @@ from openrlhf_search.experience_maker import (
     turn_cut_warning,
     valid_rollout_stats,
 )
-from openrlhf_search.reward_schedule import RewardSchedule
-from openrlhf_search.schedules import StepCapTrainerMixin, scheduler_horizon
-from openrlhf_search.step_timing import StepTimingMixin, set_policy_version
-from openrlhf_search.trainer import search_eval_metrics, set_reward_scheme
+from openrlhf_search.env.reward_schedule import RewardSchedule
+from openrlhf_search.rl.schedules import StepCapTrainerMixin, scheduler_horizon
+from openrlhf_search.rl.step_timing import StepTimingMixin, set_policy_version
+from openrlhf_search.rl.trainer import search_eval_metrics, set_reward_scheme
 
 logger = logging.getLogger(__name__)
 

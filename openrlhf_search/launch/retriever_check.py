@@ -5,7 +5,7 @@ a hash of encoder, index type, passage count, build parameters and corpus file n
 query two different indexes, or an index other than the one the launcher meant (a stale service left on the port),
 would train on mixed or wrong evidence without any error; this module refuses to start it.
 
-    python -m openrlhf_search.retriever_check --urls http://127.0.0.1:8000,http://10.0.0.2:8000 \
+    python -m openrlhf_search.launch.retriever_check --urls http://127.0.0.1:8000,http://10.0.0.2:8000 \
         [--index_dir DIR | --fingerprint HEX] [--timeout 5]
 
 exits 0 and prints the common fingerprint, or exits 1 with one line naming the URL and what is wrong.
@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from typing import Dict, List, Optional
 
-from openrlhf_search.config import _is_http_url
+from openrlhf_search.env.config import _is_http_url
 
 
 #: an opener that ignores the proxy environment variables (the retriever is reached directly)

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Sequence, Tuple
 
-from openrlhf_search.metrics import (
+from openrlhf_search.env.metrics import (
     cover_em,
     exact_match,
     f1_score,
@@ -35,7 +35,7 @@ from openrlhf_search.metrics import (
     parse_golds,
     r1searcher_normalize,
 )
-from openrlhf_search.protocol import Protocol, R1SearcherProtocol, get_protocol
+from openrlhf_search.env.protocol import Protocol, R1SearcherProtocol, get_protocol
 
 __all__ = [
     "RewardResult",
@@ -647,7 +647,7 @@ def compute_reward(scheme: str, response_text: str, golds, protocol, **kw) -> Re
     Args:
         scheme: a key of ``REWARD_SCHEMES``.
         response_text: everything after the prompt (model turns and environment blocks, as decoded).
-        golds: gold answers in any form :func:`~openrlhf_search.metrics.parse_golds` reads.
+        golds: gold answers in any form :func:`~openrlhf_search.env.metrics.parse_golds` reads.
         protocol: a :class:`Protocol` or a registered protocol name.
         **kw: scheme options (``answer_max_words``, ``format_penalty``, ``structure_format_score``, ...).
 

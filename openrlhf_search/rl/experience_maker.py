@@ -3,7 +3,7 @@
 What changes against OpenRLHF 0.11.2 (everything else, model forwards included, is inherited):
 
 * **Masked GAE** (``--algo.advantage.estimator gae``): advantages and value targets come from
-  :func:`openrlhf_search.advantages.masked_gae`, which recurses over action tokens only (``docs/design.md``,
+  :func:`openrlhf_search.rl.advantages.masked_gae`, which recurses over action tokens only (``docs/design.md``,
   "Masking rule"; Search-R1 arXiv 2503.09516 sec. 3.1). The REINFORCE-family returns use the same recursion with
   V = 0, so a discount < 1 is applied per action token, never per retrieved token.
 * **Masked KL and whitening**: the per-token KL is multiplied by the action mask before it enters the reward, and
@@ -20,7 +20,7 @@ What changes against OpenRLHF 0.11.2 (everything else, model forwards included, 
   set on every sample before the length penalties (``--reward.overlong_buffer_len``) and the
   ``rollout/response_length_mean`` log read it (:func:`sampled_lengths`). The overlong penalty measures it against
   the trajectory's budget ``--search.max_turns x --search.max_new_tokens_per_turn``, not the per-turn
-  ``--rollout.max_new_tokens`` (:mod:`openrlhf_search.length_penalty`).
+  ``--rollout.max_new_tokens`` (:mod:`openrlhf_search.env.length_penalty`).
 * **Dynamic filtering on the training reward's spread** (:class:`SearchSamplesGenerator`): a prompt group is kept
   when at least two of its samples have a successful retrieval and their training rewards differ; failed samples
   never enter the decision.
@@ -28,7 +28,7 @@ What changes against OpenRLHF 0.11.2 (everything else, model forwards included, 
   (:meth:`SearchSamplesGenerator.discard_buffer`).
 * **Per-token policy versions** (asynchronous training): the executor's ``action_versions`` become an int tensor
   aligned with each sample's action mask and, per micro-batch, ``Experience.action_policy_versions`` ``(B, A)``
-  (:mod:`openrlhf_search.policy_versions`).
+  (:mod:`openrlhf_search.env.policy_versions`).
 * **Search statistics**: the executor's ``extra_logs`` (turns, valid_searches, answer_present, em, f1, ...) arrive
   in ``Experience.info`` (``SamplesGenerator._process_response_into_experience``); every sample is given every key
   (so micro-batches concatenate) and :func:`search_rollout_stats` turns them into ``search/*`` curves.
@@ -47,14 +47,14 @@ from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from openrlhf.utils.logging_utils import init_logger
 
-from openrlhf_search import policy_versions
-from openrlhf_search.advantages import group_baseline_rewards, masked_gae, masked_whiten, zero_padded_group_norm
-from openrlhf_search.length_penalty import args_with_overlong_budget
+from openrlhf_search.env import policy_versions
+from openrlhf_search.rl.advantages import group_baseline_rewards, masked_gae, masked_whiten, zero_padded_group_norm
+from openrlhf_search.env.length_penalty import args_with_overlong_budget
 
 logger = init_logger(__name__)
 
 FAILED_KEY = "retrieval_failed"
-# extra_logs of openrlhf_search.agent (docs/ARCHITECTURE.md); plotted as search/<key>_mean over trained samples.
+# extra_logs of openrlhf_search.env.agent (docs/ARCHITECTURE.md); plotted as search/<key>_mean over trained samples.
 SEARCH_STAT_KEYS = (
     "turns", "turns_cut", "valid_searches", "queries", "answer_present", "truncated", "retrieval_failures",
     "response_tokens", "obs_tokens", "em", "f1", "cover_em", "format_ok", "retrieval_failovers", "context_full",
@@ -165,7 +165,7 @@ class SearchSamplesGenerator(SamplesGenerator):
     _tokenizer_handle = None
 
     def _dispatch_prompts_to_vllm(self, prompts, labels, **generate_kwargs):
-        """The parent's dispatch with the tokenizer sent as a :class:`~openrlhf_search.tokenizer_handle.
+        """The parent's dispatch with the tokenizer sent as a :class:`~openrlhf_search.env.tokenizer_handle.
         TokenizerHandle` (~400 bytes per call; each rollout actor fetches and unpickles the tokenizer once and
         reuses that object for every later prompt) instead of the pickled tokenizer with every prompt. Without an
         initialised Ray (unit tests with fake engines) the tokenizer goes as it is."""
@@ -173,7 +173,7 @@ class SearchSamplesGenerator(SamplesGenerator):
 
         if self.tokenizer is None or not ray.is_initialized():
             return super()._dispatch_prompts_to_vllm(prompts, labels, **generate_kwargs)
-        from openrlhf_search.tokenizer_handle import TokenizerHandle
+        from openrlhf_search.env.tokenizer_handle import TokenizerHandle
 
         tokenizer = self.tokenizer
         if self._tokenizer_handle is None or self._tokenizer_handle.tokenizer is not tokenizer:
@@ -210,7 +210,7 @@ class SearchSamplesGenerator(SamplesGenerator):
         if self._stop_after_discard:
             self._stop_after_discard = False
             return [], None, 0, True
-        from openrlhf_search import step_timing
+        from openrlhf_search.rl import step_timing
 
         if getattr(self, "_rollout_timer", None) is None:
             self._rollout_timer = step_timing.RolloutTimer(self.vllm_engines, self.record_policy_versions)
@@ -221,8 +221,8 @@ class SearchSamplesGenerator(SamplesGenerator):
 
     def _even_share(self, samples, generate_kwargs):
         """``samples`` cut to whole micro-batches on every data-parallel rank and whole train batches
-        (:mod:`openrlhf_search.even_batches`: a partial last batch would leave ranks waiting inside collectives)."""
-        from openrlhf_search.even_batches import even_share, unit_of
+        (:mod:`openrlhf_search.rl.even_batches`: a partial last batch would leave ranks waiting inside collectives)."""
+        from openrlhf_search.rl.even_batches import even_share, unit_of
 
         unit = unit_of(self.args, self._group_size(generate_kwargs))
         kept, dropped = even_share(samples, unit)
@@ -378,7 +378,7 @@ class SearchExperienceMaker(RemoteExperienceMaker):
 
     @torch.no_grad()
     def get_advantages_and_returns(self, values, rewards, action_mask, gamma, lambd):
-        """Masked GAE (:func:`openrlhf_search.advantages.masked_gae`) in place of OpenRLHF's per-position GAE."""
+        """Masked GAE (:func:`openrlhf_search.rl.advantages.masked_gae`) in place of OpenRLHF's per-position GAE."""
         return masked_gae(rewards, values, action_mask, gamma, lambd)
 
     @torch.no_grad()

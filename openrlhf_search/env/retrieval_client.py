@@ -66,7 +66,7 @@ from typing import Dict, List, Optional, Set
 
 import httpx
 
-from openrlhf_search.types import Passage
+from openrlhf_search.env.types import Passage
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ What OpenRLHF 0.11.2 already has (read from ``openrlhf/cli/train_ppo_ray.py`` an
   puts ``-coef * (log pi - log pi_ref)`` on every action token of the reward
   (``experience_maker.py`` ``compute_approx_kl`` + ``models/utils.py`` ``compute_reward``), which is Search-R1's
   PPO ``apply_kl_penalty`` with ``kl_penalty: kl`` (``verl/trainer/ppo/ray_trainer.py:91-121``). Our
-  :class:`openrlhf_search.experience_maker.SearchExperienceMaker` keeps that path and masks the KL to action tokens.
+  :class:`openrlhf_search.rl.experience_maker.SearchExperienceMaker` keeps that path and masks the KL to action tokens.
 * entropy bonus (``--actor.entropy_coef``), AdamW betas / weight decay (``--actor.adam.betas``,
   ``--actor.adam.weight_decay``), per-sequence loss averaging (``--actor.loss_agg_mode seq-mean-token-mean``).
 
@@ -55,7 +55,7 @@ def add_schedule_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     """
     parser.add_argument(MAX_STEPS_FLAG, type=int, default=None,
                         help="stop after this many training steps (rollout batch + update) and size the LR "
-                             "schedule to them (openrlhf_search.schedules; Search-R1 total_training_steps)")
+                             "schedule to them (openrlhf_search.rl.schedules; Search-R1 total_training_steps)")
     parser.add_argument("--eval.before_training", action="store_true", default=False,
                         help="evaluate once at step 0 before training (Search-R1 val_before_train); not on resume")
     return parser

@@ -4,12 +4,12 @@ With ``--train.partial_rollout_enable`` OpenRLHF 0.11.2 syncs weights into engin
 requests (``TrainingActor.broadcast_to_vllm``: ``pause_generation`` -> weights -> ``resume_generation``;
 ``vllm_engine.py``: ``llm.pause_generation(mode="keep")``), so one trajectory, even one turn, can hold tokens of two or
 more policy versions. A version is the trainer step whose weights the engine holds (0 = the initial weights;
-:func:`openrlhf_search.step_timing.set_policy_version`, called by the trainer while the engines are paused).
+:func:`openrlhf_search.rl.step_timing.set_policy_version`, called by the trainer while the engines are paused).
 
 The bookkeeping, from the engine to the trainer's experience:
 
 1. **engine** (:func:`wrap_llm_generate`, installed in each vLLM rollout actor by
-   :func:`openrlhf_search.step_timing.install_in_rollout_actor`): vLLM's ``AsyncLLM.generate`` streams a request's
+   :func:`openrlhf_search.rl.step_timing.install_in_rollout_actor`): vLLM's ``AsyncLLM.generate`` streams a request's
    outputs as the engine produces them; every newly streamed token is tagged with the engine's version at that
    moment, kept as turn-local segments ``[(first_token_index, version), ...]`` on the output (:data:`SEGMENTS_ATTR`).
    The version changes only while the engine is paused, and vLLM hands out the outputs of the last step before

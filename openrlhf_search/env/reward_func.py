@@ -1,4 +1,4 @@
-"""OpenRLHF's reward-function file: ``--reward.remote_url openrlhf_search/reward_func.py``.
+"""OpenRLHF's reward-function file: ``--reward.remote_url openrlhf_search/env/reward_func.py``.
 
 OpenRLHF 0.11.2's ``SingleTurnAgentExecutor`` loads this file by path and calls
 ``reward_func(queries, prompts, labels)`` with ``queries[i]`` = the decoded prompt + response (special tokens
@@ -17,13 +17,13 @@ from typing import Dict, List, Sequence
 import torch
 
 # The file is loaded by path (importlib), so make the package importable from the repository root.
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from openrlhf_search.config import SearchConfig  # noqa: E402
-from openrlhf_search.protocol import get_protocol  # noqa: E402
-from openrlhf_search.rewards import compute_reward  # noqa: E402
+from openrlhf_search.env.config import SearchConfig  # noqa: E402
+from openrlhf_search.env.protocol import get_protocol  # noqa: E402
+from openrlhf_search.env.rewards import compute_reward  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ class is changed; :func:`install_in_rollout_actor`):
   ``web_credits_run`` / ``web_usd_run`` (the same since the run's rollout engines started);
 * ``step_time/search_in_flight_s``: wall time during the batch's generation with at least one search in flight in
   any engine (the union of the calls' spans), and its fraction of the generation time;
-* async mode (:mod:`openrlhf_search.async_trainer`): ``async/trainer_wait_s`` (the trainer blocked on the rollout
+* async mode (:mod:`openrlhf_search.rl.async_trainer`): ``async/trainer_wait_s`` (the trainer blocked on the rollout
   queue), ``async/engine_wait_s`` (the generator blocked on a free queue slot, i.e. on the trainer, plus on the vLLM
   lock held by a weight sync), ``async/staleness_mean`` / ``_max`` (trained step minus the policy version the
   trajectory started on), ``async/samples_spanning_sync`` (trajectories whose action tokens come from more than one
-  policy version: partial rollouts; :mod:`openrlhf_search.policy_versions`) and ``async/token_staleness_mean`` /
+  policy version: partial rollouts; :mod:`openrlhf_search.env.policy_versions`) and ``async/token_staleness_mean`` /
   ``_max`` (trained step minus the version of each action token).
 
 Units: seconds unless the key says ms; rates per second. The rollout-side figures travel with the batch as the
@@ -48,7 +48,7 @@ def install_in_rollout_actor(actor, record_versions: bool = False) -> bool:
     """Runs inside a vLLM rollout actor (``actor.__ray_call__``): time every ``search`` of its executor's client and,
     with ``record_versions``, add ``policy_version_start`` / ``_end`` (the actor's :data:`VERSION_ATTR` when the
     trajectory began / ended) to every trajectory's ``extra_logs`` and tag every generated token with the version
-    that produced it (:func:`openrlhf_search.policy_versions.wrap_llm_generate` on the actor's vLLM engine).
+    that produced it (:func:`openrlhf_search.env.policy_versions.wrap_llm_generate` on the actor's vLLM engine).
     Idempotent; returns whether a client was found."""
     executor = getattr(actor, "executor", None)
     client = getattr(executor, "client", None)
@@ -82,7 +82,7 @@ def install_in_rollout_actor(actor, record_versions: bool = False) -> bool:
         executor._search_versioned = True
     llm = getattr(actor, "llm", None)
     if record_versions and llm is not None and callable(getattr(llm, "generate", None)):
-        from openrlhf_search.policy_versions import wrap_llm_generate
+        from openrlhf_search.env.policy_versions import wrap_llm_generate
 
         wrap_llm_generate(llm, lambda: getattr(actor, VERSION_ATTR, 0))  # per-token versions (policy_versions)
     return client is not None

@@ -23,8 +23,8 @@ from abc import ABC
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Type
 
-from openrlhf_search.config import ConfigError
-from openrlhf_search.types import Action, Passage
+from openrlhf_search.env.config import ConfigError
+from openrlhf_search.env.types import Action, Passage
 
 __all__ = [
     "Protocol",
@@ -338,7 +338,7 @@ class Protocol(ABC):
             turn_text: the decoded text of the turn (any length, any characters).
 
         Returns:
-            An :class:`~openrlhf_search.types.Action`.
+            An :class:`~openrlhf_search.env.types.Action`.
         """
         if not isinstance(turn_text, str):
             return Action("invalid", f"turn is not text: {type(turn_text).__name__}")
@@ -743,8 +743,3 @@ class SearchR1BareProtocol(SearchR1ShortProtocol):
 
     name = "searchr1_bare"
     template_text = _SEARCHR1_BARE_TEMPLATE
-
-
-# ------------------------------------------------------------------------------- native tool calling (chat_tools)
-# Registered here so that ``get_protocol("chat_tools")`` works wherever protocol.py is imported.
-from openrlhf_search import chat_tools as _chat_tools  # noqa: E402,F401

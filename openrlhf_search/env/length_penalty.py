@@ -27,7 +27,7 @@ import copy
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 
-from openrlhf_search.config import SearchConfig
+from openrlhf_search.env.config import SearchConfig
 
 OVERLONG_BUFFER_HELP = (
     "DAPO overlong penalty (arXiv 2503.14476 sec. 3.4): a trajectory whose policy-sampled tokens over all turns "

@@ -1,4 +1,4 @@
-"""The multi-turn search rollout: an OpenRLHF agent executor (``--train.agent_func_path openrlhf_search/agent.py``).
+"""The multi-turn search rollout: an OpenRLHF agent executor (``--train.agent_func_path openrlhf_search/env/agent.py``).
 
 One ``execute`` call is one trajectory (``docs/design.md``, "Data flow of one step"): generate until a search call or an
 answer (the engine stops at the protocol's closing tags), retrieve, append the documents block, and go on, up to
@@ -36,13 +36,13 @@ from typing import Dict, List, Optional, Tuple
 import openrlhf_search._cpu_compat  # noqa: F401  (before openrlhf)
 from openrlhf.utils.agent import AgentExecutorBase
 
-from openrlhf_search.config import ConfigError, SearchConfig
-from openrlhf_search.metrics import parse_golds
-from openrlhf_search.policy_versions import SEGMENTS_ATTR, merge_segments, shift_segments
-from openrlhf_search.protocol import Protocol, get_protocol
-from openrlhf_search.retrieval_client import (QueryRejected, RetrievalClient, RetrievalError, RetrievalStopped,
+from openrlhf_search.env.config import ConfigError, SearchConfig
+from openrlhf_search.env.metrics import parse_golds
+from openrlhf_search.env.policy_versions import SEGMENTS_ATTR, merge_segments, shift_segments
+from openrlhf_search.env.protocol import Protocol, get_protocol
+from openrlhf_search.env.retrieval_client import (QueryRejected, RetrievalClient, RetrievalError, RetrievalStopped,
                                               start_retrieval_trace)
-from openrlhf_search.types import Action
+from openrlhf_search.env.types import Action
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class SearchAgentExecutor(AgentExecutorBase):
     def __init__(self, config: Optional[SearchConfig] = None, retrieval_client=None,
                  protocol: Optional[Protocol] = None):
         self.config = config if config is not None else SearchConfig.from_env()
-        from openrlhf_search.rewards import REWARD_SCHEMES
+        from openrlhf_search.env.rewards import REWARD_SCHEMES
 
         if self.config.reward_scheme not in REWARD_SCHEMES:  # fail when the vLLM actor starts, not at the 1st reward
             raise ConfigError(f"search config: unknown reward_scheme {self.config.reward_scheme!r}; "
@@ -182,7 +182,7 @@ class SearchAgentExecutor(AgentExecutorBase):
             turn order: the ids of the passages the documents block was made of; per-question evaluation records) and
             ``action_versions``: ``[(first_token_index, policy_version)]`` segments over ``observation_tokens``
             giving the policy version that sampled each action token (a segment runs to the next one's first index),
-            when the engine tags its outputs (async training: :mod:`openrlhf_search.policy_versions`), else None.
+            when the engine tags its outputs (async training: :mod:`openrlhf_search.env.policy_versions`), else None.
         Raises:
             ValueError: images given, unreadable label, or a prompt that leaves no room to generate.
         """
@@ -430,7 +430,7 @@ class SearchAgentExecutor(AgentExecutorBase):
         return tokenizer.decode(ids[:cap], skip_special_tokens=False).rstrip("\ufffd")
 
     def _reward(self, response_text: str, golds: List[str]):
-        from openrlhf_search.rewards import compute_reward
+        from openrlhf_search.env.rewards import compute_reward
 
         return compute_reward(self.config.reward_scheme, response_text, golds, self.protocol,
                               answer_max_words=self.config.answer_max_words)

@@ -9,7 +9,7 @@ so the executor's token cache (keyed by ``id(tokenizer)``) never hit and grew fo
 once (``ray.put``) and pickles itself as ``(key, ObjectRef)``, a few hundred bytes. Unpickling it in a rollout actor
 returns the tokenizer itself from a per-process cache (:func:`resolve_tokenizer`): the first call of a process fetches
 and unpickles it, every later call gets the same object, so ``id(tokenizer)`` is stable and the executor's cache hits.
-The executor (``openrlhf_search.agent`` or any custom one) receives a real tokenizer and needs no change.
+The executor (``openrlhf_search.env.agent`` or any custom one) receives a real tokenizer and needs no change.
 
 The key is a SHA-256 of the pickled tokenizer, so two generators holding equal tokenizers (training and eval) share
 one cached copy per process, and a changed tokenizer is never served from a stale entry.

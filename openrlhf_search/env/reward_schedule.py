@@ -1,7 +1,7 @@
 """Reward-stage schedule: which reward scheme scores the rollouts of each training step.
 
 R1-Searcher (arXiv 2503.05592 sec. 3.2) trains in two stages: stage 1 rewards retrieval and format, stage 2 answer
-F1 and format. ``openrlhf_search.trainer.SearchPPOTrainer`` applies this schedule to the rollout actors; the
+F1 and format. ``openrlhf_search.rl.trainer.SearchPPOTrainer`` applies this schedule to the rollout actors; the
 ``--search.*`` options that define it are parsed by ``openrlhf_search.cli.train``. Kept free of Ray/OpenRLHF
 imports: ``--dry_run`` validates it quickly, and :func:`set_reward_scheme_in_rollout_actor`, which Ray ships to
 the vLLM actors, does not pull DeepSpeed into them when unpickled.
@@ -12,11 +12,11 @@ import os
 from dataclasses import dataclass
 from typing import List, Optional
 
-from openrlhf_search.config import ENV_VAR, SearchConfig
+from openrlhf_search.env.config import ENV_VAR, SearchConfig
 
 
 def known_reward_schemes() -> List[str]:
-    from openrlhf_search.rewards import REWARD_SCHEMES
+    from openrlhf_search.env.rewards import REWARD_SCHEMES
 
     return sorted(REWARD_SCHEMES)
 
@@ -74,7 +74,7 @@ def set_reward_scheme_in_rollout_actor(actor, scheme: str) -> str:
 
     Args:
         actor: the ``RolloutRayActor`` instance (its ``executor`` attribute is our ``AgentExecutor``).
-        scheme: a name in ``openrlhf_search.rewards.REWARD_SCHEMES``.
+        scheme: a name in ``openrlhf_search.env.rewards.REWARD_SCHEMES``.
 
     Returns:
         The scheme the executor reports after the switch.

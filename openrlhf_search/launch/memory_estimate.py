@@ -329,8 +329,8 @@ def _variant(args, **flags):
 
 def _split_tries(args) -> List[Tuple[str, Dict[str, Any]]]:
     """Other splits of a node between training and vLLM GPUs (layouts that are not colocated), more training GPUs
-    first, that the batch sizes and ``--vllm.tensor_parallel_size`` allow (:mod:`openrlhf_search.layout`)."""
-    from openrlhf_search.layout import batch_layout_problems
+    first, that the batch sizes and ``--vllm.tensor_parallel_size`` allow (:mod:`openrlhf_search.launch.layout`)."""
+    from openrlhf_search.launch.layout import batch_layout_problems
 
     colocated = bool(args.train.colocate_all) and not _flag(args, "train", "async_enable", False)
     if colocated or not args.vllm.num_engines:

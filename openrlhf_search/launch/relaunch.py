@@ -6,7 +6,7 @@ a preempted node) can leave ``_actor/latest`` naming a tag that was just deleted
 :func:`resume_tag` refuses both in one line naming the folder; :func:`disk_problem` refuses a launch whose
 checkpoints cannot fit on the disk of ``--ckpt.path``.
 
-``python -m openrlhf_search.relaunch CKPT_PATH`` prints the tag a relaunch resumes from (exit 0) or the refusal
+``python -m openrlhf_search.launch.relaunch CKPT_PATH`` prints the tag a relaunch resumes from (exit 0) or the refusal
 (exit 2); the launchers' ``resume_args`` (examples/scripts/common.sh) calls it.
 """
 
@@ -86,7 +86,7 @@ def load_problem(args) -> Optional[str]:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m openrlhf_search.relaunch CKPT_PATH", file=sys.stderr)
+        print("usage: python -m openrlhf_search.launch.relaunch CKPT_PATH", file=sys.stderr)
         return 2
     try:
         tag = resume_tag(argv[0])

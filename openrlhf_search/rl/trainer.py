@@ -3,7 +3,7 @@
 ``PPOTrainer`` is a Ray actor class; Ray 2.x keeps the plain class as ``PPOTrainer.__ray_actor_class__``, which is
 subclassed here and wrapped again with ``ray.remote``. ``openrlhf_search.cli.train`` puts
 :data:`SearchPPOTrainer` where OpenRLHF's ``train()`` looks it up, and likewise the policy/critic actor classes
-below, which build :mod:`openrlhf_search.loss`'s masked losses.
+below, which build :mod:`openrlhf_search.rl.loss`'s masked losses.
 
 Reward-stage schedule (R1-Searcher arXiv 2503.05592 sec. 3.2: stage 1 rewards retrieval + format, stage 2 answer
 F1 + format). The reward is computed by the agent executors inside the vLLM Ray actors, which OpenRLHF builds with
@@ -35,7 +35,7 @@ from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 from openrlhf.trainer.ray.ppo_critic import CriticModelActor, CriticPPOTrainer
 from openrlhf.utils.logging_utils import init_logger
 
-from openrlhf_search.experience_maker import (
+from openrlhf_search.rl.experience_maker import (
     SearchExperienceMaker,
     SearchSamplesGenerator,
     failed_mask,
@@ -43,13 +43,13 @@ from openrlhf_search.experience_maker import (
     turn_cut_warning,
     valid_rollout_stats,
 )
-from openrlhf_search.loss import EMPTY_MICRO_BATCH_WEIGHT, empty_mask_safe_actor_trainer, install_into_openrlhf
-from openrlhf_search.reward_schedule import (  # noqa: F401  (re-exported)
+from openrlhf_search.rl.loss import EMPTY_MICRO_BATCH_WEIGHT, empty_mask_safe_actor_trainer, install_into_openrlhf
+from openrlhf_search.env.reward_schedule import (  # noqa: F401  (re-exported)
     RewardSchedule,
     known_reward_schemes,
     set_reward_scheme_in_rollout_actor,
 )
-from openrlhf_search.step_timing import StepTimingMixin
+from openrlhf_search.rl.step_timing import StepTimingMixin
 
 logger = init_logger(__name__)
 
@@ -117,7 +117,7 @@ def answer_list_stats(experiences) -> Dict[str, float]:
 
 class _SearchPPOTrainer(StepTimingMixin, PPOTrainer.__ray_actor_class__):
     """OpenRLHF ``PPOTrainer`` (plain class) with :class:`SearchExperienceMaker`, the reward-stage schedule,
-    ``search/*`` rollout statistics, the step's time split (:class:`~openrlhf_search.step_timing.StepTimingMixin`)
+    ``search/*`` rollout statistics, the step's time split (:class:`~openrlhf_search.rl.step_timing.StepTimingMixin`)
     and search eval metrics. Same constructor as ``PPOTrainer``."""
 
     def __init__(self, *args, **kwargs):
@@ -258,7 +258,7 @@ def trained_sample_status(status: Dict, trained: torch.Tensor) -> Dict:
 
 
 class SearchActorPPOTrainer(empty_mask_safe_actor_trainer()):
-    """OpenRLHF's ``ActorPPOTrainer`` (through :class:`openrlhf_search.loss.EmptyMaskSafeActorTrainer`) whose
+    """OpenRLHF's ``ActorPPOTrainer`` (through :class:`openrlhf_search.rl.loss.EmptyMaskSafeActorTrainer`) whose
     per-sample training statistics leave out samples that are not trained on (:func:`trained_sample_status`), and
     whose weight sync sends only the trained tensors when lower layers are frozen (``--actor.trainable_layers``)."""
 
@@ -441,10 +441,10 @@ class SearchCriticPPOTrainer(CriticPPOTrainer):
 
 
 class _SearchPolicyModelActor(PolicyModelActor.__ray_actor_class__):
-    """OpenRLHF policy actor whose PPO loss is :class:`openrlhf_search.loss.MaskedPolicyLoss` and whose trainer
+    """OpenRLHF policy actor whose PPO loss is :class:`openrlhf_search.rl.loss.MaskedPolicyLoss` and whose trainer
     is :class:`SearchActorPPOTrainer`. With ``--actor.trainable_layers K`` the lower layers are frozen before
-    DeepSpeed builds the optimiser (:func:`openrlhf_search.freeze.freeze_lower_layers`) and the update reuses the
-    frozen layers' states of the experience forward (:class:`openrlhf_search.freeze.TrunkCache`, ZeRO-0 to 2)."""
+    DeepSpeed builds the optimiser (:func:`openrlhf_search.rl.freeze.freeze_lower_layers`) and the update reuses the
+    frozen layers' states of the experience forward (:class:`openrlhf_search.rl.freeze.TrunkCache`, ZeRO-0 to 2)."""
 
     trunk_cache = None
 
@@ -457,7 +457,7 @@ class _SearchPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         if not k:
             out = super().init_model_from_pretrained(strategy, *args, **kwargs)
         else:
-            from openrlhf_search.freeze import freeze_before_prepare
+            from openrlhf_search.rl.freeze import freeze_before_prepare
 
             # ZeRO-3 gathers every layer in its own hooks whether it runs or not: no trunk cache there
             frozen = freeze_before_prepare(strategy, k, trunk_cache=strategy.args.ds.zero_stage < 3)
@@ -514,7 +514,7 @@ def prune_hf_copies(ckpt_path: str, keep: int) -> List[str]:
 
 
 class _SearchCriticModelActor(CriticModelActor.__ray_actor_class__):
-    """OpenRLHF critic actor whose value loss is :class:`openrlhf_search.loss.MaskedValueLoss` and whose trainer
+    """OpenRLHF critic actor whose value loss is :class:`openrlhf_search.rl.loss.MaskedValueLoss` and whose trainer
     is :class:`SearchCriticPPOTrainer`."""
 
     def init_model_from_pretrained(self, *args, **kwargs):

@@ -1,6 +1,6 @@
 """Async-mode argument checks and the GPU split, for the CLI (no OpenRLHF import: ``--dry_run`` stays fast).
 
-The async trainer itself is :mod:`openrlhf_search.async_trainer`.
+The async trainer itself is :mod:`openrlhf_search.rl.async_trainer`.
 """
 
 from typing import Dict, List

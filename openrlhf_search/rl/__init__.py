@@ -1,0 +1,2 @@
+"""OpenRLHF's trainer subclasses and what they schedule: experience making, the loss, advantage estimators, the
+async trainer, freezing, step timing, SFT."""
