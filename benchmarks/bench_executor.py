@@ -38,7 +38,7 @@ from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 from openrlhf_search.env.agent import SearchAgentExecutor
 from openrlhf_search.env.config import SearchConfig
 from openrlhf_search.cpu.main_job.engine import HFEngine
-from openrlhf_search.cpu.main_job.offline_assets import load_qwen_tokenizer
+from cpu_demo.offline_assets import load_qwen_tokenizer
 from openrlhf_search.env.protocol import get_protocol
 from openrlhf_search.env.retrieval_client import RetrievalClient
 from openrlhf_search.env.types import Passage
@@ -217,7 +217,7 @@ def bench_wasted_tokens(tok, max_tokens=200):
 
 
 def bench_engine_batching(tok, n_requests=16, max_tokens=32):
-    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
+    from cpu_demo.offline_assets import build_tiny_qwen2
 
     model = build_tiny_qwen2(tok)
     prompts = [tok(f"Question {i}: who directed the film number {i}?", add_special_tokens=False).input_ids

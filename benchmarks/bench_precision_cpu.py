@@ -28,7 +28,7 @@ def cpu_flags() -> dict:
 def measure(dtype, batch: int, tokens: int, repeats: int, layers: int = 4) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from openrlhf_search.cpu.main_job.offline_assets import smollm2_checkpoint
+    from cpu_demo.offline_assets import smollm2_checkpoint
     from openrlhf_search.rl.freeze import freeze_lower_layers
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_checkpoint(), dtype=dtype, attn_implementation="sdpa")

@@ -9,7 +9,7 @@ off then on, and prints per mode:
 
 * prefill per step: the prompt tokens of every vLLM request of the step's rollout and how many of them vLLM served
   from its prefix cache (``RequestOutput.num_cached_tokens``, recorded per request by the probe,
-  :func:`openrlhf_search.cpu.cluster_mode.probe.wrap_engine`); computed = prompt - cached, the prefill the engine ran;
+  :func:`cpu_demo.probe.wrap_engine`); computed = prompt - cached, the prefill the engine ran;
 * time per step after the first: generation (``timing/generation``) and the whole step (``timing/step_total``);
 * with caching on: the prefix-cache resets after each weight sync and whether vLLM did them
   (:func:`openrlhf_search.cpu.cluster_mode.runtime.reset_prefix_cache_after_sync`);
@@ -42,7 +42,7 @@ CACHING_FLAG = "--vllm.enable_prefix_caching"
 
 def mode_figures(res: dict) -> dict:
     """Per-step prefill and time figures of one ``cluster_steps`` result (its probe's ``prefill_*.jsonl``)."""
-    from openrlhf_search.cpu.cluster_mode.probe import prefill_summary, read_executor_records, read_jsonl, split_by_step
+    from cpu_demo.probe import prefill_summary, read_executor_records, read_jsonl, split_by_step
 
     records = read_executor_records(res["probe"], prefix="prefill_")
     per_step = [prefill_summary(rows) for rows in split_by_step(records, res["step_times"])]

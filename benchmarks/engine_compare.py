@@ -51,8 +51,8 @@ def main_job_prompts(tokenizer, n_rollout_questions: int = 4, n_samples: int = 4
     ``n_samples`` times (a GRPO group shares its prompt); ``eval``: the first ``n_eval`` 1-hop held-out questions.
     Rendered as the trainer renders them (``Protocol.build_prompt`` of ``searchr1_short``, chat template on).
     """
-    from openrlhf_search.cpu.data.default_dataset import build_default_dataset
-    from openrlhf_search.cpu.data.qa import load_qa_jsonl
+    from cpu_demo.data.default_dataset import build_default_dataset
+    from cpu_demo.data.qa import load_qa_jsonl
     from openrlhf_search.env.protocol import get_protocol
 
     proto = get_protocol("searchr1_short")
@@ -145,7 +145,7 @@ def build_engines(model_path: str, seed: int = 0, max_model_len: int = 2048, loa
     trainer builds it: ``max_batch_size`` 32). ``load_s`` (when given) receives each engine's load seconds."""
     from openrlhf_search.evaluation.engines import VLLMInProcessEngine, vllm_engine_kwargs
     from openrlhf_search.cpu.main_job.engine import HFEngine
-    from openrlhf_search.cpu.main_job.offline_assets import load_hf_policy
+    from cpu_demo.offline_assets import load_hf_policy
 
     load_s = load_s if load_s is not None else {}
     t0 = time.perf_counter()
@@ -181,7 +181,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--max_tokens", type=int, default=32)
     p.add_argument("--out", default=None, help="also write the results JSON here")
     args = p.parse_args(argv)
-    from openrlhf_search.cpu.main_job.offline_assets import smollm2_checkpoint
+    from cpu_demo.offline_assets import smollm2_checkpoint
 
     model_path = args.model or smollm2_checkpoint()
     print(f"engine_compare: {model_path}; {_load_conditions()} at start", flush=True)

@@ -35,7 +35,7 @@ def imports():
     from openrlhf.trainer.ray.vllm_worker_wrap import WorkerWrap
     from torch.multiprocessing.reductions import reduce_tensor
 
-    from openrlhf_search.cpu.cluster_mode.probe import compare_weights, vllm_view
+    from cpu_demo.probe import compare_weights, vllm_view
 
     return dict(Actor=Actor, get_physical_gpu_id=get_physical_gpu_id, WorkerWrap=WorkerWrap,
                 reduce_tensor=reduce_tensor, compare_weights=compare_weights, vllm_view=vllm_view)

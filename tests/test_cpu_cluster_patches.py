@@ -18,7 +18,7 @@ import torch
 
 import openrlhf_search._cpu_compat  # noqa: F401
 from openrlhf_search.cpu.cluster_mode import runtime as cpu_cluster
-from openrlhf_search.cpu.cluster_mode.probe import compare_weights, vllm_view
+from cpu_demo.probe import compare_weights, vllm_view
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -194,14 +194,46 @@ def test_cpu_settings_turn_a_gpu_launcher_into_a_cpu_run():
 
 def test_cpu_runtime_env_installs_the_setup_hook_and_keeps_the_jobs_values(monkeypatch):
     monkeypatch.setenv("OPENRLHF_SEARCH_PROBE_DIR", "/tmp/probe")
+    monkeypatch.setenv("OPENRLHF_SEARCH_PROBE_MODULE", "tests.some_hook")
+    monkeypatch.setenv("OPENRLHF_SEARCH_PROBE_UNSET", "")
     env = cpu_cluster.cpu_runtime_env({"env_vars": {"OMP_NUM_THREADS": "2", "X": "1"}})
     assert env["worker_process_setup_hook"] == "openrlhf_search.cpu.cluster_mode.runtime.setup_worker"
     assert env["env_vars"]["OMP_NUM_THREADS"] == "2" and env["env_vars"]["X"] == "1"
     assert env["env_vars"]["OPENRLHF_SEARCH_CPU_CLUSTER"] == "1"
-    assert env["env_vars"]["OPENRLHF_SEARCH_PROBE_DIR"] == "/tmp/probe"
+    assert env["env_vars"]["OPENRLHF_SEARCH_PROBE_DIR"] == "/tmp/probe"  # every probe variable reaches the workers
+    assert env["env_vars"]["OPENRLHF_SEARCH_PROBE_MODULE"] == "tests.some_hook"
+    assert "OPENRLHF_SEARCH_PROBE_UNSET" not in env["env_vars"]
     kwargs = cpu_cluster.ray_init_kwargs({}, temp_dir="/tmp/x")
     assert kwargs["num_gpus"] >= 4 and kwargs["object_store_memory"] <= 512 * 1024 ** 2
     assert kwargs["_temp_dir"] == "/tmp/x" and kwargs["include_dashboard"] is False
+
+
+def test_the_recording_hook_is_the_module_the_environment_names(tmp_path, monkeypatch):
+    """The package names no test code: a run loads the hook module ``OPENRLHF_SEARCH_PROBE_MODULE`` names, calls what
+    it defines and skips what it lacks; without the variable nothing is loaded; a name that cannot be imported is one
+    clear error. The tests' own hook (cpu_demo.probe) defines every function the runtime calls. Mutations caught: the
+    hook loaded or called without the variable, a missing hook function raising, a probe function renamed (its
+    records would silently stop)."""
+    monkeypatch.delenv(cpu_cluster.PROBE_MODULE_ENV, raising=False)
+    assert cpu_cluster.probe_hook() is None
+    cpu_cluster.call_probe("record_cache_reset", True)  # no hook: nothing happens
+    (tmp_path / "planted_probe_hook.py").write_text("calls = []\ndef record_cache_reset(ok):\n    calls.append(ok)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "planted_probe_hook", raising=False)
+    monkeypatch.setenv(cpu_cluster.PROBE_MODULE_ENV, "planted_probe_hook")
+    cpu_cluster.call_probe("record_cache_reset", False)
+    cpu_cluster.call_probe("install")  # a function the hook does not define is skipped
+    assert cpu_cluster.probe_hook().calls == [False]
+    monkeypatch.setenv(cpu_cluster.PROBE_MODULE_ENV, "no_such_probe_module")
+    with pytest.raises(ImportError, match="OPENRLHF_SEARCH_PROBE_MODULE=no_such_probe_module cannot be imported"):
+        cpu_cluster.call_probe("install")
+
+    from cpu_demo import probe
+
+    assert probe.probe_env("/tmp/p") == {cpu_cluster.PROBE_MODULE_ENV: "cpu_demo.probe",
+                                         "OPENRLHF_SEARCH_PROBE_DIR": "/tmp/p"}
+    for name in ("install", "wrap_rollout_actor", "record_cache_reset"):
+        assert callable(getattr(probe, name, None)), name
 
 
 def test_the_sync_probe_compares_fused_vllm_weights():

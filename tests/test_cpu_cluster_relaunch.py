@@ -4,7 +4,7 @@
 the first launch saves DeepSpeed states at step 1 (``--ckpt.save_steps 1``), waits there (the probe's hold at the end of
 step 1, so the kill cannot race step 2) and is SIGKILLed with its whole session; the relaunch, same command, finds them
 (``common.sh resume_args``), passes ``--ckpt.load_enable`` and trains step 2 only, on the prompts that follow step 1's
-in the killed run's data order. The recording probe (cpu/cluster_mode/probe.py) gives each step's prompts and checkpoint
+in the killed run's data order. The recording probe (cpu_demo/probe.py) gives each step's prompts and checkpoint
 client states, and the prompt loader's state the killed run checkpointed (``data_loader_state_dict``: torchdata's
 ``StatefulDataLoader`` over the prompt file, shuffled); the prompts that follow are what that state yields next.
 Mutations caught: no resume (the relaunch would log step 1 again), a resume that forgets the step, and a resume that
@@ -21,6 +21,7 @@ import time
 import pytest
 import torch
 
+from cpu_demo.probe import probe_env
 from tests.cpu_cluster_support import REPO, hold_after_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -29,7 +30,7 @@ RUN = "searchr1_grpo_qwen2.5-3b_base"
 
 
 def _launch(env, log_path, stop_when=None, timeout_s=2400, extra=()):
-    from openrlhf_search.cpu.cluster_mode.assets import kill_session
+    from cpu_demo.tiny_assets import kill_session
 
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(["bash", os.path.join(REPO, "examples", "scripts", SCRIPT), "--ckpt.save_steps", "1",
@@ -55,7 +56,8 @@ def _env(tmp_path):
                CPU_CLUSTER_CACHE=ASSET_CACHE, PYTHON=sys.executable, PYTHONPATH=REPO, RAY_DEDUP_LOGS="0",
                RETRIEVER_INDEX_DIR=str(tmp_path / "index"))
     for key in ("RETRIEVER_URLS", "RETRIEVER_CORPUS", "MODEL", "TRAIN_DATA", "EVAL_DATA", "STAGE1_CKPT",
-                "RETRIEVER_PORT", "FRESH", "GPUS_PER_NODE", "OPENRLHF_SEARCH_PROBE_KILL_SAVE"):
+                "RETRIEVER_PORT", "FRESH", "GPUS_PER_NODE", "OPENRLHF_SEARCH_PROBE_KILL_SAVE",
+                "OPENRLHF_SEARCH_PROBE_MODULE", "OPENRLHF_SEARCH_PROBE_DIR"):
         env.pop(key, None)
     return env
 
@@ -67,7 +69,7 @@ def test_a_killed_launcher_resumes_at_the_next_step(tmp_path):
     probe1, probe2 = tmp_path / "probe1", tmp_path / "probe2"
     # the trainer waits at the end of step 1 (its checkpoint written) until the whole session is killed
     hold_after_step(str(probe1), 1)
-    outcome = _launch(dict(env, OPENRLHF_SEARCH_PROBE_DIR=str(probe1)), first,
+    outcome = _launch(dict(env, **probe_env(str(probe1))), first,
                       stop_when=lambda: (probe1 / "held_1").exists())
     assert "global_step1" in latest.read_text()
     text = first.read_text(errors="replace")
@@ -75,7 +77,7 @@ def test_a_killed_launcher_resumes_at_the_next_step(tmp_path):
     assert "✨ Global step 2" not in text
 
     second = tmp_path / "second.txt"
-    rc = _launch(dict(env, OPENRLHF_SEARCH_PROBE_DIR=str(probe2)), second)
+    rc = _launch(dict(env, **probe_env(str(probe2))), second)
     text = second.read_text(errors="replace")
     assert rc == 0, text[-5000:]
     assert "resuming from" in text and "global_step1" in text
@@ -86,7 +88,7 @@ def test_a_killed_launcher_resumes_at_the_next_step(tmp_path):
 
 
 def _step_rows(probe):
-    from openrlhf_search.cpu.cluster_mode.probe import read_jsonl
+    from cpu_demo.probe import read_jsonl
 
     return read_jsonl(str(probe / "steps.jsonl"))
 
@@ -123,7 +125,7 @@ def test_a_save_killed_midway_resumes_from_the_previous_checkpoint(tmp_path):
     env = _env(tmp_path)
     actor = tmp_path / "out" / "cpu_cluster" / RUN / "ckpt" / "_actor"
     first = tmp_path / "first.txt"
-    rc = _launch(dict(env, OPENRLHF_SEARCH_PROBE_DIR=str(tmp_path / "probe1"),
+    rc = _launch(dict(env, **probe_env(str(tmp_path / "probe1")),
                       OPENRLHF_SEARCH_PROBE_KILL_SAVE="global_step2"), first, timeout_s=900,
                  extra=("--ckpt.max_num", "2"))
     text = first.read_text(errors="replace")
@@ -132,7 +134,7 @@ def test_a_save_killed_midway_resumes_from_the_previous_checkpoint(tmp_path):
     assert (actor / "global_step2").is_dir() and not os.listdir(actor / "global_step2")  # the save died midway
 
     second = tmp_path / "second.txt"
-    rc = _launch(dict(env, OPENRLHF_SEARCH_PROBE_DIR=str(tmp_path / "probe2")), second, timeout_s=900,
+    rc = _launch(dict(env, **probe_env(str(tmp_path / "probe2"))), second, timeout_s=900,
                  extra=("--ckpt.max_num", "2"))
     text = second.read_text(errors="replace")
     assert rc == 0, text[-5000:]

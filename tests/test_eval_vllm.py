@@ -55,7 +55,7 @@ def save_scripted_qwen2(out_dir: str, seed: int = 0, num_heads: int = 2, head_st
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from openrlhf_search.cpu.main_job.offline_assets import load_qwen_tokenizer
+    from cpu_demo.offline_assets import load_qwen_tokenizer
 
     tok = load_qwen_tokenizer()
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=256, num_hidden_layers=2,
@@ -270,7 +270,7 @@ def test_action_ranges_are_the_sampled_turns(runs):
     """Action ranges start at the prompt's end, are ordered and disjoint, the first is the scripted turn's tokens,
     and what lies between two ranges is exactly one documents block (catches: ranges off by one, a range that swallows
     the documents, a prompt cut by the engine)."""
-    from openrlhf_search.cpu.main_job.offline_assets import load_qwen_tokenizer
+    from cpu_demo.offline_assets import load_qwen_tokenizer
 
     tok = load_qwen_tokenizer()
     d = runs["driver"]["vllm"]
@@ -345,7 +345,7 @@ def test_backend_choice(monkeypatch):
         pass
 
     import openrlhf_search.cpu.main_job.engine as local_engine
-    import openrlhf_search.cpu.main_job.offline_assets as offline_assets
+    import cpu_demo.offline_assets as offline_assets
 
     class FakeHF(Fake):
         pass

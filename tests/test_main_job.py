@@ -8,7 +8,7 @@ import pytest
 
 from openrlhf_search.env.agent import SearchAgentExecutor
 from openrlhf_search.env.config import SearchConfig
-from openrlhf_search.cpu.main_job.warmstart import (SELF_ANSWER_PROMPT, answer_span, first_sentence,
+from cpu_demo.warmstart import (SELF_ANSWER_PROMPT, answer_span, first_sentence,
                                                     scripted_query, scripted_trajectory, scripted_turns, self_answers)
 from openrlhf_search.env.protocol import get_protocol
 from openrlhf_search.env.rewards import check_format
@@ -131,8 +131,8 @@ def test_rl_flags_parse_with_the_product_parser(tmp_path):
     """The job's RL phase runs cli.train with flags its own parser accepts (a renamed OpenRLHF flag fails here, not
     after the warm start), extra flags after ``--`` last (they win), GRPO with the KL in the loss, fp32."""
     from openrlhf_search.cli.train import build_parser
-    from openrlhf_search.cpu.main_job.run import parse_args as job_args
-    from openrlhf_search.cpu.main_job.run import rl_flags
+    from cpu_demo.run import parse_args as job_args
+    from cpu_demo.run import rl_flags
 
     a = job_args(["--out", str(tmp_path), "--steps", "7", "--", "--actor.adam.lr", "3e-5"])
     argv = rl_flags(a, "model", "prompts.jsonl", "http://127.0.0.1:9", str(tmp_path / "rl")) + a.extra
@@ -146,7 +146,7 @@ def test_rl_flags_parse_with_the_product_parser(tmp_path):
 def test_a_run_folder_of_other_settings_is_refused(tmp_path):
     """A second run in the same folder continues it only with the same settings (another --split is allowed: it
     evaluates the same trained policies); catches a resumed warm start or policy trained under other flags."""
-    from openrlhf_search.cpu.main_job.run import Job, PhaseError, parse_args
+    from cpu_demo.run import Job, PhaseError, parse_args
 
     Job(parse_args(["--out", str(tmp_path), "--lr", "1e-4"])).check_settings()
     Job(parse_args(["--out", str(tmp_path), "--lr", "1e-4", "--split", "validation"])).check_settings()

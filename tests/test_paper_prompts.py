@@ -44,7 +44,7 @@ def _chatml_template(default_system: str) -> str:
 
 
 def _policy_tokenizer_dir(root, name: str, default_system: str) -> str:
-    from openrlhf_search.cpu.main_job.offline_assets import qwen_tokenizer_path
+    from cpu_demo.offline_assets import qwen_tokenizer_path
 
     out = os.path.join(str(root), name)
     shutil.copytree(qwen_tokenizer_path(), out)

@@ -19,8 +19,8 @@ import sys
 
 import pytest
 
-from openrlhf_search.cpu.cluster_mode import probe as cluster_probe
-from openrlhf_search.cpu.cluster_mode.probe import prefill_summary, split_by_step
+from cpu_demo import probe as cluster_probe
+from cpu_demo.probe import prefill_summary, split_by_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,7 +72,8 @@ def test_reset_after_sync_reports_what_vllm_did(tmp_path, monkeypatch, caplog):
     silently), the reset not recorded for the benchmark."""
     from openrlhf_search.cpu.cluster_mode.runtime import reset_prefix_cache_after_sync
 
-    monkeypatch.setenv(cluster_probe.ENV_DIR, str(tmp_path))
+    for key, value in cluster_probe.probe_env(str(tmp_path)).items():
+        monkeypatch.setenv(key, value)
     assert asyncio.run(reset_prefix_cache_after_sync(_FakeLLM())) is True
     with caplog.at_level(logging.WARNING, logger="openrlhf_search.cpu.cluster_mode.runtime"):
         assert asyncio.run(reset_prefix_cache_after_sync(_FakeLLM(reset_ok=False))) is False

@@ -22,7 +22,7 @@ def _prepare(*args):
 
 def _qwen_tokenizer_path():
     """The tokenizer of the tests' policies (the offline Qwen tokenizer): what searchr1 prompts are rendered with."""
-    from openrlhf_search.cpu.main_job.offline_assets import qwen_tokenizer_path
+    from cpu_demo.offline_assets import qwen_tokenizer_path
 
     return qwen_tokenizer_path()
 

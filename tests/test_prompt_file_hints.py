@@ -22,7 +22,7 @@ LAUNCHERS = ["searchr1_grpo_qwen2.5-3b_base.sh", "searchr1_ppo_qwen2.5-7b_instru
 
 @pytest.fixture(scope="module")
 def qwen_dir():
-    from openrlhf_search.cpu.main_job.offline_assets import qwen_tokenizer_path
+    from cpu_demo.offline_assets import qwen_tokenizer_path
 
     return qwen_tokenizer_path()
 

@@ -238,7 +238,7 @@ def _actor_ppo_train(monkeypatch, empties, safe):
     from openrlhf.models import Actor
     from openrlhf.trainer.ppo_utils import NaiveReplayBuffer
 
-    from openrlhf_search.cpu.main_job.offline_assets import build_tiny_qwen2, load_qwen_tokenizer
+    from cpu_demo.offline_assets import build_tiny_qwen2, load_qwen_tokenizer
     from openrlhf_search.rl.loss import install_into_openrlhf
 
     for name in ("PolicyLoss", "aggregate_loss", "masked_mean", "ActorPPOTrainer"):

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from openrlhf_search.cpu.main_job import offline_assets as oa
+from cpu_demo import offline_assets as oa
 
 pytest.importorskip("gguf", reason="the gguf package (scripts/setup_cpu_env.sh installs it) reads the GGUF file")
 

@@ -1,10 +1,11 @@
-"""The tree explains itself: every reference in code, tests and docs leads to something a reader has, and the cluster
-core does not depend on the modules that only a CPU machine needs.
+"""The tree explains itself: every reference in code, tests and docs leads to something a reader has, the cluster
+core does not depend on the modules that only a CPU machine needs, and the library never imports its demo.
 
 Mutations caught: a comment citing a design file that is not in the repository or an issue tracker's numbers (the
 scan of the real tree), a scanner that misses a hit or reports this file (the planted files), an import of a CPU-only
 module from a cluster-core module at module level, inside a function, relative, as ``from package import module``,
-through ``importlib.import_module``, or through another module of the package (the planted package and the tree).
+through ``importlib.import_module``, or through another module of the package (the planted package and the tree);
+an import of the demo package from the library in any of those forms (the planted tree).
 """
 
 import ast
@@ -20,7 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A design-notes file that is not in the repository, and a tracker's numbering (the word and a number), which a user of
 # the package does not have. Design notes live in docs/design.md; a comment says why in its own words.
 UNFOLLOWABLE = re.compile(r"DESIGN\.md|(?i:issue) [0-9]")
-SCANNED = ("openrlhf_search", "retriever", "examples", "benchmarks", "tests", "docs", "README.md")
+SCANNED = ("openrlhf_search", "retriever", "cpu_demo", "examples", "benchmarks", "tests", "docs", "README.md")
 SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache"}
 
 
@@ -68,15 +69,23 @@ def test_the_scanner_finds_planted_references_and_skips_what_it_is_told(tmp_path
 
 
 # ------------------------------------------------------------------------------ the cluster core and the CPU room
-# What only a machine without GPUs needs lives in ``openrlhf_search/cpu/`` (the CPU main job, the CPU cluster mode and
-# its assets and probe, the embedded data). Everything else of the package and the retriever is the cluster core and
-# must not reach it. The CLI entry points may, inside the function that runs the CPU mode a user asked for
-# (``cli.train --cpu_cluster``, the HF engine of ``cli.eval``): an import there costs a GPU run nothing, and walking
-# on from an entry point stops at those imports.
+# What only a machine without GPUs needs lives in ``openrlhf_search/cpu/``, the CPU backend (the CPU cluster mode's
+# patches, settings and private Ray; the HF engine of ``cli.eval``). Everything else of the package and the retriever
+# is the cluster core and must not reach it. The CLI entry points may, inside the function that runs the CPU mode a
+# user asked for (``cli.train --cpu_cluster``, the HF engine of ``cli.eval``): an import there costs a GPU run nothing,
+# and walking on from an entry point stops at those imports.
 PACKAGE = "openrlhf_search"
 CPU_ROOM = ("openrlhf_search.cpu",)
 ENTRY_POINTS = "openrlhf_search.cli"
-OWN_PACKAGES = ("openrlhf_search", "retriever")
+OWN_PACKAGES = ("openrlhf_search", "retriever")  # the library
+# The demo beside the library (the CPU main job, its data, the CPU cluster mode's tiny assets, the tests' recording
+# probe): it imports the library freely; the library never imports it (a library that needed its example would need
+# the checkout). A library module that still borrows from it is named here with its reason; a name that is gone fails.
+DEMO = "cpu_demo"
+BORROWS_FROM_DEMO = {
+    "openrlhf_search.cpu.main_job.eval_engines": "cli.eval's HF engine loads SmolLM2 and the tiny Qwen2 with the "
+                                                 "demo's offline assets",
+}
 
 
 def cluster_core(repo: str) -> List[str]:
@@ -236,6 +245,7 @@ ROOM_IMPORTS = {
     "parity": {"cli", "env", "rl", "launch", "evaluation", "_cpu_compat"},
     "cpu": {"cli", "env", "rl", "launch", "evaluation", "_cpu_compat", "retriever"},
     "retriever": set(),
+    DEMO: {"__init__", "_cpu_compat", "env", "rl", "launch", "evaluation", "cli", "parity", "cpu", "retriever"},
 }
 
 
@@ -247,11 +257,13 @@ def _room(module: str) -> str:
 
 
 def _own_edges(repo: str) -> Iterator[Tuple[str, str, int, bool]]:
-    """(importing module, imported module, line, inside a function) between two modules of the own packages."""
-    for path in _python_files(repo, OWN_PACKAGES):
+    """(importing module, imported module, line, inside a function) between two modules of the own packages and the
+    demo."""
+    tree = OWN_PACKAGES + (DEMO,)
+    for path in _python_files(repo, [p for p in tree if os.path.isdir(os.path.join(repo, p))]):
         module = _module_name(repo, path)
         for name, line, nested in imported_names(repo, path):
-            source = _is_under(name, OWN_PACKAGES) and _source_of(repo, name)
+            source = _is_under(name, tree) and _source_of(repo, name)
             if source:
                 target = _module_name(repo, source)
                 if target != module:
@@ -264,7 +276,7 @@ def upward_imports(repo: str, rooms: Dict[str, set] = ROOM_IMPORTS) -> List[str]
     bad = []
     for module, target, line, _ in _own_edges(repo):
         src, dst = _room(module), _room(target)
-        if src == dst or dst == "__init__":
+        if src == dst or dst == "__init__" or (dst == DEMO and module in BORROWS_FROM_DEMO):
             continue
         if src not in rooms or dst not in rooms[src]:
             bad.append(f"{module}:{line} -> {target}")
@@ -341,6 +353,55 @@ def test_the_direction_and_cycle_checks_catch_planted_faults(tmp_path):
     assert import_cycles(str(tmp_path)) == [["openrlhf_search.env.protocol", "openrlhf_search.env.rewards"]]
     (tmp_path / "retriever" / "server.py").write_text("import openrlhf_search.env.agent\n")
     assert "retriever.server:1 -> openrlhf_search.env.agent" in upward_imports(str(tmp_path))
+
+
+# ------------------------------------------------------------------------------ the library and its demo
+def demo_imports(repo: str, library: Sequence[str] = OWN_PACKAGES, demo: str = DEMO,
+                 borrowers: Sequence[str] = ()) -> List[str]:
+    """``path:line name`` of every import of the ``demo`` package in the ``library`` packages (module level, inside a
+    function, ``importlib.import_module``), except in the modules named in ``borrowers``."""
+    hits = []
+    for path in _python_files(repo, library):
+        if _module_name(repo, path) in borrowers:
+            continue
+        hits += [f"{os.path.relpath(path, repo)}:{line} {name}" for name, line, _ in imported_names(repo, path)
+                 if _is_under(name, (demo,))]
+    return hits
+
+
+def test_the_library_never_imports_its_demo():
+    gone = [m for m in BORROWS_FROM_DEMO if not _source_of(REPO, m)]
+    assert not gone, f"BORROWS_FROM_DEMO names modules that are gone (drop them): {gone}"
+    hits = demo_imports(REPO, borrowers=list(BORROWS_FROM_DEMO))
+    assert not hits, f"the library imports the demo ({DEMO}/):\n" + "\n".join(hits)
+    assert os.path.isfile(os.path.join(REPO, DEMO, "__init__.py"))
+
+
+def test_the_demo_check_catches_planted_imports(tmp_path):
+    pkg, demo = tmp_path / PACKAGE, tmp_path / DEMO
+    for d in (pkg / "env", tmp_path / "retriever", demo):
+        d.mkdir(parents=True)
+        (d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (demo / "run.py").write_text("import openrlhf_search.env.agent\nfrom retriever import server\n")
+    (pkg / "env" / "agent.py").write_text("import cpu_demo_notes\nfrom cpu_demos import x\n")  # other names
+    (tmp_path / "retriever" / "server.py").write_text("import os\n")
+    assert demo_imports(str(tmp_path)) == [] and upward_imports(str(tmp_path)) == []  # the demo may import anything
+    cases = {
+        "env/top.py": "import cpu_demo.run\n",
+        "env/inner.py": "def f():\n    from cpu_demo import probe\n",
+        "env/dynamic.py": "import importlib\nm = importlib.import_module('cpu_demo.tiny_assets')\n",
+    }
+    for rel, text in cases.items():
+        (pkg / rel).write_text(text)
+    (tmp_path / "retriever" / "server.py").write_text("from cpu_demo.data import qa\n")
+    assert demo_imports(str(tmp_path)) == [
+        "openrlhf_search/env/dynamic.py:2 cpu_demo.tiny_assets", "openrlhf_search/env/inner.py:2 cpu_demo",
+        "openrlhf_search/env/inner.py:2 cpu_demo.probe", "openrlhf_search/env/top.py:1 cpu_demo.run",
+        "retriever/server.py:1 cpu_demo.data", "retriever/server.py:1 cpu_demo.data.qa"]
+    assert "openrlhf_search.env.top:1 -> cpu_demo.run" in upward_imports(str(tmp_path))
+    assert demo_imports(str(tmp_path), borrowers=["openrlhf_search.env.inner", "retriever.server"]) == [
+        "openrlhf_search/env/dynamic.py:2 cpu_demo.tiny_assets", "openrlhf_search/env/top.py:1 cpu_demo.run"]
 
 
 # ------------------------------------------------------------------------------ the linter

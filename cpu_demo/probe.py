@@ -1,7 +1,9 @@
 """Recording hooks on the real cluster path, for its end-to-end tests and ``benchmarks/bench_cluster_cpu.py``.
 
-Off unless ``OPENRLHF_SEARCH_PROBE_DIR`` names a folder; then :func:`install` (called by the CPU cluster's Ray setup
-hook in every worker, :mod:`openrlhf_search.cpu.cluster_mode.runtime`) wraps, without changing what they compute:
+The CPU cluster mode's recording hook: a run loads it when ``OPENRLHF_SEARCH_PROBE_MODULE=cpu_demo.probe`` (see
+:func:`probe_env`; :func:`openrlhf_search.cpu.cluster_mode.runtime.probe_hook` imports it in the driver and every Ray
+worker). Off unless ``OPENRLHF_SEARCH_PROBE_DIR`` names a folder; then :func:`install` (run by the mode's Ray setup
+hook in every worker) wraps, without changing what they compute:
 
 * ``BasePPOTrainer.train_step`` / ``save_logs_and_checkpoints`` (trainer actor): one line of ``steps.jsonl`` per
   training step: the status dict OpenRLHF logs (every metric, ``timing/*`` included), the prompts and labels it
@@ -15,9 +17,9 @@ hook in every worker, :mod:`openrlhf_search.cpu.cluster_mode.runtime`) wraps, wi
 * ``ActorPPOTrainer.training_step`` (policy actor): per micro-batch the gradient of the loss with respect to the
   per-token log-probabilities, the log-probs, advantages, mask and policy loss -> ``policy_<n>.pt``; and the status
   ``ppo_train`` returns -> ``actor_status.jsonl``;
-* the ``SearchAgentExecutor`` inside each vLLM actor (:func:`wrap_executor`): prompt, response text, reward, the reward
-  scheme the executor scored with and the process id -> ``executor_<pid>.jsonl``; and the wall-clock span of every
-  search request -> ``retrieval_<pid>.jsonl``;
+* the ``SearchAgentExecutor`` inside each vLLM actor (:func:`wrap_executor`, from :func:`wrap_rollout_actor`):
+  prompt, response text, reward, the reward scheme the executor scored with and the process id ->
+  ``executor_<pid>.jsonl``; and the wall-clock span of every search request -> ``retrieval_<pid>.jsonl``;
 * the vLLM actor's ``generate`` (:func:`wrap_engine`): per request its prompt tokens and the tokens vLLM served from
   its prefix cache (``RequestOutput.num_cached_tokens``) -> ``prefill_<pid>.jsonl``; and every prefix-cache reset
   after a weight sync with its result -> ``cache_reset_<pid>.jsonl``;
@@ -37,12 +39,19 @@ import time
 from typing import Any, Dict, List
 
 ENV_DIR = "OPENRLHF_SEARCH_PROBE_DIR"
+ENV_MODULE = "OPENRLHF_SEARCH_PROBE_MODULE"  # read by openrlhf_search.cpu.cluster_mode.runtime.probe_hook
 _LOCK = threading.Lock()
 _COUNTERS: Dict[str, int] = {}
 
 
 def probe_dir():
     return os.environ.get(ENV_DIR) or None
+
+
+def probe_env(folder: str) -> Dict[str, str]:
+    """The environment variables that make a CPU-cluster run (``cli.train --cpu_cluster`` or a launcher with
+    ``CPU_CLUSTER=1``) load this module and record into ``folder``."""
+    return {ENV_MODULE: __name__, ENV_DIR: folder}
 
 
 def _next(name: str) -> int:
@@ -340,9 +349,16 @@ def _wrap_actor_trainer(module) -> None:
     cls._probe_installed = True
 
 
+def wrap_rollout_actor(actor) -> None:
+    """Record what the CPU rollout actor ``actor`` runs (its executor and its engine's requests); called by the actor
+    once its engine is up. A no-op without ``OPENRLHF_SEARCH_PROBE_DIR``."""
+    wrap_executor(getattr(actor, "executor", None))
+    wrap_engine(actor)
+
+
 def wrap_executor(executor) -> None:
     """Record every trajectory ``executor`` (the ``SearchAgentExecutor`` OpenRLHF built inside a vLLM actor) rolls
-    out. Called by the CPU rollout actor once its engine is up; a no-op without ``OPENRLHF_SEARCH_PROBE_DIR``.
+    out; a no-op without ``OPENRLHF_SEARCH_PROBE_DIR``.
 
     (OpenRLHF loads the agent file as a fresh module ``agent_module``, so the instance is wrapped, not the class.)"""
     if not probe_dir() or executor is None or getattr(executor, "_probe_installed", False):

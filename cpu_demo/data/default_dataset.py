@@ -18,7 +18,7 @@ links a capital to a currency needs two passages (multi-hop, as in HotpotQA-styl
 Rows are written in both R1-Searcher (``question, answer``) and FlashRAG (``id, question, golden_answers``) form,
 plus ``hops``, ``type`` and ``supporting_ids`` (the passages a perfect searcher would read, in order; the last one
 holds the answer).
-Everything is deterministic given ``seed``. Run ``python -m openrlhf_search.cpu.data.default_dataset --out DIR``.
+Everything is deterministic given ``seed``. Run ``python -m cpu_demo.data.default_dataset --out DIR``.
 
 Splits: ``split_questions`` holds out 20% of the questions (``eval.jsonl``, reported once, at the end); the CPU job
 carves a validation split out of the training questions with :func:`validation_split` (never trained on, used for
@@ -34,10 +34,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from openrlhf_search.cpu.data.countries import CountryFacts, load_country_facts
+from cpu_demo.data.countries import CountryFacts, load_country_facts
 
-# the openrlhf_search package (this file is openrlhf_search/cpu/data/default_dataset.py)
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the source folders no data is written into: the demo package (this file is cpu_demo/data/default_dataset.py)
+# and the openrlhf_search package beside it
+_DEMO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SOURCE_DIRS = (_DEMO_DIR, os.path.join(os.path.dirname(_DEMO_DIR), "openrlhf_search"))
 
 QUESTION_TYPES = ("capital", "currency", "currency_of_capital", "capital_of_neighbor")
 # The entity type of each question type's answer (keys of :func:`entity_vocabulary`).
@@ -227,7 +229,7 @@ def build_default_dataset(out_dir: str, seed: int = 0, eval_fraction: float = 0.
     """Write ``corpus.jsonl``, ``train.jsonl``, ``eval.jsonl`` and ``manifest.json`` into ``out_dir``.
 
     Args:
-        out_dir: a work folder (created). Must not lie inside the ``openrlhf_search`` package.
+        out_dir: a work folder (created). Must not lie inside the ``cpu_demo`` or ``openrlhf_search`` package.
         seed: shuffling seed; the same seed gives byte-identical files.
         eval_fraction: share of questions held out for evaluation.
         max_train, max_eval: optional caps on the number of rows written.
@@ -236,7 +238,7 @@ def build_default_dataset(out_dir: str, seed: int = 0, eval_fraction: float = 0.
         CountryDataError: ``countryinfo`` unusable.
     """
     out_dir = os.path.abspath(out_dir)
-    if os.path.commonpath([out_dir, _PACKAGE_DIR]) == _PACKAGE_DIR:
+    if any(os.path.commonpath([out_dir, d]) == d for d in _SOURCE_DIRS):
         raise ValueError(f"refusing to write data into the package source tree: {out_dir}")
     facts = load_country_facts()
     corpus = build_corpus(facts)

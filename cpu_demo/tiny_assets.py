@@ -1,7 +1,7 @@
 """A tiny policy, prompt files and corpus for the CPU cluster mode (``--cpu_cluster``), built offline in seconds.
 
 What a launcher's ``CPU_CLUSTER=1`` run and the real-path tests train: the embedded default (country facts: corpus
-and 1-/2-hop questions, :mod:`openrlhf_search.cpu.data.default_dataset`), prompts rendered for the protocol by
+and 1-/2-hop questions, :mod:`cpu_demo.data.default_dataset`), prompts rendered for the protocol by
 :mod:`openrlhf_search.cli.prepare_data`, and a tiny Qwen2-architecture policy:
 
 * its tokenizer is a byte-level BPE of :data:`VOCAB_SIZE` tokens trained on that corpus, the questions and both
@@ -18,7 +18,7 @@ and 1-/2-hop questions, :mod:`openrlhf_search.cpu.data.default_dataset`), prompt
   stage 1 1.0 / 0.5, stage 2 0 / -2), so rollout groups have reward spread from the first step although the tiny
   policy rarely answers correctly.
 
-    python -m openrlhf_search.cpu.cluster_mode.assets --out .cache/cpu_cluster --protocol searchr1 --chat true
+    python -m cpu_demo.tiny_assets --out .cache/cpu_cluster --protocol searchr1 --chat true
 
 prints ``KEY=VALUE`` lines (MODEL, TRAIN_DATA, EVAL_DATA, CORPUS) that ``examples/scripts/common.sh`` reads. A
 complete build in ``--out`` with the same recipe is reused (``manifest.json``).
@@ -50,7 +50,7 @@ def _recipe(protocol: str, chat: bool, n_train: int, n_eval: int, seed: int, nat
 
 
 def _qwen_chat_template() -> str:
-    from openrlhf_search.cpu.main_job.offline_assets import load_qwen_tokenizer
+    from cpu_demo.offline_assets import load_qwen_tokenizer
 
     return load_qwen_tokenizer().chat_template
 
@@ -188,7 +188,7 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
     import torch
 
     from openrlhf_search.cli.prepare_data import main as prepare_main
-    from openrlhf_search.cpu.data.default_dataset import build_default_dataset
+    from cpu_demo.data.default_dataset import build_default_dataset
     from openrlhf_search.env.protocol import get_protocol
 
     proto = get_protocol(protocol)
@@ -225,7 +225,7 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
         texts += [" ".join(p.all_tags)] * 20
     texts += [" ".join(SPECIAL_TOKENS)] * 20
     if native:  # the template's tool block, tool calls and tool responses, rendered with Qwen's own tokenizer
-        from openrlhf_search.cpu.main_job.offline_assets import load_qwen_tokenizer
+        from cpu_demo.offline_assets import load_qwen_tokenizer
 
         qwen = load_qwen_tokenizer()
         for r in train_rows + eval_rows:
@@ -244,7 +244,7 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
 
     from openrlhf_search.env.agent import SearchAgentExecutor
     from openrlhf_search.env.config import SearchConfig
-    from openrlhf_search.cpu.main_job.warmstart import scripted_turns
+    from cpu_demo.warmstart import scripted_turns
 
     config_cls, model_cls = (Qwen3Config, Qwen3ForCausalLM) if native else (Qwen2Config, Qwen2ForCausalLM)
     shape = dict(MODEL_SHAPE, head_dim=MODEL_SHAPE["hidden_size"] // MODEL_SHAPE["num_attention_heads"]) \
@@ -347,9 +347,7 @@ def run_train(argv: List[str], log_path: str, timeout_s: float, probe_dir: Optio
     import subprocess
     import time
 
-    import openrlhf_search
-
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(openrlhf_search.__file__)))  # the checkout's root
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout's root
     full_env = dict(os.environ)
     full_env.update(env or {})
     full_env["PYTHONPATH"] = repo + (os.pathsep + full_env["PYTHONPATH"] if full_env.get("PYTHONPATH") else "")
@@ -358,9 +356,9 @@ def run_train(argv: List[str], log_path: str, timeout_s: float, probe_dir: Optio
     full_env.setdefault("TOKENIZERS_PARALLELISM", "false")
     full_env.setdefault("RAY_DEDUP_LOGS", "0")
     if probe_dir:
-        from openrlhf_search.cpu.cluster_mode.probe import ENV_DIR
+        from cpu_demo.probe import probe_env
 
-        full_env[ENV_DIR] = probe_dir
+        full_env.update(probe_env(probe_dir))
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "openrlhf_search.cli.train", *argv], stdout=log,
                                 stderr=subprocess.STDOUT, env=full_env, cwd=repo, start_new_session=True)
