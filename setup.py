@@ -9,6 +9,8 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
+    # cpu_demo/ (the CPU demo, its data, the CPU cluster mode's tiny assets and test probe) is not installed: it runs
+    # from the checkout's root, which the launchers and `make demo` put on PYTHONPATH
     packages=find_packages(include=["openrlhf_search", "openrlhf_search.*", "retriever", "retriever.*"]),
     install_requires=[
         # torch is pinned by vLLM 0.29.0 (torch==2.13.0); install the build for your machine first
