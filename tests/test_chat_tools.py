@@ -711,7 +711,7 @@ def test_template_check_offline_is_one_line_with_its_own_exit_code(tmp_path):
     import sys
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))  # an empty cache
-    res = subprocess.run([sys.executable, "-m", "openrlhf_search.env.chat_tools", "--tokenizer", "Qwen/Qwen3-8B"],
+    res = subprocess.run([sys.executable, "-m", "openrlhf_search.cli.check_template", "--tokenizer", "Qwen/Qwen3-8B"],
                          capture_output=True, text=True, timeout=120, env=env)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip() and "Warning" not in ln and "pynvml" not in ln]
     assert res.returncode == 3 and len(lines) == 1, res.stderr
