@@ -30,12 +30,14 @@ def write_json(path: str, obj) -> None:
 
 def eval_settings(args):
     """The :class:`~openrlhf_search.evaluation.runner.EvalSettings` of the job's greedy evaluation."""
+    from openrlhf_search.env.config import SearchConfig
     from openrlhf_search.evaluation.runner import EvalSettings
 
-    return EvalSettings(model=args.model, protocol=args.protocol, retriever_url=args.retriever_url, topk=args.topk,
-                        max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, max_length=args.max_length,
-                        max_obs_tokens=args.max_obs_tokens, temperature=0.0, chat=True, backend="vllm",
-                        seed=args.seed, reward_scheme=args.reward_scheme)
+    search = SearchConfig(protocol=args.protocol, retriever_urls=args.retriever_url, topk=args.topk,
+                          max_turns=args.max_turns, max_new_tokens_per_turn=args.max_new_tokens,
+                          max_obs_tokens=args.max_obs_tokens, chat_template=True, reward_scheme=args.reward_scheme)
+    return EvalSettings(search=search, model=args.model, max_length=args.max_length, temperature=0.0,
+                        backend="vllm", seed=args.seed)
 
 
 def load_engine(model: str, max_length: int, seed: int = 0):

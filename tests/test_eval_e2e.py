@@ -107,12 +107,14 @@ class ScriptedEngine:
 @pytest.mark.parametrize("protocol", ["r1searcher", "searchr1"])
 def test_runner_with_real_retrieval(protocol, retriever_url, qwen_tokenizer):
     from openrlhf_search.evaluation.loaders import load_eval_dataset
-    from openrlhf_search.evaluation.runner import EvalSettings, run_eval_sync
+    from openrlhf_search.env.config import SearchConfig
+    from openrlhf_search.evaluation.runner import EvalSettings, protocol_reward_scheme, run_eval_sync
     from openrlhf_search.env.protocol import get_protocol
 
     examples = load_eval_dataset("bamboogle", data_dir=shared_path())[:20]
-    settings = EvalSettings(model="scripted", protocol=protocol, retriever_url=retriever_url, topk=3, max_turns=3,
-                            max_new_tokens=64, max_length=4096, concurrency=8)
+    search = SearchConfig(protocol=protocol, retriever_urls=retriever_url, topk=3, max_turns=3,
+                          max_new_tokens_per_turn=64, reward_scheme=protocol_reward_scheme(protocol))
+    settings = EvalSettings(search=search, model="scripted", max_length=4096, concurrency=8)
     streamed = []
     rows = run_eval_sync(examples, settings, engine=ScriptedEngine(qwen_tokenizer, get_protocol(protocol)),
                          tokenizer=qwen_tokenizer, on_row=streamed.append)
@@ -131,6 +133,7 @@ def test_runner_marks_retriever_down(qwen_tokenizer):
     import socket
 
     from openrlhf_search.evaluation.loaders import load_eval_dataset
+    from openrlhf_search.env.config import SearchConfig
     from openrlhf_search.evaluation.runner import EvalSettings, run_eval_sync
     from openrlhf_search.env.protocol import get_protocol
 
@@ -138,10 +141,10 @@ def test_runner_marks_retriever_down(qwen_tokenizer):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     examples = load_eval_dataset("bamboogle", data_dir=shared_path())[:3]
-    settings = EvalSettings(model="scripted", protocol="r1searcher", retriever_url=f"http://127.0.0.1:{port}",
-                            max_turns=3, max_new_tokens=64, extra_config={"retrieval_max_retries": 1,
-                                                                          "retrieval_backoff_s": 0.01,
-                                                                          "retrieval_timeout_s": 2.0})
+    search = SearchConfig(protocol="r1searcher", retriever_urls=f"http://127.0.0.1:{port}", max_turns=3,
+                          max_new_tokens_per_turn=64, retrieval_max_retries=1, retrieval_backoff_s=0.01,
+                          retrieval_timeout_s=2.0)
+    settings = EvalSettings(search=search, model="scripted")
     rows = run_eval_sync(examples, settings, engine=ScriptedEngine(qwen_tokenizer, get_protocol("r1searcher")),
                          tokenizer=qwen_tokenizer)
     assert [r["stop_reason"] for r in rows] == ["retrieval_failed"] * 3

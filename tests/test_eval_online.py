@@ -30,6 +30,7 @@ def serper():
 
 
 def test_runner_retrieves_web_passages_and_a_refused_key_stops_the_evaluation(serper, qwen_tokenizer):
+    from openrlhf_search.env.config import SearchConfig
     from openrlhf_search.evaluation.runner import EvalSettings, run_eval_sync
     from openrlhf_search.env.protocol import get_protocol
     from tests.test_eval_e2e import ScriptedEngine
@@ -38,8 +39,9 @@ def test_runner_retrieves_web_passages_and_a_refused_key_stops_the_evaluation(se
     engine = ScriptedEngine(qwen_tokenizer, get_protocol("r1searcher"))
     good = AppServer(web_index(serper, site="en.wikipedia.org"))
     try:
-        settings = EvalSettings(model="scripted", protocol="r1searcher", retriever_url=[good.url], topk=3,
-                                max_turns=3, max_new_tokens=64, max_length=4096, concurrency=4)
+        settings = EvalSettings(search=SearchConfig(protocol="r1searcher", retriever_urls=[good.url], topk=3,
+                                                    max_turns=3, max_new_tokens_per_turn=64),
+                                model="scripted", max_length=4096, concurrency=4)
         rows = run_eval_sync(examples, settings, engine=engine, tokenizer=qwen_tokenizer)
     finally:
         good.close()
@@ -49,8 +51,9 @@ def test_runner_retrieves_web_passages_and_a_refused_key_stops_the_evaluation(se
     assert len(serper.searches) == 4
     bad = AppServer(web_index(serper, key="sk-not-the-key"))
     try:
-        settings = EvalSettings(model="scripted", protocol="r1searcher", retriever_url=[bad.url], topk=3,
-                                max_turns=3, max_new_tokens=64, max_length=4096, concurrency=4)
+        settings = EvalSettings(search=SearchConfig(protocol="r1searcher", retriever_urls=[bad.url], topk=3,
+                                                    max_turns=3, max_new_tokens_per_turn=64),
+                                model="scripted", max_length=4096, concurrency=4)
         with pytest.raises(RetrievalStopped, match="serper refused the API key"):
             run_eval_sync(examples, settings, engine=engine, tokenizer=qwen_tokenizer)
     finally:

@@ -91,6 +91,7 @@ def _driver(model_dir: str, bad_dirs: list, retriever_url: str, data_dir: str, o
 
     from openrlhf_search.env.agent import SearchAgentExecutor
     from openrlhf_search.cli.eval import main as eval_main
+    from openrlhf_search.env.config import SearchConfig
     from openrlhf_search.cpu.main_job.eval_engines import CPU_ENGINES
     from openrlhf_search.evaluation.engines import EngineLoadError, build_engine
     from openrlhf_search.evaluation.loaders import load_eval_dataset
@@ -121,16 +122,17 @@ def _driver(model_dir: str, bad_dirs: list, retriever_url: str, data_dir: str, o
             return out
 
     examples = load_eval_dataset("flashrag:hotpotqa", data_dir=data_dir, limit=N_QUESTIONS)
-    settings = EvalSettings(model=model_dir, protocol="searchr1", retriever_url=retriever_url, topk=3, max_turns=2,
-                            max_new_tokens=16, max_length=1024, max_obs_tokens=200, temperature=0.0)
+    search = SearchConfig(protocol="searchr1", retriever_urls=retriever_url, topk=3, max_turns=2,
+                          max_new_tokens_per_turn=16, max_obs_tokens=200, reward_scheme="searchr1_em")
+    settings = EvalSettings(search=search, model=model_dir, max_length=1024, temperature=0.0)
     proto = get_protocol("searchr1")
 
     async def run(backend):
         engine, tok, name = build_engine(model_dir, backend, max_model_len=1024, cpu_engines=CPU_ENGINES)
         try:
-            client = RetrievalClient.from_config(settings.search_config())
+            client = RetrievalClient.from_config(settings.search)
             Recorder.outputs = {}
-            await run_eval(examples, settings, engine, tok, executor=Recorder(settings.search_config(), client))
+            await run_eval(examples, settings, engine, tok, executor=Recorder(settings.search, client))
             await client.aclose()
             first_turns = []
             for ex in examples:  # turn 1 straight from the engine: finish and stop reason, tokens after the stop

@@ -131,7 +131,7 @@ def test_eval_renders_searchr1_case_prompts(variant, policy_dirs, case_prompts, 
 
     tok = AutoTokenizer.from_pretrained(policy_dirs[variant])
     s = eval_setting("searchr1", "released")
-    settings = EvalSettings(protocol="searchr1", template=s.template, chat=s.chat, topk=s.topk)
+    settings = EvalSettings(search=s.search_config(), template=s.template)
     assert settings.render_prompt(case_questions[variant]["question"], tok) == case_prompts[variant]
 
 
@@ -193,18 +193,20 @@ def test_r1searcher_released_eval_prompt_is_base_prompt_v0(qwen_tokenizer):
     with open(shared_path("qa", "r1searcher", "bamboogle.jsonl"), encoding="utf-8") as f:
         question = json.loads(f.readline())["question"]
     s = eval_setting("r1searcher", "released")
-    assert (s.template, s.chat, s.topk, s.max_new_tokens, s.judge_prompt) == ("eval", False, 5, 512, "r1searcher")
-    settings = EvalSettings(protocol="r1searcher", template=s.template, chat=s.chat)
+    cfg = s.search_config()
+    assert (s.template, cfg.chat_template, cfg.topk, cfg.max_new_tokens_per_turn, s.judge_prompt) == \
+        ("eval", False, 5, 512, "r1searcher")
+    settings = EvalSettings(search=cfg, template=s.template)
     # plain text whatever the policy (their eval script applies no chat template, instruct models included)
     assert settings.render_prompt(question, None) == expected
     assert settings.render_prompt(question, qwen_tokenizer) == expected
     # the paper setting keeps the training template, which differs
     p = eval_setting("r1searcher", "paper")
-    paper_prompt = EvalSettings(protocol="r1searcher", template=p.template, chat=p.chat).render_prompt(question, None)
+    paper_prompt = EvalSettings(search=p.search_config(), template=p.template).render_prompt(question, None)
     assert paper_prompt != expected and paper_prompt.endswith(f"User:{question}\nAssistant: <think>")
     # plain text for instruct models too (the paper prints only that form): a chat template does not change it
-    assert p.chat is False and EvalSettings(protocol="r1searcher", template=p.template, chat=p.chat).render_prompt(
-        question, qwen_tokenizer) == paper_prompt
+    assert p.search["chat_template"] is False and EvalSettings(
+        search=p.search_config(), template=p.template).render_prompt(question, qwen_tokenizer) == paper_prompt
     with pytest.raises(ValueError, match="plain text"):
         get_protocol("r1searcher").build_prompt(question, qwen_tokenizer, chat=True, template="eval")
     with pytest.raises(ValueError, match="unknown prompt template"):

@@ -160,28 +160,27 @@ def _eval_args(*flags):
 def _run_settings(protocol, setting, datasets, *flags):
     args = _eval_args("--protocol", protocol, "--setting", setting, *flags)
     paper = eval_setting(protocol, setting)
-    return eval_cli.run_settings(args, datasets, paper, topk=paper.topk, max_turns=paper.max_turns,
-                                 max_new_tokens=paper.max_new_tokens, template=paper.template, chat=paper.chat)
+    return eval_cli.run_settings(args, datasets, paper)
 
 
 # ---------------------------------------------------------------- R1-Searcher's released eval cuts nothing
 def test_r1searcher_released_eval_cuts_neither_documents_nor_trajectory():
     for name in ("released", "paper"):
         s = eval_setting("r1searcher", name)
-        assert s.max_obs_tokens is None and s.max_length is None, name
+        assert s.search["max_obs_tokens"] is None and s.max_length is None, name
     s = eval_setting("r1searcher", "released")
     assert "eval_search_loacl.py:275-285" in s.sources["max_obs_tokens"] and ":149" in s.sources["max_length"]
     st = _run_settings("r1searcher", "released", ["bamboogle"])["bamboogle"]
-    assert st.max_obs_tokens is None and st.max_length is None and st.search_config().max_obs_tokens is None
+    assert st.search.max_obs_tokens is None and st.max_length is None
     # a cap stays available as a flag (0 = none) ...
     st = _run_settings("r1searcher", "released", ["bamboogle"], "--max_obs_tokens", "500",
                        "--max_length", "4096")["bamboogle"]
-    assert st.max_obs_tokens == 500 and st.max_length == 4096 and st.search_config().max_obs_tokens == 500
+    assert st.search.max_obs_tokens == 500 and st.max_length == 4096
     st = _run_settings("searchr1", "released", ["bamboogle"], "--max_obs_tokens", "0")["bamboogle"]
-    assert st.max_obs_tokens is None
+    assert st.search.max_obs_tokens is None
     # ... and Search-R1 keeps its released caps (evaluate.sh:20,23)
     st = _run_settings("searchr1", "released", ["bamboogle"])["bamboogle"]
-    assert (st.max_obs_tokens, st.max_length, st.obs_cut) == (500, 4096, "block")
+    assert (st.search.max_obs_tokens, st.max_length, st.search.obs_cut) == (500, 4096, "block")
 
 
 def test_the_eval_table_setting_line_names_the_caps():
@@ -366,7 +365,7 @@ def test_released_eval_prompt_has_the_token_ids_vllm_gives_a_text_prompt(llama3_
     vllm_ids = tok(released_text, add_special_tokens=True).input_ids
     p = eval_setting("r1searcher", "released")
     assert p.engine_special_tokens
-    ours = EvalSettings(protocol="r1searcher", template=p.template, chat=p.chat,
+    ours = EvalSettings(search=p.search_config(), template=p.template,
                         engine_special_tokens=p.engine_special_tokens).render_prompt(question, tok)
     assert ours == "<|begin_of_text|>" + released_text
     assert SearchAgentExecutor._encode(tok, ours) == vllm_ids and vllm_ids[0] == BOS_ID
@@ -470,7 +469,7 @@ def test_records_whitening_corpus_citation_and_the_paper_eval_setting(rows):
     assert [r.source for r in corpus] == ["train/wiki_corpus_load.py:55-56"]
     # the paper setting: the one template the paper prints, plain text for every model, as its docstring says
     paper = eval_setting("r1searcher", "paper")
-    assert paper.template == "train" and paper.chat is False
+    assert paper.template == "train" and paper.search["chat_template"] is False
     from openrlhf_search.evaluation import settings as settings_mod
 
     doc = settings_mod.__doc__
@@ -479,7 +478,7 @@ def test_records_whitening_corpus_citation_and_the_paper_eval_setting(rows):
     from openrlhf_search.evaluation.runner import EvalSettings
 
     q = "Who wrote Hamlet?"
-    prompt = EvalSettings(protocol="r1searcher", template=paper.template, chat=paper.chat).render_prompt(q, None)
+    prompt = EvalSettings(search=paper.search_config(), template=paper.template).render_prompt(q, None)
     assert prompt == R1.build_prompt(q, chat=False, template="train")
 
 
@@ -495,7 +494,7 @@ def test_retriever_url_routes_parse_and_resolve():
         eval_cli.route(eval_cli.parse_keyed("hotpotqa=http://a:1"), "bamboogle")
     per = _run_settings("r1searcher", "released", ["hotpotqa_500", "bamboogle", "musique_500"],
                         "--retriever_url", "hotpotqa=http://a:1,default=http://b:2")
-    assert {n: (s.retriever_url, s.passage_format) for n, s in per.items()} == {
+    assert {n: (s.search.retriever_urls, s.search.passage_format) for n, s in per.items()} == {
         "hotpotqa_500": (["http://a:1"], "hotpotqa_abstracts"), "bamboogle": (["http://b:2"], "kilt"),
         "musique_500": (["http://b:2"], "kilt")}
     with pytest.raises(ConfigError):
@@ -546,7 +545,7 @@ def test_r1searcher_query_cleaning_as_released():
     # experience_maker.py:1144-1145
     assert R1.with_options(query_cleaning="r1searcher_train").clean_query(raw) == "Hanover king's ... death"
     assert R1.clean_query(raw) == raw
-    assert eval_setting("r1searcher", "released").query_cleaning == "r1searcher_eval"
+    assert eval_setting("r1searcher", "released").search["query_cleaning"] == "r1searcher_eval"
     with pytest.raises(ConfigError, match="query_cleaning"):
         get_protocol("searchr1").with_options(query_cleaning="r1searcher_eval")
 

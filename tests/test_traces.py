@@ -170,13 +170,11 @@ def test_r1searcher_released_later_turn_prompts_equal_the_published_trace(bamboo
     with open(fixture, encoding="utf-8") as f:
         instructions = f.read().split("\n\nUser:", 1)[0]  # base_prompt_v0 up to its {question}
     paper = eval_setting("r1searcher", "released")
-    settings = EvalSettings(protocol="r1searcher", template=paper.template, chat=paper.chat, topk=paper.topk,
-                            max_turns=paper.max_turns, max_new_tokens=paper.max_new_tokens,
-                            max_length=paper.max_length, max_obs_tokens=paper.max_obs_tokens,
-                            engine_special_tokens=paper.engine_special_tokens, query_cleaning=paper.query_cleaning,
-                            passage_format=for_dataset(paper.passage_format, "bamboogle"),
-                            retriever_url="http://127.0.0.1:9")
-    assert settings.max_obs_tokens is None and settings.passage_format == "kilt"
+    search = paper.search_config(passage_format=for_dataset(paper.passage_formats, "bamboogle"),
+                                 retriever_urls=["http://127.0.0.1:9"])
+    settings = EvalSettings(search=search, template=paper.template, max_length=paper.max_length,
+                            engine_special_tokens=paper.engine_special_tokens)
+    assert settings.search.max_obs_tokens is None and settings.search.passage_format == "kilt"
     released_clean = lambda q: q.replace('"', "").replace("'", "").replace("\t", " ").replace("...", "")
 
     checked_turns = 0
@@ -203,7 +201,7 @@ def test_r1searcher_released_later_turn_prompts_equal_the_published_trace(bamboo
                 sent.append(query)
                 return block_passages[len(sent) - 1]
 
-        executor = SearchAgentExecutor(settings.search_config(), retrieval_client=Client())
+        executor = SearchAgentExecutor(settings.search, retrieval_client=Client())
         prompt = settings.render_prompt(row["question"], tok)
         asyncio.run(executor.execute(prompt, json.dumps([row["answer"]]), SamplingParams(max_tokens=512),
                                      10 ** 6, tok, Engine()))

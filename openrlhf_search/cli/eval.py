@@ -50,13 +50,18 @@ import re
 import sys
 from typing import Any, Dict, List, Optional
 
-from openrlhf_search.env.config import ConfigError
+from openrlhf_search.env.config import FLAT_FLAG_NAMES, ConfigError, add_search_config_arguments
 from openrlhf_search.evaluation.loaders import DatasetError, load_eval_dataset
 from openrlhf_search.evaluation.paper_reference import canonical_dataset, reference_numbers
 from openrlhf_search.evaluation.predictions import PredictionFormatError, PredictionRecord, load_predictions
 from openrlhf_search.evaluation.summary import format_table, summarize, summarize_by_source
 
 logger = logging.getLogger("eval")
+
+#: the search settings an eval setting gives (``PaperEvalSetting.search``) and flags override; retriever_urls and
+#: passage_format are routed per dataset (:func:`run_settings`)
+SETTING_SEARCH_FIELDS = ("chat_template", "topk", "max_turns", "max_new_tokens_per_turn", "max_obs_tokens",
+                         "query_cleaning")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,37 +92,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "names load the published hub split, R1-Searcher's sets need this folder or a file path")
     p.add_argument("--split", default=None, help="FlashRAG hub split")
     p.add_argument("--limit", type=int, default=None, help="first N questions per dataset")
-    p.add_argument("--protocol", default="r1searcher")
+    add_search_config_arguments(p, prefix="--", only=["protocol"], field_defaults=True)
     p.add_argument("--setting", default="released", choices=["released", "paper"],
                    help="the paper's released eval settings (default) or its text's (evaluation/settings.py)")
     p.add_argument("--template", default=None, help="prompt variant: train | eval (r1searcher); default: the setting's")
-    chat = p.add_mutually_exclusive_group()
-    chat.add_argument("--chat_template", dest="chat", action="store_true", default=None)
-    chat.add_argument("--no_chat_template", dest="chat", action="store_false")
-    p.add_argument("--retriever_url", default="http://127.0.0.1:8000",
-                   help="retriever base URL; comma-separated for several (load-balanced); KEY=URL entries route "
-                        "datasets: hotpotqa=URL1,default=URL2 sends HotpotQA to URL1 and every other set to URL2 "
-                        "(R1-Searcher's released eval: abstracts for HotpotQA, KILT for the rest); a key is a "
-                        "dataset name or its paper name (hotpotqa_500 -> hotpotqa)")
-    p.add_argument("--topk", type=int, default=None, help="passages per query (default: the setting's: 5 r1searcher, "
-                                                          "3 searchr1)")
-    p.add_argument("--max_turns", type=int, default=None,
-                   help="model turns; default the setting's: 9 r1searcher (8 retrievals + answer), 5 searchr1 (4 + "
-                        "answer)")
-    p.add_argument("--max_new_tokens", type=int, default=None,
-                   help="tokens per turn (default the setting's: 512 r1searcher released, 500 otherwise)")
+    # the search settings: SearchConfig's fields; unset ones take the --setting's value, else SearchConfig's default
+    add_search_config_arguments(p, prefix="--", only=["retriever_urls"], names=FLAT_FLAG_NAMES, notes={
+        "retriever_urls": "; KEY=URL entries route datasets: hotpotqa=URL1,default=URL2 sends HotpotQA to URL1 and "
+                          "every other set to URL2 (R1-Searcher's released eval: abstracts for HotpotQA, KILT for "
+                          "the rest); a key is a dataset name or its paper name (hotpotqa_500 -> hotpotqa)"})
+    add_search_config_arguments(p, prefix="--", only=SETTING_SEARCH_FIELDS + ("passage_format",),
+                                names=FLAT_FLAG_NAMES, switches=True,
+                                default_note="the --setting's (evaluation/settings.py)", notes={
+                                    "passage_format": "; one name or KEY=NAME per dataset",
+                                    "query_cleaning": "; none = strip only"})
     p.add_argument("--max_length", type=int, default=None,
                    help="prompt + trajectory tokens (default the setting's: the model's context for r1searcher, "
                         "as released; 4096 searchr1)")
-    p.add_argument("--max_obs_tokens", type=int, default=None,
-                   help="tokens of one documents block, 0 = no cap (default the setting's: none for r1searcher, "
-                        "as released; 500 searchr1)")
-    p.add_argument("--passage_format", default=None,
-                   help="passage rendering, one name or KEY=NAME per dataset (default the setting's: r1searcher "
-                        "hotpotqa=hotpotqa_abstracts,default=kilt)")
-    p.add_argument("--query_cleaning", default=None,
-                   help="query cleaning before retrieval: none | r1searcher_eval | r1searcher_train (default the "
-                        "setting's: r1searcher_eval for r1searcher)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the papers' eval)")
     p.add_argument("--concurrency", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
@@ -292,42 +283,42 @@ def _cap(value: Optional[int]) -> Optional[int]:
     return None if value in (None, 0) else value
 
 
-def run_settings(args, datasets: List[str], paper, topk: int, max_turns: int, max_new_tokens: int,
-                 template: str, chat: Optional[bool]):
-    """The ``EvalSettings`` of each dataset: the eval setting's values unless a flag gives one, the caps (a flag
-    wins, 0 = no cap; R1-Searcher released: none, as its eval loop has none), and each set's own retriever and
-    passage rendering (``--retriever_url`` / ``--passage_format`` KEY=VALUE routes, else the setting's table).
+def run_settings(args, datasets: List[str], paper):
+    """The ``EvalSettings`` of each dataset: the eval setting's values (``paper``, None for a protocol without one:
+    SearchConfig's defaults) unless a flag gives one, the trajectory cap (a flag wins, 0 = no cap; R1-Searcher
+    released: none, as its eval loop has none), and each set's own retriever and passage rendering
+    (``--retriever_url`` / ``--passage_format`` KEY=VALUE routes, else the setting's table).
 
     Raises:
         ValueError / ConfigError: a route missing for a set, a bad URL, an unknown passage format or cleaning, a
             bad template (one line).
     """
-    from openrlhf_search.evaluation.runner import EvalSettings
+    from openrlhf_search.env.config import SearchConfig, search_config_from_args
+    from openrlhf_search.evaluation.runner import EvalSettings, protocol_reward_scheme
     from openrlhf_search.env.protocol import get_protocol
 
     max_length = _cap(args.max_length) if args.max_length is not None else (paper.max_length if paper else 4096)
-    max_obs = _cap(args.max_obs_tokens) if args.max_obs_tokens is not None else \
-        (paper.max_obs_tokens if paper else 500)
-    cleaning = args.query_cleaning if args.query_cleaning is not None else (paper.query_cleaning if paper else "")
-    settings = EvalSettings(model=args.model, protocol=args.protocol, retriever_url=args.retriever_url, topk=topk,
-                            max_turns=max_turns, max_new_tokens=max_new_tokens, max_length=max_length,
-                            max_obs_tokens=max_obs, temperature=args.temperature, chat=chat,
+    search = search_config_from_args(args, prefix="--", names=FLAT_FLAG_NAMES, only=SETTING_SEARCH_FIELDS,
+                                     base=paper.search_config() if paper else SearchConfig(protocol=args.protocol),
+                                     reward_scheme=protocol_reward_scheme(args.protocol),
+                                     **({"query_cleaning": ""} if args.query_cleaning == "none" else {}))
+    settings = EvalSettings(search=search, model=args.model, max_length=max_length, temperature=args.temperature,
                             concurrency=args.concurrency, backend=args.backend, seed=args.seed,
                             tokenizer=args.tokenizer, gpu_memory_utilization=args.gpu_memory_utilization,
-                            tensor_parallel_size=args.tensor_parallel_size, template=template,
-                            top_p=paper.top_p if paper else 1.0, obs_cut=paper.obs_cut if paper else "body",
-                            engine_special_tokens=paper.engine_special_tokens if paper else False,
-                            query_cleaning="" if cleaning == "none" else cleaning)
-    urls = parse_keyed(args.retriever_url)
+                            tensor_parallel_size=args.tensor_parallel_size,
+                            template=args.template or (paper.template if paper else "train"),
+                            top_p=paper.top_p if paper else 1.0,
+                            engine_special_tokens=paper.engine_special_tokens if paper else False)
+    urls = parse_keyed(args.retriever_url) if args.retriever_url else {"default": list(search.retriever_urls)}
     formats = parse_keyed(args.passage_format, "--passage_format") if args.passage_format else \
-        {k: [v] for k, v in (paper.passage_format if paper else {}).items()}
+        {k: [v] for k, v in (paper.passage_formats if paper else {}).items()}
     per_set = {}
     for name in datasets:
         fmt = route(formats, name, "--passage_format")[0] if formats else ""
-        per_set[name] = dataclasses.replace(settings, retriever_url=route(urls, name), passage_format=fmt)
-        per_set[name].search_config()
+        per_set[name] = dataclasses.replace(settings, search=dataclasses.replace(
+            search, retriever_urls=route(urls, name), passage_format=fmt))
         per_set[name].check_template()
-        get_protocol(args.protocol).with_options(fmt, settings.query_cleaning)
+        get_protocol(args.protocol).with_options(fmt, search.query_cleaning)
     return per_set
 
 
@@ -397,15 +388,9 @@ def run(args) -> int:
         print(f"error: protocol {args.protocol!r} has no paper eval setting: give --datasets, or --paper "
               f"searchr1|r1searcher for that paper's sets", file=sys.stderr)
         return 2
-    topk = args.topk or (paper.topk if paper else 3)
-    max_turns = args.max_turns or (paper.max_turns if paper else 5)
-    max_new_tokens = args.max_new_tokens or (paper.max_new_tokens if paper else 500)
-    template = args.template or (paper.template if paper else "train")
-    chat = args.chat if args.chat is not None else (paper.chat if paper else None)
     datasets = args.datasets or list(sets_of or paper.datasets)
     try:  # every set routed, every config valid, before data or a model is loaded
-        per_set = run_settings(args, datasets, paper, topk=topk, max_turns=max_turns,
-                               max_new_tokens=max_new_tokens, template=template, chat=chat)
+        per_set = run_settings(args, datasets, paper)
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -431,25 +416,25 @@ def run(args) -> int:
 
     where = {}
     for name, st in per_set.items():
-        info = _retriever_info(st.retriever_url[0])
+        info = _retriever_info(st.search.retriever_urls[0])
         if split_tag(name)[1] == "web" and info.get("backend") != "web":
-            print(f"error: {name}: its retriever {st.retriever_url[0]} is not a web retriever (give --retriever_url "
-                  f"{name}=URL of python -m retriever.server --web PROVIDER)", file=sys.stderr)
+            print(f"error: {name}: its retriever {st.search.retriever_urls[0]} is not a web retriever (give "
+                  f"--retriever_url {name}=URL of python -m retriever.server --web PROVIDER)", file=sys.stderr)
             return 2
         corpus, retriever = describe_retriever(info)
         if info.get("backend") != "web":  # --corpus / --retriever_name describe the local index
             corpus, retriever = args.corpus or corpus, args.retriever_name or retriever
-        where[name] = {"corpus": corpus, "retriever": retriever, "retriever_url": ",".join(st.retriever_url),
-                       "passage_format": st.passage_format or "default",
+        where[name] = {"corpus": corpus, "retriever": retriever, "retriever_url": ",".join(st.search.retriever_urls),
+                       "passage_format": st.search.passage_format or "default",
                        # the file or hub split the questions were read from (never a guessed local sample)
                        "questions": ", ".join(sorted({ex.source for ex in data[name]})) or "unknown"}
         print(f"{name}: {len(data[name])} questions from {where[name]['questions']}", file=sys.stderr)
     os.makedirs(args.out_dir, exist_ok=True)
     # one event loop for the whole run: vLLM's AsyncLLM binds its output handler to the loop of its first request
-    return asyncio.run(_run_async(args, data, per_set, where, topk, max_turns))
+    return asyncio.run(_run_async(args, data, per_set, where))
 
 
-async def _run_async(args, data, per_set, where, topk, max_turns) -> int:
+async def _run_async(args, data, per_set, where) -> int:
     from openrlhf_search.evaluation.engines import build_engine
     from openrlhf_search.evaluation.predictions import PredictionRecord
     from openrlhf_search.evaluation.runner import run_eval
@@ -472,7 +457,7 @@ async def _run_async(args, data, per_set, where, topk, max_turns) -> int:
 
     try:  # as the launchers do: a dead retriever would score every question 0 under a normal-looking table
         for name, st in per_set.items():
-            check_retrievers(list(st.retriever_url))
+            check_retrievers(list(st.search.retriever_urls))
     except RetrieverCheckError as e:
         print(f"error: {name}: {e} (start it with examples/scripts/start_retriever.sh, or pass --retriever_url)",
               file=sys.stderr)
@@ -494,11 +479,13 @@ async def _run_async(args, data, per_set, where, topk, max_turns) -> int:
              "tokenizer": getattr(tokenizer, "name_or_path", None),
              "corpus": corpora.pop() if len(corpora) == 1 else "per dataset",
              "retriever": next(iter(where.values()))["retriever"] if where else "?",
-             "topk": topk, "max_turns": max_turns, "max_new_tokens": settings.max_new_tokens,
+             "topk": settings.search.topk, "max_turns": settings.search.max_turns,
+             "max_new_tokens": settings.search.max_new_tokens_per_turn,
              "temperature": args.temperature, "top_p": settings.top_p,
-             "max_obs_tokens": settings.max_obs_tokens, "obs_cut": settings.obs_cut,
+             "max_obs_tokens": settings.search.max_obs_tokens, "obs_cut": settings.search.obs_cut,
              "max_length": settings.max_length, "context_tokens": context,
-             "engine_special_tokens": settings.engine_special_tokens, "query_cleaning": settings.query_cleaning,
+             "engine_special_tokens": settings.engine_special_tokens,
+             "query_cleaning": settings.search.query_cleaning,
              "per_dataset": where,
              "judge": f"{args.judge_model} ({_judge_prompt(args)} prompt)" if args.judge_url else None}
     summaries: Dict[str, Dict[str, Any]] = {}

@@ -50,11 +50,14 @@ import sys
 from collections import Counter
 from typing import List, Optional
 
-from openrlhf_search.env.config import ConfigError
+from openrlhf_search.env.config import FLAT_FLAG_NAMES, ConfigError, add_search_config_arguments
 from openrlhf_search.evaluation.difficulty import bucket_of, count_correct, mix_buckets, parse_mix
 from openrlhf_search.evaluation.loaders import DatasetError, QAExample, load_eval_dataset
 
 logger = logging.getLogger("prepare_data")
+
+#: the search settings of the reference model's bucketing rollouts (``--bucket_model``), besides protocol and chat
+BUCKET_SEARCH_FIELDS = ("retriever_urls", "max_turns", "max_new_tokens_per_turn")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,14 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder of local copies for dataset names (qa/flashrag/<name>.test.jsonl, qa/r1searcher/...); "
                         "default $OPENRLHF_SEARCH_DATA_DIR, else none: flashrag:<name> and bare FlashRAG names load "
                         "the published split from the hub")
-    p.add_argument("--protocol", default="r1searcher",
-                   help="r1searcher | searchr1 | chat_tools | chat_tools_nothink (any registered protocol); "
-                        "chat_tools* declare search as a tool of the policy's chat template (needs --tokenizer)")
-    chat = p.add_mutually_exclusive_group()
-    chat.add_argument("--chat_template", dest="chat", action="store_true", default=None,
-                      help="wrap with the policy tokenizer's chat template (needs --tokenizer)")
-    chat.add_argument("--no_chat_template", dest="chat", action="store_false",
-                      help="plain-text prompt (r1searcher's default; searchr1's when the policy has no template)")
+    add_search_config_arguments(p, prefix="--", only=["protocol", "chat_template"], switches=True,
+                                field_defaults=True, notes={
+                                    "protocol": "; chat_tools* declare search as a tool of the policy's chat "
+                                                "template (needs --tokenizer)",
+                                    "chat_template": "; needs --tokenizer"})
     p.add_argument("--tokenizer", default=None,
                    help="the POLICY's tokenizer (path or hub name) for chat rendering; required for searchr1 unless "
                         "--no_chat_template (its released code renders every prompt with the policy's template)")
@@ -109,9 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("generate rollouts for bucketing with a reference model (when rows carry none)")
     g.add_argument("--bucket_model", default=None, help="model path (or 'tiny') to sample the rollouts with")
     g.add_argument("--bucket_rollouts", type=int, default=10, help="N rollouts per question")
-    g.add_argument("--retriever_url", default="http://127.0.0.1:8000")
-    g.add_argument("--max_turns", type=int, default=4)
-    g.add_argument("--max_new_tokens", type=int, default=256, help="per turn")
+    add_search_config_arguments(g, prefix="--", only=BUCKET_SEARCH_FIELDS, names=FLAT_FLAG_NAMES,
+                                field_defaults=True)
     g.add_argument("--temperature", type=float, default=1.0)
     return p
 
@@ -494,12 +493,14 @@ def _write_jsonl(path: str, rows: List[dict]) -> None:
 def _generated_rollouts(examples: List[QAExample], args) -> dict:
     """id -> N rollout answers sampled with a reference model and the real executor (needs a retriever)."""
     from openrlhf_search.cpu.main_job.eval_engines import CPU_ENGINES  # the HF engine when there is no vLLM/GPU
-    from openrlhf_search.evaluation.runner import EvalSettings, run_eval_sync
+    from openrlhf_search.env.config import search_config_from_args
+    from openrlhf_search.evaluation.runner import EvalSettings, protocol_reward_scheme, run_eval_sync
 
-    settings = EvalSettings(model=args.bucket_model, protocol=args.protocol, retriever_url=args.retriever_url,
-                            max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
-                            temperature=args.temperature, n_samples=args.bucket_rollouts, chat=args.chat,
-                            seed=args.seed)
+    search = search_config_from_args(args, prefix="--", names=FLAT_FLAG_NAMES,
+                                     only=("protocol", "chat_template") + BUCKET_SEARCH_FIELDS,
+                                     reward_scheme=protocol_reward_scheme(args.protocol))
+    settings = EvalSettings(search=search, model=args.bucket_model, temperature=args.temperature,
+                            n_samples=args.bucket_rollouts, seed=args.seed)
     rows = run_eval_sync(examples, settings, cpu_engines=CPU_ENGINES)
     out: dict = {}
     for r in rows:
@@ -521,7 +522,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ValueError("--engine_special_tokens needs the policy's --tokenizer (its special tokens)")
         engine_tokens = resolve_engine_special_tokens(args.protocol, args.engine_special_tokens, tokenizer)
         # refuse before reading or sampling anything
-        rendering_record(args.protocol, args.chat, tokenizer, args.template, engine_tokens)
+        rendering_record(args.protocol, args.chat_template, tokenizer, args.template, engine_tokens)
     except (ValueError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -590,18 +591,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         if removed:
             logger.warning("removed %d rows that repeat a held-out eval question (same question after "
                            "normalisation) from training", removed)
-        eval_rows = render_rows(held_out, args.protocol, args.chat, tokenizer, difficulty, args.template,
+        eval_rows = render_rows(held_out, args.protocol, args.chat_template, tokenizer, difficulty, args.template,
                                 engine_tokens)
     repeats = len(examples) - len({question_key(ex.question) for ex in examples})
     if repeats:
         logger.warning("%d training rows repeat a question of an earlier row (kept, as the inputs have them; --dedup "
                        "keeps one copy)", repeats)
-    train_rows = render_rows(examples, args.protocol, args.chat, tokenizer, difficulty, args.template, engine_tokens)
+    train_rows = render_rows(examples, args.protocol, args.chat_template, tokenizer, difficulty, args.template,
+                             engine_tokens)
     _write_jsonl(args.out, train_rows)
     logger.info("wrote %d training prompts to %s", len(train_rows), args.out)
     if args.eval_out:
         if not eval_rows:
-            eval_rows = render_rows(examples, args.protocol, args.chat, tokenizer, difficulty, args.template,
+            eval_rows = render_rows(examples, args.protocol, args.chat_template, tokenizer, difficulty, args.template,
                                     engine_tokens)
         _write_jsonl(args.eval_out, eval_rows)
         logger.info("wrote %d eval prompts to %s", len(eval_rows), args.eval_out)

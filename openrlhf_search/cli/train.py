@@ -37,12 +37,12 @@ import json
 import os
 import sys
 import types
-import typing
 from typing import Any, Dict, List, Optional, Tuple
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 from openrlhf_search.launch.async_checks import check_async_args, gpu_layout
-from openrlhf_search.env.config import ENV_VAR, ConfigError, SearchConfig, document_reward_flags, flag_help
+from openrlhf_search.env.config import (ENV_VAR, ConfigError, SearchConfig, add_search_config_arguments,
+                                        document_reward_flags, parse_bool_or_auto, search_config_from_args)
 from openrlhf_search.env.length_penalty import check_overlong_args, document_overlong_flags
 from openrlhf_search.rl.off_policy import check_is_correction_sampling
 from openrlhf_search.rl.schedules import add_schedule_arguments, resolved_schedule, validate_schedule_args
@@ -147,40 +147,11 @@ def openrlhf_main() -> OpenRLHFMain:
     return _MAIN
 
 
-def _parse_bool_or_auto(text: str) -> Optional[bool]:
-    value = text.strip().lower()
-    if value in ("auto", "none", ""):
-        return None
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false/auto, got {text!r}")
-
-
-def _split_urls(text: str) -> List[str]:
-    return [u.strip() for u in text.split(",") if u.strip()]
-
-
 def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add ``--search.<field>`` for every SearchConfig field, the schedule options and ``--dry_run``."""
-    hints = typing.get_type_hints(SearchConfig)
+    """Add ``--search.<field>`` for every SearchConfig field (``add_search_config_arguments``: unset flags keep
+    SearchConfig's defaults), the schedule options and ``--dry_run``."""
     group = parser.add_argument_group("search", "search environment (openrlhf_search.env.config.SearchConfig)")
-    for f in dataclasses.fields(SearchConfig):
-        hint = hints[f.name]
-        origin = typing.get_origin(hint)
-        args = typing.get_args(hint)
-        if f.name == "retriever_urls":
-            kind = _split_urls
-        elif hint is bool or (origin is typing.Union and bool in args):
-            kind = _parse_bool_or_auto
-        elif hint in (int, float, str):
-            kind = hint
-        elif origin is typing.Union and int in args:  # Optional[int]: the field's doc says what 0 means
-            kind = int
-        else:
-            kind = str
-        group.add_argument(f"--search.{f.name}", type=kind, default=None, help=flag_help(f.name))
+    add_search_config_arguments(group, prefix="--search.")
     group.add_argument("--search.stage2_reward_scheme", type=str, default=None,
                        help="reward scheme from --search.stage2_start_step on (default none: one scheme); "
                             "R1-Searcher's launchers run stage 1 and stage 2 as two trainings instead")
@@ -193,14 +164,14 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group.add_argument("--search.max_failed_fraction", type=float, default=0.5,
                        help="stop when more than this fraction (0-1) of a batch had a failed retrieval (default 0.5); "
                             "not a paper setting")
-    group.add_argument("--search.check_retrievers", type=_parse_bool_or_auto, default=True,
+    group.add_argument("--search.check_retrievers", type=parse_bool_or_auto, default=True,
                        help="before training, check on every GPU node that all retriever URLs answer /health "
                             "and serve one index (openrlhf_search.launch.retriever_check), true/false (default "
                             "true); not a paper setting")
     group.add_argument("--search.retriever_fingerprint", type=str, default=None,
                        help="index fingerprint the retrievers must serve (GET /health 'fingerprint'; default: any, "
                             "as long as all agree); not a paper setting")
-    group.add_argument("--search.web_budget_check", type=_parse_bool_or_auto, default=True,
+    group.add_argument("--search.web_budget_check", type=parse_bool_or_auto, default=True,
                        help="against a web retriever, refuse a run whose expected searches (batch x samples x turns "
                             "per step, after the cache's hit rate) the server's budget cannot cover, true/false "
                             "(default true); not a paper setting")
@@ -306,13 +277,6 @@ def _one_line_error(parser: argparse.ArgumentParser, message: str):
         if parts:
             message = "unknown flag " + "; unknown flag ".join(parts)
     parser.exit(2, f"error: {message} (--help lists every flag)\n")
-
-
-def search_config_from_args(args) -> SearchConfig:
-    """SearchConfig from ``args.search`` (unset fields keep SearchConfig's defaults); raises ConfigError."""
-    given = {f.name: getattr(args.search, f.name) for f in dataclasses.fields(SearchConfig)
-             if getattr(args.search, f.name, None) is not None}
-    return SearchConfig.from_dict(given)
 
 
 def validate_search(args, cfg: SearchConfig) -> None:

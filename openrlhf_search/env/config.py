@@ -5,13 +5,15 @@ executors inside vLLM Ray actors as JSON in the environment variable ``OPENRLHF_
 ``AgentExecutor()`` with no arguments, so the environment is the one channel into them).
 """
 
+import argparse
 import dataclasses
 import json
 import math
 import os
+import typing
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 ENV_VAR = "OPENRLHF_SEARCH_CONFIG"
 
@@ -174,8 +176,8 @@ class SearchConfig:
                 raise ConfigError(f"search config: {name} must be a name, got {getattr(self, name)!r}")
         if self.chat_template is not None and not isinstance(self.chat_template, bool):  # "false" is truthy
             raise ConfigError(f"search config: chat_template must be true, false or null, got {self.chat_template!r}")
-        if isinstance(self.retriever_urls, str):
-            self.retriever_urls = [u for u in self.retriever_urls.split(",") if u]
+        if isinstance(self.retriever_urls, str):  # "URL1, URL2" from a command line
+            self.retriever_urls = [u.strip() for u in self.retriever_urls.split(",") if u.strip()]
         if not isinstance(self.retriever_urls, list) or not self.retriever_urls \
                 or not all(_is_http_url(u) for u in self.retriever_urls):
             raise ConfigError(f"search config: retriever_urls must be http(s) URLs with a host, "
@@ -222,27 +224,146 @@ class SearchConfig:
         return cls.from_json(text)
 
 
-def flag_help(name: str) -> str:
-    """The one-line ``--help`` text of ``--search.<name>``: the field's ``metadata["help"]`` (what it sets, its
-    unit, the papers' values) and its default as typed on the command line.
-
-    Raises:
-        KeyError: ``name`` is not a SearchConfig field, or the field has no help text.
-    """
+def field_default(name: str) -> Any:
+    """The default of SearchConfig field ``name`` (the one place it is declared). Raises KeyError for no such
+    field."""
     fields = {f.name: f for f in dataclasses.fields(SearchConfig)}
     if name not in fields:
         raise KeyError(f"SearchConfig has no field {name!r}")
     f = fields[name]
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def flag_help(name: str, default_note: Optional[str] = None) -> str:
+    """The one-line ``--help`` text of a search flag: the field's ``metadata["help"]`` (what it sets, its unit, the
+    papers' values) and its default as typed on the command line (``default_note``: what an unset flag means
+    instead, for a command that starts from other values, e.g. ``cli.eval``'s paper settings).
+
+    Raises:
+        KeyError: ``name`` is not a SearchConfig field, or the field has no help text.
+    """
+    default = field_default(name)
+    f = next(f for f in dataclasses.fields(SearchConfig) if f.name == name)
     if not f.metadata.get("help"):
         raise KeyError(f"SearchConfig.{name} has no metadata['help']: give it a one-line help")
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     if isinstance(default, bool):
         shown = str(default).lower()
     elif isinstance(default, list):
         shown = ",".join(default)
     else:
         shown = {None: "auto", "": "''"}.get(default, default)
+    if default_note:
+        return f"{f.metadata['help']} (default {default_note}; SearchConfig's: {shown})"
     return f"{f.metadata['help']} (default {shown})"
+
+
+def parse_bool_or_auto(text: str) -> Optional[bool]:
+    """A command-line boolean: true/false (1/0, yes/no, on/off) or auto (None). Raises ArgumentTypeError."""
+    value = text.strip().lower()
+    if value in ("auto", "none", ""):
+        return None
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false/auto, got {text!r}")
+
+
+def _flag_type(name: str):
+    """The argparse ``type`` of a field's flag, from its annotation."""
+    hint = typing.get_type_hints(SearchConfig)[name]
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is bool or (origin is typing.Union and bool in args):
+        return parse_bool_or_auto
+    if hint in (int, float, str):
+        return hint
+    if origin is typing.Union and int in args:  # Optional[int]: the field's doc says what 0 means
+        return int
+    return str  # retriever_urls: comma-separated, split by SearchConfig.validate
+
+
+def search_flag_dest(name: str, prefix: str = "--search.", names: Optional[Mapping[str, str]] = None) -> str:
+    """The argparse ``dest`` of field ``name``'s flag (``search.max_turns``; ``max_new_tokens`` where ``names``
+    spells ``max_new_tokens_per_turn`` so)."""
+    return (prefix + (names or {}).get(name, name)).lstrip("-").replace("-", "_")
+
+
+def add_search_config_arguments(parser, prefix: str = "--search.", only: Optional[Iterable[str]] = None,
+                                names: Optional[Mapping[str, str]] = None, switches: bool = False,
+                                field_defaults: bool = False, notes: Optional[Mapping[str, str]] = None,
+                                default_note: Optional[str] = None) -> Dict[str, str]:
+    """Add one flag per SearchConfig field to ``parser`` (an ArgumentParser or an argument group): the one place a
+    command declares search settings, so every flag's default and help are the field's own.
+
+    Args:
+        prefix: ``--search.`` (``cli.train``: ``--search.max_turns``) or ``--`` (``cli.eval``: ``--max_turns``).
+        only: these fields, in this order (default: all of them).
+        names: field -> flag name after the prefix where a command spells it otherwise
+            (``max_new_tokens_per_turn`` -> ``max_new_tokens``; :data:`FLAT_FLAG_NAMES`).
+        switches: booleans as a ``--X`` / ``--no_X`` pair (default: one flag taking true/false/auto).
+        field_defaults: the flags default to the field's default (shown by ``--help``); otherwise to None, "unset",
+            which :func:`search_config_from_args` fills from its ``base`` (SearchConfig's defaults, or a command's
+            deliberate overrides such as the papers' eval settings).
+        notes: field -> text appended to its help (what the command does with the value beyond SearchConfig).
+        default_note: what an unset flag means when it is not SearchConfig's default (``flag_help``).
+    Returns:
+        field -> argparse dest of its flag.
+    Raises:
+        KeyError: an unknown field in ``only``.
+    """
+    fields = [f.name for f in dataclasses.fields(SearchConfig)]
+    chosen = list(only) if only is not None else fields
+    for name in chosen:
+        if name not in fields:
+            raise KeyError(f"SearchConfig has no field {name!r}")
+    dests = {}
+    for name in chosen:
+        flag = prefix + (names or {}).get(name, name)
+        dest = search_flag_dest(name, prefix, names)
+        default = field_default(name) if field_defaults else None
+        text = flag_help(name, None if field_defaults else default_note) + ((notes or {}).get(name) or "")
+        kind = _flag_type(name)
+        if switches and kind is parse_bool_or_auto:
+            pair = parser.add_mutually_exclusive_group()
+            pair.add_argument(flag, dest=dest, action="store_true", default=default, help=text)
+            pair.add_argument(prefix + "no_" + flag[len(prefix):], dest=dest, action="store_false", default=default,
+                              help=f"the opposite of {flag}")
+        else:
+            parser.add_argument(flag, dest=dest, type=kind, default=default, help=text)
+        dests[name] = dest
+    return dests
+
+
+#: the flag names of ``cli.eval`` and ``cli.prepare_data`` (prefix ``--``) that are not their field's name
+FLAT_FLAG_NAMES = {"retriever_urls": "retriever_url", "max_new_tokens_per_turn": "max_new_tokens"}
+
+
+def search_config_from_args(args, prefix: str = "--search.", names: Optional[Mapping[str, str]] = None,
+                            only: Optional[Iterable[str]] = None, base: Optional[SearchConfig] = None,
+                            **overrides) -> SearchConfig:
+    """The SearchConfig of parsed flags (:func:`add_search_config_arguments`): each flag given (not None) replaces
+    ``base``'s value (default ``SearchConfig()``: every field's own default); ``overrides`` win over both.
+
+    ``args`` may be flat (``getattr(args, "search.max_turns")``) or grouped as OpenRLHF's parser leaves it
+    (``args.search.max_turns``); a field whose flag the command does not have keeps ``base``'s value.
+
+    Raises:
+        ConfigError: a value SearchConfig refuses (the message names the field).
+    """
+    fields = [f.name for f in dataclasses.fields(SearchConfig)]
+    given: Dict[str, Any] = {}
+    for name in (list(only) if only is not None else fields):
+        dest = search_flag_dest(name, prefix, names)
+        group, _, leaf = dest.rpartition(".")
+        holder = getattr(args, group, None) if group and not hasattr(args, dest) else None
+        value = getattr(holder, leaf, None) if holder is not None else getattr(args, dest, None)
+        if value is not None:
+            given[name] = value
+    given.update(overrides)
+    unknown = sorted(set(given) - set(fields))
+    if unknown:
+        raise ConfigError(f"search config: unknown field(s) {unknown}; known: {sorted(fields)}")
+    return dataclasses.replace(base if base is not None else SearchConfig(), **given)
 
 
 # One line per ``--reward.*`` flag of OpenRLHF's own parser (``openrlhf_search.cli.train``): what it does on the

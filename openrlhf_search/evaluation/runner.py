@@ -28,8 +28,9 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence
 
+from openrlhf_search.env.config import SearchConfig
 from openrlhf_search.evaluation.loaders import QAExample
 from openrlhf_search.evaluation.records import question_record, stop_reason
 from openrlhf_search.evaluation.summary import score_prediction
@@ -44,66 +45,54 @@ ROW_FIELDS = ("id", "data_source", "sample", "question", "golds", "prediction", 
 RECORD_FIELDS = ROW_FIELDS[-10:]  # taken from openrlhf_search.evaluation.records.question_record
 
 
+def _default_search() -> SearchConfig:
+    return SearchConfig()
+
+
 @dataclass
 class EvalSettings:
-    """What to evaluate and how.
+    """What to evaluate and how: the search settings (one :class:`~openrlhf_search.env.config.SearchConfig`, the
+    same object training runs with) and the evaluation's own.
 
     Attributes:
+        search: protocol, retriever URLs, top-k, turns, tokens per turn, documents cap and cut, query cleaning,
+            passage format, chat template, reward scheme...: every search setting, defaults from SearchConfig
+            (``cli.eval`` starts from the paper's eval setting, ``evaluation.settings``).
         model: model path / name, or "tiny" (tiny random Qwen2 on CPU, smoke runs).
-        protocol: "r1searcher" or "searchr1".
-        retriever_url: retriever base URL(s), comma-separated or a list.
-        topk: passages per query (R1-Searcher eval 5, Search-R1 3).
-        max_turns: model turns per question (Search-R1 4; R1-Searcher up to 8 retrievals).
-        max_new_tokens: tokens per turn (Search-R1 500).
         max_length: tokens of prompt + whole trajectory; None: the engine's context length (:func:`context_length`;
             R1-Searcher's released eval has no other limit).
-        max_obs_tokens: tokens of one documents block; None: no cap (R1-Searcher's released eval).
-        obs_cut: how a block over ``max_obs_tokens`` is cut (``SearchConfig.obs_cut``: "body" keeps the closing tag,
-            "block" is Search-R1's cut of the whole block).
         engine_special_tokens: prompts carry, as text, the special tokens the released engine added to its text
             prompts (``protocol.engine_prompt``: ``<|begin_of_text|>`` for Llama-3 in R1-Searcher's eval).
-        query_cleaning: ``SearchConfig.query_cleaning`` ("" none; R1-Searcher's released eval "r1searcher_eval").
-        passage_format: ``SearchConfig.passage_format`` of this run ("" the protocol's default); ``cli.eval`` sets it
-            per dataset from the eval setting.
         temperature: 0 = greedy (the papers' eval).
         n_samples: rollouts per question (1 for eval; N for difficulty bucketing).
-        chat: chat template on/off; None = the protocol's default for the policy's tokenizer
-            (``Protocol.resolve_chat``: Search-R1 applies the template whenever the tokenizer has one).
         template: the protocol's prompt variant ("train"; R1-Searcher also "eval", its released eval prompt).
         top_p: nucleus sampling of each turn (no effect when greedy).
         concurrency: rollouts in flight.
         backend: "auto" | "vllm" | "hf".
         seed: sampling / init seed.
         tokenizer: tokenizer path overriding the model's.
-        reward_scheme: reward the executor computes (logged as ``reward``); "" = the protocol's usual one.
         gpu_memory_utilization, tensor_parallel_size: vLLM settings.
     """
 
+    search: SearchConfig = field(default_factory=_default_search)
     model: str = "tiny"
-    protocol: str = "r1searcher"
-    retriever_url: Union[str, List[str]] = "http://127.0.0.1:8000"
-    topk: int = 3
-    max_turns: int = 4
-    max_new_tokens: int = 500
     max_length: Optional[int] = 4096
-    max_obs_tokens: Optional[int] = 500
     temperature: float = 0.0
     n_samples: int = 1
-    chat: Optional[bool] = None
     concurrency: int = 64
     backend: str = "auto"
     seed: int = 0
     tokenizer: Optional[str] = None
-    reward_scheme: str = ""
     gpu_memory_utilization: float = 0.85
     tensor_parallel_size: int = 1
-    extra_config: dict = field(default_factory=dict)
     template: str = "train"
     top_p: float = 1.0
-    obs_cut: str = "body"
     engine_special_tokens: bool = False
-    query_cleaning: str = ""
-    passage_format: str = ""
+
+    @property
+    def protocol(self) -> str:
+        """``search.protocol``."""
+        return self.search.protocol
 
     def check_template(self) -> None:
         """Raises ValueError when the protocol has no such prompt template, or asks for chat with one that is plain
@@ -112,7 +101,7 @@ class EvalSettings:
 
         protocol = get_protocol(self.protocol)
         protocol._check_template(self.template)
-        if self.template == "eval" and self.chat and self.protocol == "r1searcher":
+        if self.template == "eval" and self.search.chat_template and self.protocol == "r1searcher":
             raise ValueError("protocol r1searcher: the released eval prompt (base_prompt_v0) is plain text for every "
                              "model; drop --chat_template or use --template train")
 
@@ -121,7 +110,7 @@ class EvalSettings:
         ``Protocol.resolve_chat``."""
         from openrlhf_search.env.protocol import get_protocol
 
-        return get_protocol(self.protocol).resolve_chat(self.chat, tokenizer)
+        return get_protocol(self.protocol).resolve_chat(self.search.chat_template, tokenizer)
 
     def render_prompt(self, question: str, tokenizer) -> str:
         """The prompt of one question, rendered with the policy's tokenizer (``Protocol.build_prompt``), with the
@@ -132,31 +121,24 @@ class EvalSettings:
         """
         from openrlhf_search.env.protocol import engine_prompt, get_protocol
 
-        prompt = get_protocol(self.protocol).build_prompt(question, tokenizer=tokenizer, chat=self.chat,
-                                                          template=self.template)
+        prompt = get_protocol(self.protocol).build_prompt(question, tokenizer=tokenizer,
+                                                          chat=self.search.chat_template, template=self.template)
         return engine_prompt(prompt, tokenizer) if self.engine_special_tokens else prompt
-
-    def search_config(self):
-        """The ``SearchConfig`` the executor runs with. Raises ConfigError on bad values."""
-        from openrlhf_search.env.config import SearchConfig
-
-        urls = self.retriever_url if isinstance(self.retriever_url, list) else \
-            [u for u in str(self.retriever_url).split(",") if u]
-        scheme = self.reward_scheme or ("searchr1_em" if self.protocol == "searchr1" or self.protocol.startswith(
-            "chat_tools") else "r1searcher_stage2")
-        return SearchConfig(protocol=self.protocol, chat_template=self.chat, retriever_urls=urls, topk=self.topk,
-                            max_turns=self.max_turns, max_new_tokens_per_turn=self.max_new_tokens,
-                            max_obs_tokens=self.max_obs_tokens, reward_scheme=scheme, obs_cut=self.obs_cut,
-                            query_cleaning=self.query_cleaning, passage_format=self.passage_format,
-                            **self.extra_config)
 
     def sampling_params(self, protocol):
         """vLLM ``SamplingParams`` of one turn: stop at the end-of-query / end-of-answer tags, keep the tag."""
         from vllm import SamplingParams
 
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_new_tokens,
-                              stop=list(protocol.stop_strings), include_stop_str_in_output=True,
-                              seed=self.seed if self.temperature > 0 else None)
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p,
+                              max_tokens=self.search.max_new_tokens_per_turn, stop=list(protocol.stop_strings),
+                              include_stop_str_in_output=True, seed=self.seed if self.temperature > 0 else None)
+
+
+def protocol_reward_scheme(protocol: str) -> str:
+    """The reward an eval logs for a protocol's rollouts: the paper's training reward (Search-R1's EM for searchr1 and
+    the chat_tools protocols, R1-Searcher's stage 2 otherwise); ``cli.eval`` and ``cli.prepare_data`` pass it as
+    ``SearchConfig.reward_scheme`` when none is given."""
+    return "searchr1_em" if protocol == "searchr1" or protocol.startswith("chat_tools") else "r1searcher_stage2"
 
 
 def context_length(engine, tokenizer=None) -> int:
@@ -241,7 +223,7 @@ async def run_eval(examples: Sequence[QAExample], settings: EvalSettings, engine
     from openrlhf_search.env.protocol import get_protocol
     from openrlhf_search.env.retrieval_client import RetrievalClient, RetrievalStopped
 
-    cfg = settings.search_config()
+    cfg = settings.search
     protocol = get_protocol(cfg.protocol)
     client = None
     if executor is None:

@@ -55,7 +55,9 @@ Search-R1 (arXiv 2503.09516, sec. 4), ``released`` = ``paper`` (the released eva
 """
 
 from dataclasses import asdict, dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
+
+from openrlhf_search.env.config import SearchConfig
 
 R1SEARCHER_COMMIT = "631167c"
 SEARCHR1_COMMIT = "a14dc3a"
@@ -69,45 +71,40 @@ class PaperEvalSetting:
         paper: "r1searcher" or "searchr1" (= the protocol name).
         name: "released" or "paper".
         template: the protocol's prompt variant (``Protocol.build_prompt(template=...)``).
-        chat: chat template on/off; None = the protocol's default for the policy's tokenizer.
-        topk: passages per query.
-        max_turns: model turns (generation calls) per question.
-        max_new_tokens: tokens per generation call.
+        search: the paper's search settings as overrides of :class:`~openrlhf_search.env.config.SearchConfig`
+            (field -> value: chat_template, topk, max_turns, max_new_tokens_per_turn, max_obs_tokens, obs_cut,
+            query_cleaning); a field it does not name keeps SearchConfig's default (:meth:`search_config`).
         temperature: 0 = greedy.
         top_p: nucleus sampling (irrelevant when greedy; recorded for parity).
         judge_prompt: ``judge.JUDGE_PROMPTS`` key, or None when the paper reports no judge metric.
         datasets: default eval sets (``loaders.load_eval_dataset`` names).
-        max_obs_tokens: tokens of one documents block; None: no cap.
         max_length: tokens of prompt + trajectory; None: the model's context length.
-        obs_cut: how a block over the cap is cut (``SearchConfig.obs_cut``).
         engine_special_tokens: write the special tokens the released engine adds to a text prompt in front of it
             (``protocol.engine_prompt``).
-        query_cleaning: ``SearchConfig.query_cleaning`` ("" none).
-        passage_format: dataset key -> ``SearchConfig.passage_format`` (key "default" for the others;
+        passage_formats: dataset key -> ``SearchConfig.passage_format`` (key "default" for the others;
             :func:`for_dataset`).
         corpus: dataset key -> the corpus the released eval retrieves from for it (key "default"), for the table.
-        sources: setting -> "file:line" it was read from.
+        sources: setting (a ``search`` field or an attribute) -> "file:line" it was read from.
     """
 
     paper: str
     name: str
     template: str
-    chat: Optional[bool]
-    topk: int
-    max_turns: int
-    max_new_tokens: int
+    search: Dict[str, Any]
     temperature: float
     top_p: float
     judge_prompt: Optional[str]
     datasets: Tuple[str, ...]
-    max_obs_tokens: Optional[int] = 500
-    max_length: Optional[int] = 4096
-    obs_cut: str = "body"
-    engine_special_tokens: bool = False
-    query_cleaning: str = ""
-    passage_format: Dict[str, str] = field(default_factory=dict)
+    max_length: Optional[int]
+    engine_special_tokens: bool
+    passage_formats: Dict[str, str] = field(default_factory=dict)
     corpus: Dict[str, str] = field(default_factory=dict)
     sources: Dict[str, str] = field(default_factory=dict)
+
+    def search_config(self, **overrides) -> SearchConfig:
+        """``SearchConfig`` of this setting: the paper's values over SearchConfig's defaults, then ``overrides``.
+        Raises ConfigError on a bad value."""
+        return SearchConfig(**{"protocol": self.paper, **self.search, **overrides})
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -121,10 +118,10 @@ _SR_SETS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique",
 _R1_RELEASED_SOURCES = {
     "template": _R1 + "evaluation/eval_search_loacl.py:58-62,85-88 (base_prompt_v0); evaluation/gen_search.sh:1 "
                       "(--prompt_type v0)",
-    "chat": _R1 + "evaluation/eval_search_loacl.py:186 (plain string to LLM.generate: no chat template)",
+    "chat_template": _R1 + "evaluation/eval_search_loacl.py:186 (plain string to LLM.generate: no chat template)",
     "topk": _R1 + "evaluation/eval_search_loacl.py:230,268",
     "max_turns": _R1 + "evaluation/eval_search_loacl.py:179,203 (the 10th call's output is dropped)",
-    "max_new_tokens": _R1 + "evaluation/eval_search_loacl.py:173",
+    "max_new_tokens_per_turn": _R1 + "evaluation/eval_search_loacl.py:173",
     "temperature": _R1 + "evaluation/gen_search.sh:1 (--temp 0.0)",
     "top_p": _R1 + "evaluation/eval_search_loacl.py:173",
     "judge_prompt": _R1 + "evaluation/metric_calc_gpt_as_judge.py:31-38,64-69,90-91",
@@ -141,10 +138,10 @@ _R1_RELEASED_SOURCES = {
 }
 _SR_SOURCES = {
     "template": _SR + "scripts/data_process/qa_search_test_merge.py:32-36,75-78",
-    "chat": _SR + "verl/utils/dataset/rl_dataset.py:128-131",
+    "chat_template": _SR + "verl/utils/dataset/rl_dataset.py:128-131",
     "topk": _SR + "scripts/nq_hotpotqa/evaluate.sh:65",
     "max_turns": _SR + "scripts/nq_hotpotqa/evaluate.sh:63; search_r1/llm_agent/generation.py:234,278",
-    "max_new_tokens": _SR + "scripts/nq_hotpotqa/evaluate.sh:21",
+    "max_new_tokens_per_turn": _SR + "scripts/nq_hotpotqa/evaluate.sh:21",
     "temperature": _SR + "verl/trainer/ppo/ray_trainer.py:478 (do_sample False)",
     "top_p": _SR + "verl/trainer/ppo/ray_trainer.py:478 (greedy)",
     "judge_prompt": "none: Search-R1 reports EM",
@@ -161,28 +158,29 @@ _SR_SOURCES = {
 #: R1-Searcher's released eval: HotpotQA against the abstracts, every other set against KILT (gen_search.sh --port)
 _R1_PASSAGE_FORMAT = {"hotpotqa": "hotpotqa_abstracts", "default": "kilt"}
 _R1_CORPUS = {"hotpotqa": "HotpotQA 2017 abstracts", "default": "KILT 2019 100-word passages"}
-_R1_COMMON = dict(topk=5, max_turns=9, temperature=0.0, judge_prompt="r1searcher", datasets=_R1_SETS,
-                  max_obs_tokens=None, max_length=None, engine_special_tokens=True, query_cleaning="r1searcher_eval",
-                  passage_format=_R1_PASSAGE_FORMAT, corpus=_R1_CORPUS)
+_R1_SEARCH = dict(chat_template=False, topk=5, max_turns=9, max_obs_tokens=None, query_cleaning="r1searcher_eval")
+_R1_COMMON = dict(temperature=0.0, judge_prompt="r1searcher", datasets=_R1_SETS, max_length=None,
+                  engine_special_tokens=True, passage_formats=_R1_PASSAGE_FORMAT, corpus=_R1_CORPUS)
 
 SETTINGS: Dict[Tuple[str, str], PaperEvalSetting] = {
     ("r1searcher", "released"): PaperEvalSetting(
-        "r1searcher", "released", template="eval", chat=False, max_new_tokens=512, top_p=0.95,
-        sources=_R1_RELEASED_SOURCES, **_R1_COMMON),
+        "r1searcher", "released", template="eval", search=dict(_R1_SEARCH, max_new_tokens_per_turn=512),
+        top_p=0.95, sources=_R1_RELEASED_SOURCES, **_R1_COMMON),
     ("r1searcher", "paper"): PaperEvalSetting(
-        "r1searcher", "paper", template="train", chat=False, max_new_tokens=500, top_p=1.0,
+        "r1searcher", "paper", template="train", search=dict(_R1_SEARCH, max_new_tokens_per_turn=500), top_p=1.0,
         sources=dict(_R1_RELEASED_SOURCES,
                      template=_R1 + "OpenRLHF-RAG/openrlhf/datasets/prompts_dataset.py:24-31 (the base-model "
                                     "prompt, the one template the paper prints)",
-                     chat="plain text for every model: the paper prints the base-model prompt only; "
-                          "--chat_template gives prompts_dataset.py:10-20",
-                     max_new_tokens="this project's turn budget (the paper states none)"),
+                     chat_template="plain text for every model: the paper prints the base-model prompt only; "
+                                   "--chat_template gives prompts_dataset.py:10-20",
+                     max_new_tokens_per_turn="this project's turn budget (the paper states none)"),
         **_R1_COMMON),
     ("searchr1", "released"): PaperEvalSetting(
-        "searchr1", "released", template="train", chat=None, topk=3, max_turns=5, max_new_tokens=500,
-        temperature=0.0, top_p=1.0, judge_prompt=None, datasets=_SR_SETS, max_obs_tokens=500, max_length=4096,
-        obs_cut="block", engine_special_tokens=False, query_cleaning="", corpus={"default": "wiki-18"},
-        sources=_SR_SOURCES),
+        "searchr1", "released", template="train",
+        search=dict(chat_template=None, topk=3, max_turns=5, max_new_tokens_per_turn=500, max_obs_tokens=500,
+                    obs_cut="block", query_cleaning=""),
+        temperature=0.0, top_p=1.0, judge_prompt=None, datasets=_SR_SETS, max_length=4096,
+        engine_special_tokens=False, corpus={"default": "wiki-18"}, sources=_SR_SOURCES),
 }
 SETTINGS[("searchr1", "paper")] = PaperEvalSetting(**dict(SETTINGS[("searchr1", "released")].to_dict(),
                                                           name="paper"))
@@ -202,7 +200,7 @@ def eval_setting(protocol: str, name: str = "released") -> PaperEvalSetting:
 
 
 def dataset_key(name: str, keys) -> str:
-    """The key of a per-dataset table (``passage_format``, ``corpus``, ``cli.eval --retriever_url``) that applies to
+    """The key of a per-dataset table (``passage_formats``, ``corpus``, ``cli.eval --retriever_url``) that applies to
     dataset ``name``: the name itself, else its canonical paper name (``hotpotqa_500`` -> ``hotpotqa``,
     ``paper_reference.canonical_dataset``), else "default". Returns "" when none is in ``keys``."""
     from openrlhf_search.evaluation.paper_reference import canonical_dataset
