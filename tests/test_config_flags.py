@@ -27,16 +27,9 @@ FIELDS = [f.name for f in dataclasses.fields(SearchConfig)]
 ALIASES = {**{flat: name for name, flat in FLAT_FLAG_NAMES.items()}, "chat": "chat_template",
            "max_new_tokens": "max_new_tokens_per_turn", "retriever_url": "retriever_urls"}
 
-#: add_argument calls of a search field's name that declare something else, path relative to openrlhf_search/
+#: add_argument calls of a search field's name that declare something else, path relative to openrlhf_search/ (the
+#: scan covers the library; the CPU demo, cpu_demo/, passes its own small settings explicitly)
 ALLOWED = {
-    # the CPU demo's own small settings, passed explicitly by its driver (a 1-passage, 3-turn, 48-token policy)
-    ("cpu/main_job/evaluate.py", "--retriever_url"), ("cpu/main_job/evaluate.py", "--protocol"),
-    ("cpu/main_job/evaluate.py", "--reward_scheme"), ("cpu/main_job/evaluate.py", "--topk"),
-    ("cpu/main_job/evaluate.py", "--max_turns"), ("cpu/main_job/evaluate.py", "--max_new_tokens"),
-    ("cpu/main_job/evaluate.py", "--max_obs_tokens"),
-    ("cpu/main_job/warmstart.py", "--retriever_url"), ("cpu/main_job/warmstart.py", "--protocol"),
-    ("cpu/main_job/warmstart.py", "--topk"), ("cpu/main_job/warmstart.py", "--max_obs_tokens"),
-    ("cpu/cluster_mode/assets.py", "--protocol"), ("cpu/cluster_mode/assets.py", "--chat"),
     # the protocol whose chat template is checked (chat_tools protocols only), not a search run's protocol
     ("cli/check_template.py", "--protocol"),
 }
