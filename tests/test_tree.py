@@ -71,7 +71,7 @@ def test_the_scanner_finds_planted_references_and_skips_what_it_is_told(tmp_path
 # What only a machine without GPUs needs lives in ``openrlhf_search/cpu/`` (the CPU main job, the CPU cluster mode and
 # its assets and probe, the embedded data). Everything else of the package and the retriever is the cluster core and
 # must not reach it. The CLI entry points may, inside the function that runs the CPU mode a user asked for
-# (``cli.train --cpu_cluster``, the HF engine of ``cli.eval``): an import there costs a GPU run nothing, and walking
+# (``cli.train --cpu_cluster``, ``cli.sft --cpu``): an import there costs a GPU run nothing, and walking
 # on from an entry point stops at those imports.
 PACKAGE = "openrlhf_search"
 CPU_ROOM = ("openrlhf_search.cpu",)
@@ -194,7 +194,7 @@ def test_the_import_check_sees_every_form_of_import(tmp_path):
     (pkg / "cli").mkdir()
     for f in ("__init__.py", "cpu/__init__.py", "cpu/engine.py", "cli/__init__.py", "helper.py", "clean.py"):
         (pkg / f).write_text("")
-    (pkg / "helper.py").write_text("def f():\n    from .cpu.engine import HFEngine\n")
+    (pkg / "helper.py").write_text("def f():\n    from .cpu.engine import Engine\n")
     (pkg / "cli" / "run.py").write_text("def main():\n    from openrlhf_search.cpu import engine\n")
     (pkg / "cli" / "bad.py").write_text("from openrlhf_search.cpu import engine\n")
     cases = {
@@ -212,7 +212,7 @@ def test_the_import_check_sees_every_form_of_import(tmp_path):
         assert chains, name
     assert cpu_only_imports(str(tmp_path), ["openrlhf_search/through.py"], ["openrlhf_search.cpu"]) == [
         "openrlhf_search/through.py -> openrlhf_search/helper.py:2 -> openrlhf_search.cpu.engine",
-        "openrlhf_search/through.py -> openrlhf_search/helper.py:2 -> openrlhf_search.cpu.engine.HFEngine"]
+        "openrlhf_search/through.py -> openrlhf_search/helper.py:2 -> openrlhf_search.cpu.engine.Engine"]
     (pkg / "uses_cli.py").write_text("from openrlhf_search.cli import run\n")
     assert cpu_only_imports(str(tmp_path), ["openrlhf_search/clean.py", "openrlhf_search/uses_cli.py"],
                             ["openrlhf_search.cpu"]) == []  # an entry point's function-level import is allowed

@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--mix", default=None, help="easy:medium:hard ratio, e.g. 0:2:1.5 (needs --bucket)")
     b.add_argument("--mix_total", type=int, default=0, help="rows after mixing (0: as many as the ratio allows)")
     g = p.add_argument_group("generate rollouts for bucketing with a reference model (when rows carry none)")
-    g.add_argument("--bucket_model", default=None, help="model path (or 'tiny') to sample the rollouts with")
+    g.add_argument("--bucket_model", default=None, help="model folder or hub name to sample the rollouts with (vLLM)")
     g.add_argument("--bucket_rollouts", type=int, default=10, help="N rollouts per question")
     g.add_argument("--retriever_url", default="http://127.0.0.1:8000")
     g.add_argument("--max_turns", type=int, default=4)
@@ -493,14 +493,13 @@ def _write_jsonl(path: str, rows: List[dict]) -> None:
 
 def _generated_rollouts(examples: List[QAExample], args) -> dict:
     """id -> N rollout answers sampled with a reference model and the real executor (needs a retriever)."""
-    from openrlhf_search.cpu.main_job.eval_engines import CPU_ENGINES  # the HF engine when there is no vLLM/GPU
     from openrlhf_search.evaluation.runner import EvalSettings, run_eval_sync
 
     settings = EvalSettings(model=args.bucket_model, protocol=args.protocol, retriever_url=args.retriever_url,
                             max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                             temperature=args.temperature, n_samples=args.bucket_rollouts, chat=args.chat,
                             seed=args.seed)
-    rows = run_eval_sync(examples, settings, cpu_engines=CPU_ENGINES)
+    rows = run_eval_sync(examples, settings)
     out: dict = {}
     for r in rows:
         out.setdefault(r["id"], []).append(r["prediction"])

@@ -49,7 +49,7 @@ class EvalSettings:
     """What to evaluate and how.
 
     Attributes:
-        model: model path / name, or "tiny" (tiny random Qwen2 on CPU, smoke runs).
+        model: model folder or hub name (what :func:`run_eval_sync` builds the vLLM engine from).
         protocol: "r1searcher" or "searchr1".
         retriever_url: retriever base URL(s), comma-separated or a list.
         topk: passages per query (R1-Searcher eval 5, Search-R1 3).
@@ -72,14 +72,14 @@ class EvalSettings:
         template: the protocol's prompt variant ("train"; R1-Searcher also "eval", its released eval prompt).
         top_p: nucleus sampling of each turn (no effect when greedy).
         concurrency: rollouts in flight.
-        backend: "auto" | "vllm" | "hf".
+        backend: "auto" | "vllm" (the same vLLM engine).
         seed: sampling / init seed.
         tokenizer: tokenizer path overriding the model's.
         reward_scheme: reward the executor computes (logged as ``reward``); "" = the protocol's usual one.
         gpu_memory_utilization, tensor_parallel_size: vLLM settings.
     """
 
-    model: str = "tiny"
+    model: str = ""
     protocol: str = "r1searcher"
     retriever_url: Union[str, List[str]] = "http://127.0.0.1:8000"
     topk: int = 3
@@ -284,13 +284,19 @@ async def run_eval(examples: Sequence[QAExample], settings: EvalSettings, engine
 
 
 def run_eval_sync(examples: Sequence[QAExample], settings: EvalSettings, engine=None, tokenizer=None,
-                  on_row: Optional[Callable[[dict], None]] = None, cpu_engines=None) -> List[dict]:
-    """``run_eval`` in a fresh event loop, building the engine from ``settings`` when not given (``cpu_engines``:
-    :class:`~openrlhf_search.evaluation.engines.CPUEngines` for the HF engine on a machine without vLLM/GPU)."""
-    if engine is None:
-        from openrlhf_search.evaluation.engines import build_engine
+                  on_row: Optional[Callable[[dict], None]] = None) -> List[dict]:
+    """``run_eval`` in a fresh event loop, building the vLLM engine from ``settings`` when not given (and shutting
+    that one down afterwards)."""
+    if engine is not None:
+        return asyncio.run(run_eval(examples, settings, engine, tokenizer, on_row=on_row))
+    from openrlhf_search.evaluation.engines import build_engine
 
-        engine, tokenizer, _ = build_engine(settings.model, settings.backend, settings.tokenizer, settings.seed,
-                                            settings.max_length, settings.tensor_parallel_size,
-                                            settings.gpu_memory_utilization, cpu_engines=cpu_engines)
-    return asyncio.run(run_eval(examples, settings, engine, tokenizer, on_row=on_row))
+    engine, tokenizer, _ = build_engine(settings.model, settings.backend, settings.tokenizer, settings.seed,
+                                        settings.max_length, settings.tensor_parallel_size,
+                                        settings.gpu_memory_utilization)
+    try:
+        return asyncio.run(run_eval(examples, settings, engine, tokenizer, on_row=on_row))
+    finally:
+        shutdown = getattr(engine, "shutdown", None)
+        if callable(shutdown):
+            shutdown()

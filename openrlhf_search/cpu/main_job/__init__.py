@@ -4,7 +4,5 @@
   ``cli.train --cpu_cluster``, evaluations, report; every phase a process of the product's entry points;
 - :mod:`.warmstart`: the warm start's scripted search trajectories (``cli.sft``'s input);
 - :mod:`.evaluate`: greedy evaluation on vLLM-CPU with the real executor and retriever;
-- :mod:`.offline_assets`: the SmolLM2 conversion from its GGUF, the Qwen2.5 tokenizer, MiniLM, a tiny Qwen2;
-- :mod:`.engine` and :mod:`.eval_engines`: ``HFEngine`` (vLLM's token-in/token-out ``generate`` over a
-  ``transformers`` model), lent to ``cli.eval`` / ``cli.prepare_data`` as their CPU default engine.
+- :mod:`.offline_assets`: the SmolLM2 conversion from its GGUF, the Qwen2.5 tokenizer, MiniLM, a tiny Qwen2.
 """
