@@ -85,6 +85,16 @@ def save_scripted_qwen2(out_dir: str, seed: int = 0, num_heads: int = 2, head_st
 
 
 # ---------------------------------------------------------------------------------------------------- driver
+def driver_settings(model_dir: str, retriever_url: str):
+    """The ``EvalSettings`` that ``cli.eval`` resolves from ``CLI_FLAGS`` (Search-R1's released setting; checked by
+    ``test_driver_settings_are_the_clis``), for the driver's own run of the executor."""
+    from openrlhf_search.evaluation.runner import EvalSettings
+
+    return EvalSettings(model=model_dir, protocol="searchr1", retriever_url=[retriever_url], topk=3, max_turns=2,
+                        max_new_tokens=16, max_length=1024, max_obs_tokens=200, obs_cut="block", temperature=0.0,
+                        concurrency=4)
+
+
 def _driver(model_dir: str, bad_dirs: list, retriever_url: str, data_dir: str, out_dir: str) -> None:
     """Process 2 (see the module docstring); writes ``out_dir/driver.json``."""
     import asyncio
@@ -94,7 +104,7 @@ def _driver(model_dir: str, bad_dirs: list, retriever_url: str, data_dir: str, o
     from openrlhf_search.env.agent import SearchAgentExecutor
     from openrlhf_search.evaluation.engines import EngineLoadError, build_engine
     from openrlhf_search.evaluation.loaders import load_eval_dataset
-    from openrlhf_search.evaluation.runner import EvalSettings, run_eval
+    from openrlhf_search.evaluation.runner import run_eval
     from openrlhf_search.env.protocol import get_protocol
     from openrlhf_search.env.retrieval_client import RetrievalClient
 
@@ -118,8 +128,7 @@ def _driver(model_dir: str, bad_dirs: list, retriever_url: str, data_dir: str, o
             return out
 
     examples = load_eval_dataset("flashrag:hotpotqa", data_dir=data_dir, limit=N_QUESTIONS)
-    settings = EvalSettings(model=model_dir, protocol="searchr1", retriever_url=retriever_url, topk=3, max_turns=2,
-                            max_new_tokens=16, max_length=1024, max_obs_tokens=200, temperature=0.0)
+    settings = driver_settings(model_dir, retriever_url)
     proto = get_protocol("searchr1")
 
     async def run():
@@ -296,6 +305,23 @@ def test_models_vllm_cannot_serve_get_one_line(runs):
 
 
 # ------------------------------------------------------------------------------------- cheap checks (no vLLM load)
+def test_driver_settings_are_the_clis():
+    """The driver's executor run and the CLI run evaluate with the same settings, so their rows can be compared
+    (catches: a flag added to ``CLI_FLAGS`` or a setting default changed on one side only)."""
+    import dataclasses
+
+    from openrlhf_search.cli import eval as cli_eval
+    from openrlhf_search.evaluation.settings import eval_setting
+
+    args = cli_eval.build_parser().parse_args(["--model", "m", "--retriever_url", "http://127.0.0.1:9", "--data_dir",
+                                               shared_path(), *CLI_FLAGS])
+    paper = eval_setting("searchr1", "released")
+    (cli,) = cli_eval.run_settings(args, args.datasets, paper, topk=args.topk, max_turns=args.max_turns,
+                                   max_new_tokens=args.max_new_tokens, template=paper.template,
+                                   chat=paper.chat).values()
+    assert dataclasses.asdict(cli) == dataclasses.asdict(driver_settings("m", "http://127.0.0.1:9"))
+
+
 @pytest.mark.parametrize("case", ["no_folder", "no_config", "bad_dtype"])
 def test_bad_engine_input_is_one_error_line(case, tmp_path, capsys):
     """Each bad engine input ends the CLI with exit code 2 and one ``error:`` line that says what is wrong, before
