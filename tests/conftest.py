@@ -51,6 +51,34 @@ def tiny_policy(qwen_tokenizer):
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(qwen_tokenizer, tmp_path_factory):
+    """A tiny random Qwen2 (hidden 64, 2 heads: head size 32, which vLLM's CPU attention runs) and the Qwen tokenizer
+    saved as an HF model folder, once per session: what the command lines get as ``--model``. Tests that need no
+    real generation inject a scripted engine instead of vLLM (``scripted_engine``)."""
+    from cpu_demo.offline_assets import build_tiny_qwen2
+
+    out = str(tmp_path_factory.mktemp("tiny_qwen2"))
+    build_tiny_qwen2(qwen_tokenizer, num_heads=2).save_pretrained(out, safe_serialization=True)
+    qwen_tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def scripted_engine(monkeypatch):
+    """``install(protocol, turns=None)``: ``evaluation.engines.build_engine`` builds a scripted engine from now on
+    (:func:`tests.scripted_engine.scripted_build_engine`); returns the list the engines built are appended to."""
+    from openrlhf_search.evaluation import engines
+    from tests.scripted_engine import scripted_build_engine
+
+    def install(protocol: str, turns=None) -> list:
+        built: list = []
+        monkeypatch.setattr(engines, "build_engine", scripted_build_engine(protocol, turns, built))
+        return built
+
+    return install
+
+
+@pytest.fixture(scope="session")
 def hotpotqa_bm25_index(tmp_path_factory):
     """A BM25 index (real ``retriever.index``) over the first 300 HotpotQA dev paragraphs, built once per session.
     Read-only: tests that need their own index build one."""

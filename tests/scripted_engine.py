@@ -8,7 +8,7 @@ exactly what vLLM would return for these tokens.
 """
 
 import math
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, RequestOutput
@@ -24,21 +24,28 @@ class ScriptedEngine:
     caller asks; default the tokenizer's EOS alone.
 
     Raises (from ``generate``):
-        RuntimeError: the context starts with no scripted prompt.
+        RuntimeError: the context starts with no scripted prompt (and no ``default`` turns are given).
     """
 
     def __init__(self, tokenizer, protocol, scripts: Dict[str, Sequence[str]], peak: float = 20.0,
-                 generation_eos: Sequence[int] = ()):
+                 generation_eos: Sequence[int] = (), default: Optional[Sequence[str]] = None):
         self.tok, self.proto = tokenizer, protocol
         self.generation_eos = {int(t) for t in generation_eos}
-        self.scripts = {prompt: [tokenizer(t, add_special_tokens=False).input_ids for t in turns]
-                        for prompt, turns in scripts.items()}
+        self.scripts = {prompt: self._encode(turns) for prompt, turns in scripts.items()}
+        # ``default``: the turns of any other prompt (a context no scripted prompt starts is a new prompt)
+        self.default = None if default is None else self._encode(default)
         vocab = len(tokenizer)
         self.logprob = peak - (peak + math.log1p((vocab - 1) * math.exp(-peak)))
+
+    def _encode(self, turns: Sequence[str]) -> List[List[int]]:
+        return [self.tok(t, add_special_tokens=False).input_ids for t in turns]
 
     def _script(self, prompt_token_ids: List[int]) -> List[int]:
         text = self.tok.decode(prompt_token_ids, skip_special_tokens=False)
         prompt = next((p for p in self.scripts if text.startswith(p)), None)
+        if prompt is None and self.default is not None:
+            prompt = text
+            self.scripts[prompt] = self.default
         if prompt is None:
             raise RuntimeError(f"ScriptedEngine: context starts with no scripted prompt: {text[:80]!r}")
         turn = sum(s.kind == "environment" for s in self.proto.split_turns(text[len(prompt):]))
@@ -78,3 +85,30 @@ class ScriptedEngine:
                                logprobs=logprobs, finish_reason=finish, stop_reason=stop_reason)
         return RequestOutput(request_id="scripted", prompt=None, prompt_token_ids=list(prompt_token_ids),
                              prompt_logprobs=None, outputs=[out], finished=True)
+
+
+def search_then_answer(protocol, query: str = "film", answer: str = "film") -> List[str]:
+    """Two turns for any question: a search for ``query`` (text written past the closing tag, as a model would),
+    then ``answer`` in the protocol's answer tags."""
+    return [f" I need to search. {protocol.query_open} {query} {protocol.query_close} fake documents",
+            f" Found it. {protocol.think_close} {protocol.answer_open} {answer} {protocol.answer_close} more text"]
+
+
+def scripted_build_engine(protocol_name: str, turns=None, built: Optional[list] = None):
+    """A stand-in for ``openrlhf_search.evaluation.engines.build_engine`` (same arguments) that loads only the
+    tokenizer of the model folder (or ``tokenizer_path``) and returns a :class:`ScriptedEngine` playing ``turns``
+    (default :func:`search_then_answer`) for every prompt, with backend name "scripted"; each engine is appended to
+    ``built``."""
+    from openrlhf_search.env.protocol import get_protocol
+    from openrlhf_search.evaluation import engines
+
+    proto = get_protocol(protocol_name)
+
+    def build_engine(model, backend="auto", tokenizer_path=None, *args, **kwargs):
+        tok = engines._load_tokenizer(tokenizer_path or model)
+        engine = ScriptedEngine(tok, proto, {}, default=search_then_answer(proto) if turns is None else turns)
+        if built is not None:
+            built.append(engine)
+        return engine, tok, "scripted"
+
+    return build_engine

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from benchmarks.bench_cluster_cpu import format_engine_rows, format_table, phase_table
+from benchmarks.bench_cluster_cpu import format_table, phase_table
 from openrlhf_search.rl.step_timing import union_seconds
 
 
@@ -32,14 +32,6 @@ def test_phase_table_reads_each_step_window_from_its_end_time():
         (4.0, 2.0, 3.0, 0.5, 10.0)
     table = format_table([dict(row, step_index=1), row])
     assert table.splitlines()[-1].split()[0] == "mean>1"  # the first step (warm-up) is left out of the mean
-
-
-def test_engine_rows_report_the_ratio_or_the_failure():
-    ok = {"results": {"rollout": {"n_prompts": 16, "max_tokens": 32, "temperature": 0.7, "vllm_tokens_per_s": 30.0,
-                                  "hf_tokens_per_s": 20.0, "ratio": 1.5, "greedy_match": None}},
-          "load_s": {"hf": 1.0, "vllm": 9.0}}
-    assert "ratio vLLM/HF 1.50" in format_engine_rows(ok)
-    assert format_engine_rows({"failed": "engine_compare.py exited with 1: boom"}).endswith("boom")
 
 
 def test_phase_table_reads_the_trainers_logged_retrieval_figures():

@@ -65,8 +65,8 @@ def _eval_sh(tmp_path, model, **env):
 
 
 @pytest.mark.parametrize("dry_run", ["1", "0"])
-def test_eval_sh_refuses_missing_data_or_model_before_building_a_retriever(tmp_path, dry_run):
-    res = _eval_sh(tmp_path, "tiny", DRY_RUN=dry_run)  # no DATA_DIR: R1-Searcher's four sets are not here
+def test_eval_sh_refuses_missing_data_or_model_before_building_a_retriever(tmp_path, dry_run, tiny_model_dir):
+    res = _eval_sh(tmp_path, tiny_model_dir, DRY_RUN=dry_run)  # no DATA_DIR: R1-Searcher's four sets are not here
     assert res.returncode == 2 and "--data_dir" in res.stderr.strip().splitlines()[-1], res.stderr[-2000:]
     assert "would start" not in res.stderr and "retriever starting" not in res.stderr
     assert not (tmp_path / "out").exists()  # no retriever log, no index
@@ -74,7 +74,7 @@ def test_eval_sh_refuses_missing_data_or_model_before_building_a_retriever(tmp_p
     assert res.returncode == 2 and "no_such_run" in res.stderr.strip().splitlines()[-1], res.stderr[-2000:]
     assert "would start" not in res.stderr and "retriever starting" not in res.stderr
     if dry_run == "1":  # with both: the retrievers it would start, then the command
-        res = _eval_sh(tmp_path, "tiny", DRY_RUN="1", DATA_DIR=shared_path())
+        res = _eval_sh(tmp_path, tiny_model_dir, DRY_RUN="1", DATA_DIR=shared_path())
         assert res.returncode == 0, res.stderr[-2000:]
-        assert "ready: model tiny" in res.stderr and res.stderr.count("would start") == 2
+        assert f"ready: model {tiny_model_dir}: local folder" in res.stderr and res.stderr.count("would start") == 2
         assert "openrlhf_search.cli.eval" in res.stdout

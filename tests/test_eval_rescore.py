@@ -207,4 +207,5 @@ def test_missing_model_is_a_one_line_error(tmp_path, capsys):
     questions.write_text('{"question": "Capital of France?", "golden_answers": ["Paris"]}\n')
     assert main(["--model", str(tmp_path / "no_model"), "--datasets", str(questions), "--retriever_url",
                  "http://127.0.0.1:9", "--out_dir", str(tmp_path / "out")]) == 2
-    assert "cannot load --model" in capsys.readouterr().err
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no_model" in errors[0] and "no such folder" in errors[0], errors

