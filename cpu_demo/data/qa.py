@@ -1,4 +1,4 @@
-"""QA rows for the CPU trainer, as plain dicts ``{"id", "question", "golden_answers", "data_source", ...}``.
+"""QA rows for the CPU demo, as plain dicts ``{"id", "question", "golden_answers", "data_source", ...}``.
 
 Reading and validation are :mod:`openrlhf_search.evaluation.loaders`' (FlashRAG ``golden_answers``, R1-Searcher
 ``answer``, Search-R1 ``reward_model.ground_truth.target`` rows; jsonl, json or parquet): one loader for training

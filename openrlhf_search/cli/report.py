@@ -2,7 +2,7 @@
 
 R1-Searcher (Fig. 3/4) and Search-R1 (Fig. 2/3) plot, over training steps, the train reward, the response length,
 the number of valid searches / turns, and validation EM or F1. ``metrics.jsonl`` (one JSON object per step, written
-by the CPU trainer and the cluster trainer) carries keys such as ``step``, ``reward``, ``response_length``,
+by the cluster trainer, or the CPU demo's copy of it) carries keys such as ``step``, ``reward``, ``response_length``,
 ``valid_searches``, ``turns``, ``answer_rate``, ``em``, ``f1``; every panel whose key exists is drawn, absent keys
 are listed in the report; a row's step is ``step`` or ``global_step``. Eval summaries (``cli.eval``'s
 ``summary.json`` and ``*.summary.json``, ``--rescore --summary_json`` outputs: any JSON of a folder that holds scores)
@@ -40,8 +40,8 @@ PANELS: Dict[str, Tuple[str, str, Tuple[str, ...]]] = {
 
 
 def flatten(row: dict, prefix: str = "") -> dict:
-    """Nested dicts become ``parent/child`` keys: the CPU trainer logs eval rows as ``{"step", "eval": {"em", ...}}``,
-    read here as ``eval/em``."""
+    """Nested dicts become ``parent/child`` keys: an eval row ``{"step", "eval": {"em", ...}}`` is read here as
+    ``eval/em``."""
     out = {}
     for k, v in row.items():
         key = f"{prefix}{k}"
@@ -90,7 +90,7 @@ def series(rows: List[dict], aliases: Tuple[str, ...]) -> Tuple[List[float], Lis
 
 
 def step_of(row: dict):
-    """The step of a metrics row: ``step`` (the CPU trainer) or ``global_step`` (the cluster trainer's
+    """The step of a metrics row: ``step`` (the CPU demo's rows) or ``global_step`` (the cluster trainer's
     ``metrics.jsonl``, ``schedules.append_step_metrics``); None when it has neither."""
     return row.get("step", row.get("global_step"))
 

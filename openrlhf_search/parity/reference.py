@@ -379,7 +379,7 @@ DOCUMENTED: Dict[Tuple[str, str, Optional[str]], str] = {
         "normalised as one group of 10; reproducing it would group by data index in the experience maker",
     ("searchr1", "search.chat_template", None):
         "the cluster trainer receives prompts already rendered by prepare_data (render them with the policy's "
-        "tokenizer, base included: that engineer's deliverable 3); the flag drives eval and the CPU trainer",
+        "tokenizer, base included); the flag drives prepare_data and eval",
     ("searchr1", "retriever.corpus", None):
         "the corpus is not shipped: the launcher requires RETRIEVER_CORPUS (wiki-18 for parity) or RETRIEVER_URLS "
         "and prints what it will serve; no default is taken from eval data",

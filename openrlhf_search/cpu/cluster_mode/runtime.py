@@ -705,7 +705,7 @@ def zero3_cpu_config(config: Dict[str, Any]) -> Dict[str, Any]:
     if isinstance(zero, dict):
         zero.update(ZERO3_CPU_SETTINGS)
     return config
-MAX_RANKS = 4  # per model: 2 cores and 24 GiB hold 2 ranks of actor, reference and critic beside 2 engines
+MAX_RANKS = 4  # per model: each rank is a full process per role; more than 4 only slows a CPU machine down
 
 
 def apply_cpu_settings(flat: argparse.Namespace) -> List[str]:
