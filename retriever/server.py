@@ -413,39 +413,117 @@ def _document(p: dict) -> dict:
     return {"id": p["id"], "contents": p["contents"], "title": p["title"], "text": p["text"]}
 
 
-def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_batch_queries: int = 512,
-               max_wait_ms: float = 50.0, batching: bool = True, added_latency_ms: float = 0.0):
-    """The FastAPI application serving ``index`` (anything with ``search(queries, topk)`` and ``info()``).
+def _make_searcher(index, batching: bool, window_ms: float, max_batch_queries: int, max_wait_ms: float):
+    """The searcher that serves ``index``: one search per query for a web backend, else micro-batches or, with
+    ``batching=False``, one search per request."""
+    if getattr(index, "independent_queries", False):
+        return ConcurrentSearcher(index)
+    if batching:
+        return MicroBatcher(index, window_ms=window_ms, max_batch_queries=max_batch_queries, max_wait_ms=max_wait_ms)
+    return PerRequestSearcher(index)
 
-    ``batching=False`` serves each request with its own search (``PerRequestSearcher``) instead of the
-    ``MicroBatcher``; ``window_ms``, ``max_batch_queries`` and ``max_wait_ms`` then have no effect.
-    ``added_latency_ms``: every ``/retrieve`` answer waits this long first (a benchmark's stand-in for a remote or
-    loaded retriever, so that asynchronous training has retrieval time to hide); 0 in production."""
-    from contextlib import asynccontextmanager
 
-    from fastapi import FastAPI, Request
+async def _json_body(request, limits: Limits) -> dict:
+    """The request's JSON object; ``BadRequest`` (413) past ``limits.max_body_bytes``, (400) when malformed."""
+    # counted while reading: a chunked body (no Content-Length) is cut off at the limit instead of being
+    # read whole first (Starlette's request.body() buffers everything; a 256 MiB body grew the server by 384 MiB)
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limits.max_body_bytes:
+            raise BadRequest(f"request body over {limits.max_body_bytes} bytes (read {size} so far)", status=413)
+        parts.append(chunk)
+    raw = b"".join(parts)
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"malformed JSON body: {e}") from e
+    except RecursionError as e:  # e.g. [[[[...]]]] thousands deep
+        raise BadRequest("malformed JSON body: nested too deeply") from e
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def _health(index, batcher, limits: Limits, batching: bool) -> dict:
+    """``GET /health``: the index's info, the searcher's counters and the input limits."""
+    s = batcher.stats
+    return {"status": "ok", **index.info(),
+            "stats": {"requests": s.requests, "queries": s.queries, "batches": s.batches, "errors": s.errors,
+                      "batching": batching, "waits": s.waits,
+                      "max_batch_queries_seen": s.max_batch_queries_seen,
+                      "busy_seconds": round(s.busy_seconds, 3),
+                      "uptime_seconds": round(time.time() - s.started_at, 1)},
+            "limits": limits.__dict__, "per_query_errors": True}
+
+
+async def _search_per_query(body: dict, batcher, limits: Limits) -> tuple[list, list, list]:
+    """A ``per_query_errors`` request searched: ``(results, errors, unavailable)``; a bad query gets ``[]`` and its
+    message in ``errors``, a query the backend could not serve now also its ``(index, retry_after)`` in
+    ``unavailable``."""
+    queries, topk, errors = validate_request_per_query(body.get("queries"), body.get("topk"), limits)
+    good = [i for i, err in enumerate(errors) if err is None]
+    found = await batcher.search([queries[i] for i in good], topk) if good else []
+    results = [[] for _ in queries]
+    unavailable = []
+    failed = set(backend_failures(found))
+    for j, (i, hits) in enumerate(zip(good, found)):
+        if j in failed:  # this query alone could not be served now: the client retries it
+            errors[i] = str(hits)
+            unavailable.append((i, hits.retry_after))
+        else:
+            results[i] = hits
+    return results, errors, unavailable
+
+
+async def _retrieve(body: dict, batcher, limits: Limits) -> dict:
+    """``POST /retrieve`` (Search-R1's schema) for a parsed body."""
+    return_scores = body.get("return_scores", False)
+    per_query = body.get("per_query_errors", False)
+    for name, value in (("return_scores", return_scores), ("per_query_errors", per_query)):
+        if not isinstance(value, bool):
+            raise BadRequest(f"{name} must be true or false")
+    errors, unavailable = None, []
+    if per_query:
+        results, errors, unavailable = await _search_per_query(body, batcher, limits)
+    else:
+        queries, topk = validate_request(body.get("queries"), body.get("topk"), limits)
+        results = await batcher.search(queries, topk)
+        _raise_first_failure(results)
+    if return_scores:
+        out = {"result": [[{"document": _document(p), "score": p["score"]} for p in hits] for hits in results]}
+    else:
+        out = {"result": [[_document(p) for p in hits] for hits in results]}
+    if errors is not None:
+        out["errors"] = errors
+    if unavailable:  # per-query errors worth retrying (a provider outage for these queries), not rejections
+        out["unavailable"] = [i for i, _ in unavailable]
+        waits = [w for _, w in unavailable if w]
+        out["retry_after"] = max(waits) if waits else None
+    counts = web_counts(results)
+    if counts is not None:
+        out["web"] = counts
+    return out
+
+
+async def _queries(body: dict, batcher, limits: Limits) -> dict:
+    """``POST /queries`` (R1-Searcher's schema) for a parsed body."""
+    queries, topk = validate_request(body.get("queries"), body.get("k", body.get("topk")), limits)
+    results = await batcher.search(queries, topk)
+    _raise_first_failure(results)
+    out = {"queries": queries, "answers": [[p["contents"] for p in hits] for hits in results]}
+    counts = web_counts(results)
+    if counts is not None:
+        out["web"] = counts
+    return out
+
+
+def _add_error_handlers(app, limits: Limits) -> None:
+    """Bad input and backend failures as JSON answers: 413 for a declared body past the limit, ``BadRequest``'s
+    status, ``BackendError``'s status with ``stop_run`` and Retry-After, 422 for a schema error."""
+    from fastapi import Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
-
-    limits = limits or Limits()
-    if getattr(index, "independent_queries", False):
-        batcher = ConcurrentSearcher(index)
-    elif batching:
-        batcher = MicroBatcher(index, window_ms=window_ms, max_batch_queries=max_batch_queries, max_wait_ms=max_wait_ms)
-    else:
-        batcher = PerRequestSearcher(index)
-
-    @asynccontextmanager
-    async def lifespan(app):
-        await batcher.start()
-        logger.info("retriever ready: %s", json.dumps(index.info()))
-        yield
-        await batcher.stop()
-        logger.info("retriever stopped after %d requests", batcher.stats.requests)
-
-    app = FastAPI(title="openrlhf-search retriever", lifespan=lifespan)
-    app.state.batcher = batcher
-    app.state.limits = limits
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next):
@@ -468,90 +546,49 @@ def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_
     async def invalid(_request, exc: RequestValidationError):
         return JSONResponse({"detail": jsonable_errors(exc)}, status_code=422)
 
-    async def _json_body(request: Request) -> dict:
-        # counted while reading: a chunked body (no Content-Length) is cut off at the limit instead of being
-        # read whole first (Starlette's request.body() buffers everything; a 256 MiB body grew the server by 384 MiB)
-        parts, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limits.max_body_bytes:
-                raise BadRequest(f"request body over {limits.max_body_bytes} bytes (read {size} so far)", status=413)
-            parts.append(chunk)
-        raw = b"".join(parts)
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise BadRequest(f"malformed JSON body: {e}") from e
-        except RecursionError as e:  # e.g. [[[[...]]]] thousands deep
-            raise BadRequest("malformed JSON body: nested too deeply") from e
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
-        return body
+
+def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_batch_queries: int = 512,
+               max_wait_ms: float = 50.0, batching: bool = True, added_latency_ms: float = 0.0):
+    """The FastAPI application serving ``index`` (anything with ``search(queries, topk)`` and ``info()``).
+
+    ``batching=False`` serves each request with its own search (``PerRequestSearcher``) instead of the
+    ``MicroBatcher``; ``window_ms``, ``max_batch_queries`` and ``max_wait_ms`` then have no effect.
+    ``added_latency_ms``: every ``/retrieve`` answer waits this long first (a benchmark's stand-in for a remote or
+    loaded retriever, so that asynchronous training has retrieval time to hide); 0 in production."""
+    from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI, Request
+
+    limits = limits or Limits()
+    batcher = _make_searcher(index, batching, window_ms, max_batch_queries, max_wait_ms)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await batcher.start()
+        logger.info("retriever ready: %s", json.dumps(index.info()))
+        yield
+        await batcher.stop()
+        logger.info("retriever stopped after %d requests", batcher.stats.requests)
+
+    app = FastAPI(title="openrlhf-search retriever", lifespan=lifespan)
+    app.state.batcher = batcher
+    app.state.limits = limits
+    _add_error_handlers(app, limits)
 
     @app.get("/health")
     async def health():
-        s = batcher.stats
-        return {"status": "ok", **index.info(),
-                "stats": {"requests": s.requests, "queries": s.queries, "batches": s.batches, "errors": s.errors,
-                          "batching": batching, "waits": s.waits,
-                          "max_batch_queries_seen": s.max_batch_queries_seen,
-                          "busy_seconds": round(s.busy_seconds, 3),
-                          "uptime_seconds": round(time.time() - s.started_at, 1)},
-                "limits": limits.__dict__, "per_query_errors": True}
+        return _health(index, batcher, limits, batching)
 
     @app.post("/retrieve")
     async def retrieve(request: Request):
-        body = await _json_body(request)
-        return_scores = body.get("return_scores", False)
-        per_query = body.get("per_query_errors", False)
-        for name, value in (("return_scores", return_scores), ("per_query_errors", per_query)):
-            if not isinstance(value, bool):
-                raise BadRequest(f"{name} must be true or false")
-        errors, unavailable = None, []
-        if per_query:
-            queries, topk, errors = validate_request_per_query(body.get("queries"), body.get("topk"), limits)
-            good = [i for i, err in enumerate(errors) if err is None]
-            found = await batcher.search([queries[i] for i in good], topk) if good else []
-            results = [[] for _ in queries]
-            failed = set(backend_failures(found))
-            for j, (i, hits) in enumerate(zip(good, found)):
-                if j in failed:  # this query alone could not be served now: the client retries it
-                    errors[i] = str(hits)
-                    unavailable.append((i, hits.retry_after))
-                else:
-                    results[i] = hits
-        else:
-            queries, topk = validate_request(body.get("queries"), body.get("topk"), limits)
-            results = await batcher.search(queries, topk)
-            _raise_first_failure(results)
-        if return_scores:
-            out = {"result": [[{"document": _document(p), "score": p["score"]} for p in hits] for hits in results]}
-        else:
-            out = {"result": [[_document(p) for p in hits] for hits in results]}
-        if errors is not None:
-            out["errors"] = errors
-        if unavailable:  # per-query errors worth retrying (a provider outage for these queries), not rejections
-            out["unavailable"] = [i for i, _ in unavailable]
-            waits = [w for _, w in unavailable if w]
-            out["retry_after"] = max(waits) if waits else None
-        counts = web_counts(results)
-        if counts is not None:
-            out["web"] = counts
+        out = await _retrieve(await _json_body(request, limits), batcher, limits)
         if added_latency_ms > 0:
             await asyncio.sleep(added_latency_ms / 1000.0)
         return out
 
     @app.post("/queries")
     async def queries_endpoint(request: Request):
-        body = await _json_body(request)
-        queries, topk = validate_request(body.get("queries"), body.get("k", body.get("topk")), limits)
-        results = await batcher.search(queries, topk)
-        _raise_first_failure(results)
-        out = {"queries": queries, "answers": [[p["contents"] for p in hits] for hits in results]}
-        counts = web_counts(results)
-        if counts is not None:
-            out["web"] = counts
-        return out
+        return await _queries(await _json_body(request, limits), batcher, limits)
 
     return app
 
