@@ -3,6 +3,7 @@
 import pytest
 
 from openrlhf_search.cli import train as cli
+from openrlhf_search.cli.train_args import RENAMED_FLAGS, nearest_flags
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +22,10 @@ def parser():
     ("--search.top_k", "--search.topk"),
 ])
 def test_nearest_flag_first(parser, typed, first):
-    assert cli.nearest_flags(parser, typed)[0] == first
+    assert nearest_flags(parser, typed)[0] == first
 
 
 def test_every_renamed_flag_exists(parser):
     flags = {o for a in parser._actions for o in a.option_strings}
-    missing = sorted(v for v in cli.RENAMED_FLAGS.values() if v not in flags)
+    missing = sorted(v for v in RENAMED_FLAGS.values() if v not in flags)
     assert not missing  # a table entry OpenRLHF dropped would silently never be suggested
