@@ -212,51 +212,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: OpenRLHF's flat flag names before its grouped parser (0.10), and common synonyms -> the flag that replaced them
-#: (kept only when the parser has it); a mistyped or old name is matched against these before the fuzzy match
+#: Flat flags of OpenRLHF's launchers before its grouped parser (0.10) -> the 0.11.2 flag that replaced them: only the
+#: ones :func:`nearest_flags` cannot find by name alone (``--train_batch_size`` finds ``--train.batch_size`` itself).
 RENAMED_FLAGS = {
-    "learning_rate": "--actor.adam.lr", "lr": "--actor.adam.lr", "actor_learning_rate": "--actor.adam.lr",
-    "critic_learning_rate": "--critic.adam.lr", "pretrain": "--actor.model_name_or_path",
-    "critic_pretrain": "--critic.model_name_or_path", "reward_pretrain": "--reward.model_name_or_path",
-    "prompt_data": "--data.prompt_dataset", "input_key": "--data.input_key", "label_key": "--data.label_key",
-    "micro_train_batch_size": "--train.micro_batch_size", "train_batch_size": "--train.batch_size",
-    "micro_rollout_batch_size": "--rollout.micro_batch_size", "rollout_batch_size": "--rollout.batch_size",
-    "n_samples_per_prompt": "--rollout.n_samples_per_prompt", "max_epochs": "--train.max_epochs",
-    "num_episodes": "--train.num_episodes", "init_kl_coef": "--algo.kl.init_coef", "use_kl_loss": "--algo.kl.use_loss",
-    "kl_estimator": "--algo.kl.estimator", "advantage_estimator": "--algo.advantage.estimator",
-    "zero_stage": "--ds.zero_stage", "save_path": "--ckpt.output_dir", "ckpt_path": "--ckpt.path",
-    "save_steps": "--ckpt.save_steps", "eval_steps": "--eval.steps", "temperature": "--rollout.temperature",
-    "top_p": "--rollout.top_p", "generate_max_len": "--rollout.max_new_tokens", "prompt_max_len": "--data.max_len",
-    "vllm_num_engines": "--vllm.num_engines", "lr_warmup_ratio": "--actor.lr_warmup_ratio",
-    "max_norm": "--actor.max_norm", "eps_clip": "--actor.eps_clip", "gamma": "--algo.advantage.gamma",
-    "lambd": "--algo.advantage.lambd", "agent_func_path": "--train.agent_func_path",
+    "pretrain": "--actor.model_name_or_path", "critic_pretrain": "--critic.model_name_or_path",
+    "reward_pretrain": "--reward.model_name_or_path", "save_path": "--ckpt.output_dir",
+    "actor_learning_rate": "--actor.adam.lr", "critic_learning_rate": "--critic.adam.lr",
+    "micro_train_batch_size": "--train.micro_batch_size", "micro_rollout_batch_size": "--rollout.micro_batch_size",
+    "n_samples_per_prompt": "--rollout.n_samples_per_prompt", "temperature": "--rollout.temperature",
+    "generate_max_len": "--rollout.max_new_tokens", "use_kl_loss": "--algo.kl.use_loss",
+    "bf16": "--ds.param_dtype", "flash_attn": "--ds.attn_implementation", "load_checkpoint": "--ckpt.load_enable",
+    "use_wandb": "--logger.wandb.key", "async_train": "--train.async_enable",
 }
 
 
 def nearest_flags(parser: argparse.ArgumentParser, name: str, n: int = 3) -> List[str]:
-    """The parser's flags closest to a mistyped ``name``, best first: the flag that replaced an old or synonymous
-    name (:data:`RENAMED_FLAGS`, ``--actor.learning_rat`` -> ``--actor.adam.lr``); every ``--<group>.<field>`` for a
-    bare field name (``--batch_size``); flags whose last name part is close to the typed one, the typed group first;
-    then ``difflib`` over whole names (ratio >= 0.6)."""
+    """The parser's flags closest to a mistyped or old ``name``, best first: the flag that replaced an old name of
+    :data:`RENAMED_FLAGS`; every ``--<group>.<field>`` for a bare field name (``--batch_size``); then ``difflib``'s
+    closest among the flags and the old names, all spelled with ``_`` for ``.`` (``--micro_train_batch_size`` ->
+    ``--train.micro_batch_size``, ``--train.batchsize`` -> ``--train.batch_size``)."""
     import difflib
 
     flags = sorted({o for a in parser._actions for o in a.option_strings if o.startswith("--")})
-    field = name.lstrip("-")
-    group, _, last = field.rpartition(".")
+    typed = name.lstrip("-")
     renamed = {old: new for old, new in RENAMED_FLAGS.items() if new in flags}
-    out = []
-    for key in (field.replace(".", "_"), last):
-        for old in difflib.get_close_matches(key, list(renamed), n=1, cutoff=0.85):
-            new = renamed[old]
-            in_group = f"--{group}.{new.split('.', 1)[1]}" if group else new  # --critic.lr -> --critic.adam.lr
-            out.append(in_group if in_group in flags else new)
-    out += [f for f in flags if "." not in field and f.endswith("." + field)]
-    by_last: Dict[str, List[str]] = {}
-    for f in flags:
-        by_last.setdefault(f.lstrip("-").rpartition(".")[2], []).append(f)
-    for part in difflib.get_close_matches(last, list(by_last), n=3, cutoff=0.75):
-        out += sorted(by_last[part], key=lambda f: not (group and f.startswith(f"--{group}.")))
-    out += difflib.get_close_matches(name, flags, n=n, cutoff=0.6)
+    known = {**{f[2:].replace(".", "_"): f for f in flags}, **renamed}
+    out = [renamed[typed]] if typed in renamed else []
+    out += [f for f in flags if "." not in typed and f.endswith("." + typed)]
+    out += [known[k] for k in difflib.get_close_matches(typed.replace(".", "_"), list(known), n=n, cutoff=0.6)]
     return list(dict.fromkeys(out))[:n]
 
 
