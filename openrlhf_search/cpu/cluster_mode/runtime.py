@@ -84,6 +84,8 @@ import sys
 import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
+import psutil
+
 logger = logging.getLogger(__name__)
 
 ENV_FLAG = "OPENRLHF_SEARCH_CPU_CLUSTER"  # "1" in the driver and every Ray worker of a CPU-cluster job
@@ -830,19 +832,16 @@ _EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Refused
 
 
 def _mapped_shm_segments(exclude: Tuple[int, ...] = ()) -> set:
-    """Names of /dev/shm segments some live process maps (read from /proc/*/maps), ``exclude``d pids aside."""
+    """Names of /dev/shm segments some live process maps (``psutil``'s memory maps), ``exclude``d pids aside."""
     out = set()
-    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not pid.isdigit() or int(pid) in exclude:
+    for proc in psutil.process_iter():
+        if proc.pid in exclude:
             continue
         try:
-            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    i = line.find(SHM_DIR + "/")
-                    if i >= 0:
-                        out.add(line[i + len(SHM_DIR) + 1:].split()[0])
-        except OSError:
+            maps = proc.memory_maps(grouped=False)
+        except (psutil.Error, OSError):  # gone, another user's, or a zombie
             continue
+        out.update(os.path.basename(m.path) for m in maps if m.path.startswith(SHM_DIR + "/"))
     return out
 
 
@@ -861,29 +860,17 @@ def _shm_segments() -> Dict[str, float]:
 
 
 def _descendants(root: int) -> List[int]:
-    """Every live descendant process of ``root`` (from /proc/*/stat parent ids), children first."""
-    parent = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
-                parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    out, frontier = [], [root]
-    while frontier:
-        children = [pid for pid, ppid in parent.items() if ppid in frontier and pid not in out]
-        out += children
-        frontier = children
-    return out
+    """Every live descendant process of ``root`` (``psutil``, recursively), [] when ``root`` is gone."""
+    try:
+        return [p.pid for p in psutil.Process(root).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _alive(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
 
 
