@@ -88,8 +88,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     main_block = OpenRLHFMain(OPENRLHF_SFT_MODULE)
     if flat.cpu:
         from openrlhf_search.cpu.cluster_mode import runtime
+        from openrlhf_search.cpu.cluster_mode.settings import apply_cpu_settings
 
-        for line in runtime.apply_cpu_settings(flat):
+        for line in apply_cpu_settings(flat):
             print(f"[cpu] {line}", file=sys.stderr)
         runtime.install()
         _single_rank_env()

@@ -130,7 +130,7 @@ def parse_args(argv: Optional[List[str]] = None) -> Tuple[Any, SearchConfig]:
     except LayoutError as e:
         raise ConfigError(str(e)) from e
     if flat.cpu_cluster:  # before OpenRLHF's validation, which must see the CPU layout
-        from openrlhf_search.cpu.cluster_mode.runtime import apply_cpu_settings
+        from openrlhf_search.cpu.cluster_mode.settings import apply_cpu_settings
 
         try:
             changes = apply_cpu_settings(flat)
@@ -214,7 +214,7 @@ def layout_summary(args) -> Dict[str, Any]:
            "gradient_checkpointing": bool(getattr(args.actor, "gradient_checkpointing_enable", False)),
            "short_batch_unit_samples": unit_of(args, args.rollout.n_samples_per_prompt)}
     if getattr(args, "cpu_cluster", False):
-        from openrlhf_search.cpu.cluster_mode.runtime import logical_gpus
+        from openrlhf_search.cpu.cluster_mode.settings import logical_gpus
 
         out["cpu_cluster_logical_gpus"] = logical_gpus(args)
     return out
@@ -327,6 +327,8 @@ def run(args, cfg: SearchConfig) -> None:
     cpu = bool(getattr(args, "cpu_cluster", False))
     if cpu:
         from openrlhf_search.cpu.cluster_mode import runtime as cpu_cluster
+        from openrlhf_search.cpu.cluster_mode import settings as cpu_settings
+        from openrlhf_search.cpu.cluster_mode.private_ray import PrivateRay
 
         if ray.is_initialized() or os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
             # the patches reach Ray's workers only through the setup hook of a Ray this driver starts
@@ -334,17 +336,17 @@ def run(args, cfg: SearchConfig) -> None:
 
         cpu_cluster.install(driver=True)  # before train_ppo_ray (and vllm_engine) is imported
         if args.ds.param_dtype == FP32:  # the engines load the checkpoint as the trainer holds it (patch 10)
-            os.environ[cpu_cluster.ENGINE_DTYPE_ENV] = "float32"
+            os.environ[cpu_settings.ENGINE_DTYPE_ENV] = "float32"
     inject_classes()
     started = False
     private = None
     if not ray.is_initialized():
         if cpu:
-            private = cpu_cluster.PrivateRay()
+            private = PrivateRay()
             print(f"[cpu_cluster] private Ray folder {private.temp_dir} (removed at exit)", file=sys.stderr)
-            print(f"[cpu_cluster] {cpu_cluster.EXPECTED_ON_CPU}", file=sys.stderr)
-            ray.init(**cpu_cluster.ray_init_kwargs(build_runtime_env(cfg), temp_dir=private.temp_dir,
-                                                   num_gpus=cpu_cluster.logical_gpus(args)))
+            print(f"[cpu_cluster] {cpu_settings.EXPECTED_ON_CPU}", file=sys.stderr)
+            ray.init(**cpu_settings.ray_init_kwargs(build_runtime_env(cfg), temp_dir=private.temp_dir,
+                                                   num_gpus=cpu_settings.logical_gpus(args)))
             # after ray.init, whose core worker installs its own SIGTERM handler (it logs and dies): a launcher or
             # scheduler stopping the run must not leave the private Ray, its folder or vLLM's shared memory behind
             _terminate_on_sigterm(private)
