@@ -35,7 +35,7 @@ class IndexClient:
         self.index, self.topk = load_index(index_dir), topk
 
     async def search(self, query: str):
-        from openrlhf_search.env.retrieval_client import passage_from_document
+        from openrlhf_search.env.retrieval_schema import passage_from_document
 
         return [passage_from_document(d) for d in self.index.search([query], self.topk)[0]]
 

@@ -170,7 +170,7 @@ def _policy_named_parameters(actor) -> Dict[str, Any]:
     """Runs in each policy actor (``__ray_call__``): its DeepSpeed module's full parameters on CPU. Under ZeRO-3 each
     parameter is gathered on its own (a collective: call it on every rank of the group at once); one gather of many
     parameters takes DeepSpeed's coalesced path, which on gloo can hand back a buffer still being filled
-    (``cpu/cluster_mode/runtime.py``, :data:`~openrlhf_search.cpu.cluster_mode.runtime.ZERO3_CPU_SETTINGS`)."""
+    (``cpu/cluster_mode/runtime.py``, :data:`~openrlhf_search.cpu.cluster_mode.settings.ZERO3_CPU_SETTINGS`)."""
     model = actor.actor.model.module if hasattr(actor.actor.model, "module") else actor.actor.model
     if hasattr(model, "peft_config"):  # LoRA: the merged base-model weights the sync sends, under vLLM's names
         from openrlhf_search.rl.trainer import lora_sync_tensors

@@ -12,8 +12,9 @@ Formats:
   jsonl of its rows ``{"title", "text": [sentence, ...]}`` -> one passage per article, the sentences joined by a
   space (``" ".join``: HotpotQA's sentences after the first start with a space, which gives the double spaces of
   R1-Searcher's passages, "Texas.  Nidal Hasan"), ids 0, 1, ... in dump order as in their TSV; an article without
-  text is skipped. ``openrlhf_search.env.protocol.R1SearcherProtocol`` with ``passage_format="hotpotqa_abstracts"``
-  writes each passage back as the released TSV line, ``(1)Title: T Text:  abstract``;
+  text is skipped. ``openrlhf_search.env.paper_protocols.R1SearcherProtocol`` with
+  ``passage_format="hotpotqa_abstracts"`` writes each passage back as the released TSV line,
+  ``(1)Title: T Text:  abstract``;
 - ``wiki18``: FlashRAG / Search-R1 rows ``{"id", "contents": "\"Title\"\ntext"}``, passed through;
 - ``plain``: ``{"id", "title", "text"}`` rows (or ``{"id","title","contents"}``), passed through;
 - ``auto``: decided from the first row.

@@ -3,7 +3,7 @@
     python -m retriever.build_index --corpus C.jsonl --index_dir D --encoder e5-base-v2 --index_type flat \\
         --ray [--ray_address auto] [--ray_workers N] [--ray_gpus_per_worker 1] [--chunk_size 10000]
 
-The corpus is cut into the same embedding chunks as the single-process path (``retriever.index.encode_corpus``:
+The corpus is cut into the same embedding chunks as the single-process path (``retriever.embeddings.encode_corpus``:
 ``chunk_XXXXXX.npy`` of ``chunk_size`` rows, ``meta.json`` pinning encoder, count and chunking). A Ray Dataset of
 the chunks still missing goes through ``map_batches`` with a pool of encoder actors (one per GPU, or per
 ``cpus_per_worker`` CPUs without GPUs); each actor loads the encoder once, encodes a chunk's passages with the
@@ -27,7 +27,7 @@ import numpy as np
 
 from .corpus import PassageStore
 from .encoders import DenseEncoder, EncoderSpec, get_encoder
-from .index import chunk_done, chunk_ranges, claim_embeddings_dir, embeddings_meta, save_chunk
+from .embeddings import chunk_done, chunk_ranges, claim_embeddings_dir, embeddings_meta, save_chunk
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def encode_corpus_ray(store: PassageStore, encoder: DenseEncoder, emb_dir: str, 
                       cpus_per_worker: float = 1.0, device: str | None = None, stats: dict | None = None) -> int:
     """Encode every passage of ``store`` into ``emb_dir`` chunks with Ray Data actors; returns the dimension.
 
-    Same files and the same resumability as ``retriever.index.encode_corpus`` (either can finish what the other
+    Same files and the same resumability as ``retriever.embeddings.encode_corpus`` (either can finish what the other
     started). ``encoder`` (loaded in this process) gives the spec, dimension and batch size; the actors load their
     own copy.
 

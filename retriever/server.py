@@ -25,10 +25,10 @@ it alone. Each ``/retrieve`` answer from the web backend carries ``"web": {"call
 
 Dynamic micro-batching: requests that queue while the previous batch is being searched are encoded and
 searched as one batch by a single worker thread, so the event loop never blocks; a request that finds the server
-idle goes at once (see ``MicroBatcher``). ``--no_batching`` searches each request on its own (same worker thread),
-the baseline that ``benchmarks/bench_retriever.py`` measures micro-batching against. Bad input gets a 4xx with
-a message and the server keeps serving. SIGTERM/SIGINT shut down cleanly (uvicorn's handlers; in-flight requests
-finish).
+idle goes at once (``MicroBatcher``, ``retriever/searchers.py``). ``--no_batching`` searches each request on its
+own (same worker thread), the baseline that ``benchmarks/bench_retriever.py`` measures micro-batching against.
+Bad input gets a 4xx with a message and the server keeps serving. SIGTERM/SIGINT shut down cleanly (uvicorn's
+handlers; in-flight requests finish).
 """
 
 
@@ -42,10 +42,10 @@ import signal
 import socket
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .errors import BackendError  # one class whether this module runs as __main__ or is imported
+from .searchers import ConcurrentSearcher, MicroBatcher, PerRequestSearcher
 
 logger = logging.getLogger("retriever.server")
 
@@ -140,225 +140,6 @@ def validate_request_per_query(queries, topk, limits: Limits) -> tuple[list, int
     return queries, topk, errors
 
 
-@dataclass
-class _Pending:
-    queries: list[str]
-    topk: int
-    future: asyncio.Future
-
-
-@dataclass
-class BatcherStats:
-    requests: int = 0
-    queries: int = 0
-    batches: int = 0
-    errors: int = 0
-    max_batch_queries_seen: int = 0
-    waits: int = 0  # batches that waited for more requests before going out
-    busy_seconds: float = 0.0
-    started_at: float = field(default_factory=time.time)
-
-
-class MicroBatcher:
-    """Coalesces concurrent ``search`` calls into one ``index.search`` per (batch, topk).
-
-    A batch takes every request queued when the worker is free (those that arrived while the previous batch
-    was searched), up to ``max_batch_queries`` queries. The number of clients in a loop is estimated as the
-    previous batch's queries plus those that queued while it ran (clients wait for their answer before sending
-    again). When the batch already holds that many, it goes out at once: a lone client (estimate 1) never
-    waits, so at 1 client the server is as fast as with micro-batching off. When fewer have arrived, the missing
-    clients are likely about to send their next request, so the batch waits for them up to ``max(window_ms,
-    min(max_wait_ms, half the previous batch's compute time))``, and once it is complete still takes what
-    arrives within ``window_ms`` of its start: with many clients in a loop this keeps batches full instead of
-    alternating full and tiny ones. Searches run on one worker thread: encoders and faiss are multi-threaded
-    already, and one thread keeps the encoder free of concurrent use.
-
-    Args:
-        index: anything with ``search(queries, topk) -> list (per query) of passage dicts``.
-        window_ms: shortest wait for company when a batch holds fewer queries than the estimate.
-        max_batch_queries: most queries per ``index.search`` call.
-        max_wait_ms: longest wait for company.
-    """
-
-    def __init__(self, index, window_ms: float = 2.0, max_batch_queries: int = 512, max_wait_ms: float = 50.0):
-        self.index = index
-        self.window_s = window_ms / 1000.0
-        self.max_wait_s = max_wait_ms / 1000.0
-        self._last_busy_s = 0.0
-        self.max_batch_queries = max_batch_queries
-        self.stats = BatcherStats()
-        self._queue: asyncio.Queue | None = None
-        self._queued_queries = 0  # queries waiting in the queue
-        self._task: asyncio.Task | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever-search")
-
-    async def start(self) -> None:
-        self._queue = asyncio.Queue()
-        self._task = asyncio.create_task(self._run(), name="retriever-batcher")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-        self._executor.shutdown(wait=True, cancel_futures=True)
-
-    async def search(self, queries: list[str], topk: int) -> list[list[dict]]:
-        """Top-``topk`` passages per query (list per query of passage dicts with ``score``)."""
-        fut = asyncio.get_running_loop().create_future()
-        self.stats.requests += 1
-        self.stats.queries += len(queries)
-        self._queued_queries += len(queries)
-        await self._queue.put(_Pending(queries, topk, fut))
-        return await fut
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        # queries the previous batch held plus those that queued while it ran (clients wait for their answer
-        # before sending again, so these came from other clients): about how many clients are in the loop
-        expected = 1
-        while True:
-            first = await self._queue.get()
-            self._queued_queries -= len(first.queries)
-            batch, n = [first], len(first.queries)
-            # Everything already queued joins. As many as last time and nobody seen on the way (a lone
-            # client: 1): go now, waiting would only add latency. Fewer than last time: the previous batch's
-            # clients are likely about to send their next request, so wait up to half a batch's compute time
-            # (capped by max_wait) for them rather than run a small batch and make them queue behind it; once
-            # requests are streaming in, stragglers within the window still join.
-            now = loop.time()
-            deadline = now + self.window_s
-            stretched = now + max(self.window_s, min(self.max_wait_s, 0.5 * self._last_busy_s))
-            waited = False
-            while n < self.max_batch_queries:
-                try:
-                    item = self._queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    if n >= expected and not waited:
-                        break
-                    timeout = (stretched if n < expected else deadline) - loop.time()
-                    if timeout <= 0:
-                        break
-                    waited = True
-                    try:
-                        item = await asyncio.wait_for(self._queue.get(), timeout)
-                    except asyncio.TimeoutError:
-                        break
-                self._queued_queries -= len(item.queries)
-                batch.append(item)
-                n += len(item.queries)
-            self.stats.waits += waited
-            t0 = loop.time()
-            await self._execute(batch)
-            self._last_busy_s = loop.time() - t0
-            # everything queued now came from clients not in this batch (with several topk groups in one batch,
-            # clients of the first group may already be back: an overestimate costs at most one stretched wait)
-            expected = min(self.max_batch_queries, n + self._queued_queries)
-
-    async def _execute(self, batch: list[_Pending]) -> None:
-        loop = asyncio.get_running_loop()
-        by_topk: dict[int, list[_Pending]] = {}
-        for p in batch:
-            if not p.future.cancelled():  # client went away while queued
-                by_topk.setdefault(p.topk, []).append(p)
-        for topk, group in by_topk.items():
-            queries = [q for p in group for q in p.queries]
-            t0 = time.perf_counter()
-            try:
-                results = await loop.run_in_executor(self._executor, self.index.search, queries, topk)
-            except Exception as e:  # one bad batch must not kill the batcher
-                _log_search_failure(e, "batch", len(queries))
-                self.stats.errors += 1
-                for p in group:
-                    if not p.future.done():
-                        p.future.set_exception(e)
-                continue
-            finally:
-                self.stats.busy_seconds += time.perf_counter() - t0
-            self.stats.batches += 1
-            self.stats.max_batch_queries_seen = max(self.stats.max_batch_queries_seen, len(queries))
-            i = 0
-            for p in group:
-                part = results[i:i + len(p.queries)]
-                i += len(p.queries)
-                if not p.future.done():
-                    p.future.set_result(part)
-
-
-class PerRequestSearcher:
-    """Micro-batching off (``--no_batching``): every request is its own ``index.search`` call, in arrival order,
-    on one worker thread, as a per-request retrieval server (Search-R1's ``retrieval_server.py`` searches each
-    request's queries in its handler). Same interface and stats as ``MicroBatcher`` (a batch = a request), so the
-    two modes of one server can be measured against each other.
-    """
-
-    def __init__(self, index):
-        self.index = index
-        self.stats = BatcherStats()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever-search")
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
-
-    def _timed_search(self, queries: list[str], topk: int) -> list[list[dict]]:
-        t0 = time.perf_counter()
-        try:
-            return self.index.search(queries, topk)
-        finally:
-            self.stats.busy_seconds += time.perf_counter() - t0
-
-    async def search(self, queries: list[str], topk: int) -> list[list[dict]]:
-        """Top-``topk`` passages per query (list per query of passage dicts with ``score``); the index's
-        exception when its search fails."""
-        self.stats.requests += 1
-        self.stats.queries += len(queries)
-        try:
-            results = await asyncio.get_running_loop().run_in_executor(self._executor, self._timed_search,
-                                                                       queries, topk)
-        except Exception as e:
-            _log_search_failure(e, "request", len(queries))
-            self.stats.errors += 1
-            raise
-        self.stats.batches += 1
-        self.stats.max_batch_queries_seen = max(self.stats.max_batch_queries_seen, len(queries))
-        return results
-
-
-class ConcurrentSearcher:
-    """For an index whose queries are independent and I/O-bound (the web backend, ``independent_queries``): every
-    request goes to ``index.submit`` at once, and each of its queries is searched on its own, so one query in
-    back-off or failing never holds or fails another request's (nor another query of its own request: the result
-    is, per query, its passages or its :class:`BackendError`). Same interface and stats as ``MicroBatcher``."""
-
-    def __init__(self, index):
-        self.index = index
-        self.stats = BatcherStats()
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-    async def search(self, queries: list[str], topk: int) -> list:
-        self.stats.requests += 1
-        self.stats.queries += len(queries)
-        t0 = time.perf_counter()
-        try:
-            results = await asyncio.wrap_future(self.index.submit(queries, topk))
-        finally:
-            self.stats.busy_seconds += time.perf_counter() - t0
-        self.stats.batches += 1
-        self.stats.errors += sum(isinstance(r, BackendError) for r in results)
-        self.stats.max_batch_queries_seen = max(self.stats.max_batch_queries_seen, len(queries))
-        return results
-
-
 def backend_failures(results: list) -> list:
     """Indices of the queries whose result is a :class:`BackendError` (the backend's per-query failures).
 
@@ -376,13 +157,6 @@ def backend_failures(results: list) -> list:
         first = results[failed[0]]
         raise BackendError(str(first), status=first.status, retry_after=max(waits) if waits else None)
     return failed
-
-
-def _log_search_failure(e: Exception, what: str, n: int) -> None:
-    if isinstance(e, BackendError):  # already explained in one line (a provider outage, a refused key)
-        logger.warning("search failed for a %s of %d queries: %s", what, n, e)
-    else:
-        logger.exception("search failed for a %s of %d queries", what, n)
 
 
 def _raise_first_failure(results: list) -> None:
@@ -413,39 +187,117 @@ def _document(p: dict) -> dict:
     return {"id": p["id"], "contents": p["contents"], "title": p["title"], "text": p["text"]}
 
 
-def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_batch_queries: int = 512,
-               max_wait_ms: float = 50.0, batching: bool = True, added_latency_ms: float = 0.0):
-    """The FastAPI application serving ``index`` (anything with ``search(queries, topk)`` and ``info()``).
+def _make_searcher(index, batching: bool, window_ms: float, max_batch_queries: int, max_wait_ms: float):
+    """The searcher that serves ``index``: one search per query for a web backend, else micro-batches or, with
+    ``batching=False``, one search per request."""
+    if getattr(index, "independent_queries", False):
+        return ConcurrentSearcher(index)
+    if batching:
+        return MicroBatcher(index, window_ms=window_ms, max_batch_queries=max_batch_queries, max_wait_ms=max_wait_ms)
+    return PerRequestSearcher(index)
 
-    ``batching=False`` serves each request with its own search (``PerRequestSearcher``) instead of the
-    ``MicroBatcher``; ``window_ms``, ``max_batch_queries`` and ``max_wait_ms`` then have no effect.
-    ``added_latency_ms``: every ``/retrieve`` answer waits this long first (a benchmark's stand-in for a remote or
-    loaded retriever, so that asynchronous training has retrieval time to hide); 0 in production."""
-    from contextlib import asynccontextmanager
 
-    from fastapi import FastAPI, Request
+async def _json_body(request, limits: Limits) -> dict:
+    """The request's JSON object; ``BadRequest`` (413) past ``limits.max_body_bytes``, (400) when malformed."""
+    # counted while reading: a chunked body (no Content-Length) is cut off at the limit instead of being
+    # read whole first (Starlette's request.body() buffers everything; a 256 MiB body grew the server by 384 MiB)
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limits.max_body_bytes:
+            raise BadRequest(f"request body over {limits.max_body_bytes} bytes (read {size} so far)", status=413)
+        parts.append(chunk)
+    raw = b"".join(parts)
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"malformed JSON body: {e}") from e
+    except RecursionError as e:  # e.g. [[[[...]]]] thousands deep
+        raise BadRequest("malformed JSON body: nested too deeply") from e
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def _health(index, batcher, limits: Limits, batching: bool) -> dict:
+    """``GET /health``: the index's info, the searcher's counters and the input limits."""
+    s = batcher.stats
+    return {"status": "ok", **index.info(),
+            "stats": {"requests": s.requests, "queries": s.queries, "batches": s.batches, "errors": s.errors,
+                      "batching": batching, "waits": s.waits,
+                      "max_batch_queries_seen": s.max_batch_queries_seen,
+                      "busy_seconds": round(s.busy_seconds, 3),
+                      "uptime_seconds": round(time.time() - s.started_at, 1)},
+            "limits": limits.__dict__, "per_query_errors": True}
+
+
+async def _search_per_query(body: dict, batcher, limits: Limits) -> tuple[list, list, list]:
+    """A ``per_query_errors`` request searched: ``(results, errors, unavailable)``; a bad query gets ``[]`` and its
+    message in ``errors``, a query the backend could not serve now also its ``(index, retry_after)`` in
+    ``unavailable``."""
+    queries, topk, errors = validate_request_per_query(body.get("queries"), body.get("topk"), limits)
+    good = [i for i, err in enumerate(errors) if err is None]
+    found = await batcher.search([queries[i] for i in good], topk) if good else []
+    results = [[] for _ in queries]
+    unavailable = []
+    failed = set(backend_failures(found))
+    for j, (i, hits) in enumerate(zip(good, found)):
+        if j in failed:  # this query alone could not be served now: the client retries it
+            errors[i] = str(hits)
+            unavailable.append((i, hits.retry_after))
+        else:
+            results[i] = hits
+    return results, errors, unavailable
+
+
+async def _retrieve(body: dict, batcher, limits: Limits) -> dict:
+    """``POST /retrieve`` (Search-R1's schema) for a parsed body."""
+    return_scores = body.get("return_scores", False)
+    per_query = body.get("per_query_errors", False)
+    for name, value in (("return_scores", return_scores), ("per_query_errors", per_query)):
+        if not isinstance(value, bool):
+            raise BadRequest(f"{name} must be true or false")
+    errors, unavailable = None, []
+    if per_query:
+        results, errors, unavailable = await _search_per_query(body, batcher, limits)
+    else:
+        queries, topk = validate_request(body.get("queries"), body.get("topk"), limits)
+        results = await batcher.search(queries, topk)
+        _raise_first_failure(results)
+    if return_scores:
+        out = {"result": [[{"document": _document(p), "score": p["score"]} for p in hits] for hits in results]}
+    else:
+        out = {"result": [[_document(p) for p in hits] for hits in results]}
+    if errors is not None:
+        out["errors"] = errors
+    if unavailable:  # per-query errors worth retrying (a provider outage for these queries), not rejections
+        out["unavailable"] = [i for i, _ in unavailable]
+        waits = [w for _, w in unavailable if w]
+        out["retry_after"] = max(waits) if waits else None
+    counts = web_counts(results)
+    if counts is not None:
+        out["web"] = counts
+    return out
+
+
+async def _queries(body: dict, batcher, limits: Limits) -> dict:
+    """``POST /queries`` (R1-Searcher's schema) for a parsed body."""
+    queries, topk = validate_request(body.get("queries"), body.get("k", body.get("topk")), limits)
+    results = await batcher.search(queries, topk)
+    _raise_first_failure(results)
+    out = {"queries": queries, "answers": [[p["contents"] for p in hits] for hits in results]}
+    counts = web_counts(results)
+    if counts is not None:
+        out["web"] = counts
+    return out
+
+
+def _add_error_handlers(app, limits: Limits) -> None:
+    """Bad input and backend failures as JSON answers: 413 for a declared body past the limit, ``BadRequest``'s
+    status, ``BackendError``'s status with ``stop_run`` and Retry-After, 422 for a schema error."""
+    from fastapi import Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
-
-    limits = limits or Limits()
-    if getattr(index, "independent_queries", False):
-        batcher = ConcurrentSearcher(index)
-    elif batching:
-        batcher = MicroBatcher(index, window_ms=window_ms, max_batch_queries=max_batch_queries, max_wait_ms=max_wait_ms)
-    else:
-        batcher = PerRequestSearcher(index)
-
-    @asynccontextmanager
-    async def lifespan(app):
-        await batcher.start()
-        logger.info("retriever ready: %s", json.dumps(index.info()))
-        yield
-        await batcher.stop()
-        logger.info("retriever stopped after %d requests", batcher.stats.requests)
-
-    app = FastAPI(title="openrlhf-search retriever", lifespan=lifespan)
-    app.state.batcher = batcher
-    app.state.limits = limits
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next):
@@ -468,90 +320,49 @@ def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_
     async def invalid(_request, exc: RequestValidationError):
         return JSONResponse({"detail": jsonable_errors(exc)}, status_code=422)
 
-    async def _json_body(request: Request) -> dict:
-        # counted while reading: a chunked body (no Content-Length) is cut off at the limit instead of being
-        # read whole first (Starlette's request.body() buffers everything; a 256 MiB body grew the server by 384 MiB)
-        parts, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limits.max_body_bytes:
-                raise BadRequest(f"request body over {limits.max_body_bytes} bytes (read {size} so far)", status=413)
-            parts.append(chunk)
-        raw = b"".join(parts)
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise BadRequest(f"malformed JSON body: {e}") from e
-        except RecursionError as e:  # e.g. [[[[...]]]] thousands deep
-            raise BadRequest("malformed JSON body: nested too deeply") from e
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
-        return body
+
+def create_app(index, limits: Limits | None = None, window_ms: float = 2.0, max_batch_queries: int = 512,
+               max_wait_ms: float = 50.0, batching: bool = True, added_latency_ms: float = 0.0):
+    """The FastAPI application serving ``index`` (anything with ``search(queries, topk)`` and ``info()``).
+
+    ``batching=False`` serves each request with its own search (``PerRequestSearcher``) instead of the
+    ``MicroBatcher``; ``window_ms``, ``max_batch_queries`` and ``max_wait_ms`` then have no effect.
+    ``added_latency_ms``: every ``/retrieve`` answer waits this long first (a benchmark's stand-in for a remote or
+    loaded retriever, so that asynchronous training has retrieval time to hide); 0 in production."""
+    from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI, Request
+
+    limits = limits or Limits()
+    batcher = _make_searcher(index, batching, window_ms, max_batch_queries, max_wait_ms)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await batcher.start()
+        logger.info("retriever ready: %s", json.dumps(index.info()))
+        yield
+        await batcher.stop()
+        logger.info("retriever stopped after %d requests", batcher.stats.requests)
+
+    app = FastAPI(title="openrlhf-search retriever", lifespan=lifespan)
+    app.state.batcher = batcher
+    app.state.limits = limits
+    _add_error_handlers(app, limits)
 
     @app.get("/health")
     async def health():
-        s = batcher.stats
-        return {"status": "ok", **index.info(),
-                "stats": {"requests": s.requests, "queries": s.queries, "batches": s.batches, "errors": s.errors,
-                          "batching": batching, "waits": s.waits,
-                          "max_batch_queries_seen": s.max_batch_queries_seen,
-                          "busy_seconds": round(s.busy_seconds, 3),
-                          "uptime_seconds": round(time.time() - s.started_at, 1)},
-                "limits": limits.__dict__, "per_query_errors": True}
+        return _health(index, batcher, limits, batching)
 
     @app.post("/retrieve")
     async def retrieve(request: Request):
-        body = await _json_body(request)
-        return_scores = body.get("return_scores", False)
-        per_query = body.get("per_query_errors", False)
-        for name, value in (("return_scores", return_scores), ("per_query_errors", per_query)):
-            if not isinstance(value, bool):
-                raise BadRequest(f"{name} must be true or false")
-        errors, unavailable = None, []
-        if per_query:
-            queries, topk, errors = validate_request_per_query(body.get("queries"), body.get("topk"), limits)
-            good = [i for i, err in enumerate(errors) if err is None]
-            found = await batcher.search([queries[i] for i in good], topk) if good else []
-            results = [[] for _ in queries]
-            failed = set(backend_failures(found))
-            for j, (i, hits) in enumerate(zip(good, found)):
-                if j in failed:  # this query alone could not be served now: the client retries it
-                    errors[i] = str(hits)
-                    unavailable.append((i, hits.retry_after))
-                else:
-                    results[i] = hits
-        else:
-            queries, topk = validate_request(body.get("queries"), body.get("topk"), limits)
-            results = await batcher.search(queries, topk)
-            _raise_first_failure(results)
-        if return_scores:
-            out = {"result": [[{"document": _document(p), "score": p["score"]} for p in hits] for hits in results]}
-        else:
-            out = {"result": [[_document(p) for p in hits] for hits in results]}
-        if errors is not None:
-            out["errors"] = errors
-        if unavailable:  # per-query errors worth retrying (a provider outage for these queries), not rejections
-            out["unavailable"] = [i for i, _ in unavailable]
-            waits = [w for _, w in unavailable if w]
-            out["retry_after"] = max(waits) if waits else None
-        counts = web_counts(results)
-        if counts is not None:
-            out["web"] = counts
+        out = await _retrieve(await _json_body(request, limits), batcher, limits)
         if added_latency_ms > 0:
             await asyncio.sleep(added_latency_ms / 1000.0)
         return out
 
     @app.post("/queries")
     async def queries_endpoint(request: Request):
-        body = await _json_body(request)
-        queries, topk = validate_request(body.get("queries"), body.get("k", body.get("topk")), limits)
-        results = await batcher.search(queries, topk)
-        _raise_first_failure(results)
-        out = {"queries": queries, "answers": [[p["contents"] for p in hits] for hits in results]}
-        counts = web_counts(results)
-        if counts is not None:
-            out["web"] = counts
-        return out
+        return await _queries(await _json_body(request, limits), batcher, limits)
 
     return app
 

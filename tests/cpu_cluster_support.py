@@ -78,7 +78,7 @@ class Run:
         segments created during the run that no live process maps (vLLM's ring buffers of dead engines)."""
         import re
 
-        from openrlhf_search.cpu.cluster_mode.runtime import SHM_DIR, new_unmapped_segments
+        from openrlhf_search.cpu.cluster_mode.private_ray import SHM_DIR, new_unmapped_segments
 
         out = []
         m = re.search(r"\[cpu_cluster\] private Ray folder (\S+)", self.log)
@@ -99,7 +99,7 @@ def run(tmp_dir: str, paths: Dict[str, str], url: str, timeout_s: float = 1500, 
 
     os.makedirs(tmp_dir, exist_ok=True)
     out_dir, probe = os.path.join(tmp_dir, "run"), os.path.join(tmp_dir, "probe")
-    from openrlhf_search.cpu.cluster_mode.runtime import _shm_segments
+    from openrlhf_search.cpu.cluster_mode.private_ray import _shm_segments
 
     argv = cluster_argv(paths, url, out_dir, **kwargs)
     shm_before = _shm_segments()

@@ -21,7 +21,7 @@ from openrlhf.utils.agent import AgentExecutorBase, MultiTurnAgentExecutor  # no
 from openrlhf_search.env.agent import ROLLOUT_LOG_KEYS, AgentExecutor, SearchAgentExecutor
 from openrlhf_search.env.config import ENV_VAR, SearchConfig
 from openrlhf_search.env.protocol import get_protocol
-from openrlhf_search.env.retrieval_client import passage_from_document
+from openrlhf_search.env.retrieval_schema import passage_from_document
 from openrlhf_search.env.rewards import compute_reward
 from retriever.launch import start_server_process, stop_server_process
 from tests.conftest import REPO_ROOT

@@ -534,6 +534,7 @@ def test_cli_eval_scores_a_scripted_policy_on_bamboogle(tmp_path, qwen_tokenizer
 @pytest.mark.parametrize("size", ["4b", "8b"])
 def test_launchers_pass_openrlhf_parser_with_the_chat_tools_protocol(size):
     from openrlhf_search.cli import train as cli
+    from openrlhf_search.cli.train_args import DEFAULT_AGENT_PATH
     from tests.test_launchers import _argv
 
     script = f"chat_tools_grpo_qwen3-{size}.sh"
@@ -542,7 +543,7 @@ def test_launchers_pass_openrlhf_parser_with_the_chat_tools_protocol(size):
     assert cfg.protocol == "chat_tools" and cfg.reward_scheme == "searchr1_em"
     assert args.algo.advantage.estimator == "group_norm" and args.rollout.n_samples_per_prompt == 5
     assert args.vllm.num_engines * args.vllm.tensor_parallel_size == 8
-    assert args.train.agent_func_path == cli.DEFAULT_AGENT_PATH
+    assert args.train.agent_func_path == DEFAULT_AGENT_PATH
     nothink, cfg = cli.parse_args(_argv(script, THINKING="0"))
     assert cfg.protocol == "chat_tools_nothink" and "chat_tools_nothink" in nothink.data.prompt_dataset
     # the GRPO launchers stay GRPO; chat_tools.sh takes ALGO=ppo

@@ -15,6 +15,7 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 
 from openrlhf_search.cli import train as cli
+from openrlhf_search.cli.train_args import DEFAULT_AGENT_PATH
 from openrlhf_search.env.config import ENV_VAR, ConfigError, SearchConfig
 from openrlhf_search.rl.experience_maker import SearchExperienceMaker, search_rollout_stats
 from openrlhf_search.env.reward_schedule import RewardSchedule
@@ -37,7 +38,7 @@ def grpo_args():
 def test_parse_uses_openrlhf_parser_and_defaults(grpo_args):
     args, cfg = grpo_args
     # OpenRLHF's own post-parse logic ran: agent path set -> remote_url "agent", critic dropped for group_norm
-    assert args.train.agent_func_path == cli.DEFAULT_AGENT_PATH and os.path.isfile(args.train.agent_func_path)
+    assert args.train.agent_func_path == DEFAULT_AGENT_PATH and os.path.isfile(args.train.agent_func_path)
     assert args.reward.remote_url == ["agent"]
     assert args.critic.model_name_or_path is None
     assert args.actor.eps_clip_low_high == (0.2, 0.2)
@@ -86,7 +87,7 @@ def test_dry_run_prints_resolved_json(capsys, monkeypatch):
     out = json.loads(capsys.readouterr().out)
     assert out["reward_schedule"] == {"stage1_scheme": "r1searcher_stage1", "stage2_scheme": "r1searcher_stage2",
                                       "stage2_start_step": 30, "eval_scheme": None}
-    assert out["openrlhf_args"]["train"]["agent_func_path"] == cli.DEFAULT_AGENT_PATH
+    assert out["openrlhf_args"]["train"]["agent_func_path"] == DEFAULT_AGENT_PATH
     assert json.loads(out["runtime_env"]["env_vars"][ENV_VAR])["reward_scheme"] == "r1searcher_stage1"
     assert cli.main(BASE + ["--search.max_failed_fraction", "2", "--dry_run"]) == 2
 
@@ -187,7 +188,7 @@ def test_reward_switch_reaches_executor_inside_a_ray_actor(monkeypatch):
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env=env)
     try:
-        actors = [FakeRolloutActor.remote(cli.DEFAULT_AGENT_PATH) for _ in range(2)]
+        actors = [FakeRolloutActor.remote(DEFAULT_AGENT_PATH) for _ in range(2)]
         # a well-formed trajectory with one retrieval and a wrong answer: stage 1 pays format + retrieval,
         # stage 2 pays F1 = 0
         text = (" I need to search.<|begin_of_query|> capital of France<|end_of_query|>\n\n<|begin_of_documents|>\n"

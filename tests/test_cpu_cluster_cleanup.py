@@ -5,7 +5,7 @@ tests/test_cpu_cluster_smoke.py (normal exit) and tests/test_cpu_cluster_e2e.py 
 import os
 from multiprocessing import shared_memory
 
-from openrlhf_search.cpu.cluster_mode.runtime import SHM_DIR, PrivateRay, last_worker_traceback
+from openrlhf_search.cpu.cluster_mode.private_ray import SHM_DIR, PrivateRay, last_worker_traceback
 
 # A vLLM engine failure as Ray writes it to the rollout actor's worker-*.err (shape of a real log; paths shortened)
 WORKER_ERR = """\
@@ -92,7 +92,7 @@ def test_cleanup_removes_the_runs_unmapped_segments_only(tmp_path):
 _DRIVER = r'''
 import os, signal, subprocess, sys, time
 from multiprocessing import shared_memory
-from openrlhf_search.cpu.cluster_mode.runtime import PrivateRay
+from openrlhf_search.cpu.cluster_mode.private_ray import PrivateRay
 
 private = PrivateRay(temp_root=sys.argv[1])
 # a process tree like the local Ray's (a child with a grandchild), and a segment an engine process maps
@@ -119,7 +119,7 @@ def test_sigterm_ends_the_process_tree_and_removes_what_it_left(tmp_path):
                             env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO)
     folder, seg, child = proc.stdout.readline().split()
     time.sleep(1.0)  # the grandchild has started
-    from openrlhf_search.cpu.cluster_mode.runtime import _descendants
+    from openrlhf_search.cpu.cluster_mode.private_ray import _descendants
 
     tree = _descendants(proc.pid)
     assert len(tree) >= 2

@@ -293,7 +293,7 @@ def test_sigterm_mid_rollout_removes_the_private_ray_and_vllm_segments(sr1, sr1_
     SIGTERM handler or the cleanup dropped (before: a 160 MiB psm_* segment and the folder stayed per run)."""
     import re
 
-    from openrlhf_search.cpu.cluster_mode.runtime import _shm_segments, new_unmapped_segments
+    from openrlhf_search.cpu.cluster_mode.private_ray import _shm_segments, new_unmapped_segments
     from cpu_demo.tiny_assets import _session_pids, cluster_argv, kill_session
 
     shm_before = _shm_segments()

@@ -18,6 +18,7 @@ import torch
 
 import openrlhf_search._cpu_compat  # noqa: F401
 from openrlhf_search.cpu.cluster_mode import runtime as cpu_cluster
+from openrlhf_search.cpu.cluster_mode import settings as cpu_settings
 from cpu_demo.probe import compare_weights, vllm_view
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -174,7 +175,7 @@ def test_cpu_settings_turn_a_gpu_launcher_into_a_cpu_run():
            "--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep", "--ds.zero_stage", "3",
            "--ds.packing_samples", "--vllm.gpu_memory_utilization", "0.6"]
     flat = cli.build_parser().parse_args(gpu + ["--cpu_cluster"])
-    changes = cpu_cluster.apply_cpu_settings(flat)
+    changes = cpu_settings.apply_cpu_settings(flat)
     assert not any(c.startswith("--ds.zero_stage") for c in changes)  # ZeRO-3 runs as on GPUs
     assert any(c.startswith("--train.colocate_all True -> False") for c in changes)
     args, _ = cli.parse_args(gpu + ["--cpu_cluster"])
@@ -189,21 +190,21 @@ def test_cpu_settings_turn_a_gpu_launcher_into_a_cpu_run():
     two = [a if a != "8" else "2" for a in gpu] + ["--rollout.batch_size", "4", "--train.batch_size", "8"]
     args, _ = cli.parse_args(two + ["--cpu_cluster", "--algo.kl.init_coef", "0.01"])
     assert (args.actor.num_gpus_per_node, args.ref.num_gpus_per_node, args.vllm.num_engines) == (2, 2, 2)
-    assert cpu_cluster.logical_gpus(args) == 6  # 2 actor + 2 reference + 2 engines
+    assert cpu_settings.logical_gpus(args) == 6  # 2 actor + 2 reference + 2 engines
 
 
 def test_cpu_runtime_env_installs_the_setup_hook_and_keeps_the_jobs_values(monkeypatch):
     monkeypatch.setenv("OPENRLHF_SEARCH_PROBE_DIR", "/tmp/probe")
     monkeypatch.setenv("OPENRLHF_SEARCH_PROBE_MODULE", "tests.some_hook")
     monkeypatch.setenv("OPENRLHF_SEARCH_PROBE_UNSET", "")
-    env = cpu_cluster.cpu_runtime_env({"env_vars": {"OMP_NUM_THREADS": "2", "X": "1"}})
+    env = cpu_settings.cpu_runtime_env({"env_vars": {"OMP_NUM_THREADS": "2", "X": "1"}})
     assert env["worker_process_setup_hook"] == "openrlhf_search.cpu.cluster_mode.runtime.setup_worker"
     assert env["env_vars"]["OMP_NUM_THREADS"] == "2" and env["env_vars"]["X"] == "1"
     assert env["env_vars"]["OPENRLHF_SEARCH_CPU_CLUSTER"] == "1"
     assert env["env_vars"]["OPENRLHF_SEARCH_PROBE_DIR"] == "/tmp/probe"  # every probe variable reaches the workers
     assert env["env_vars"]["OPENRLHF_SEARCH_PROBE_MODULE"] == "tests.some_hook"
     assert "OPENRLHF_SEARCH_PROBE_UNSET" not in env["env_vars"]
-    kwargs = cpu_cluster.ray_init_kwargs({}, temp_dir="/tmp/x")
+    kwargs = cpu_settings.ray_init_kwargs({}, temp_dir="/tmp/x")
     assert kwargs["num_gpus"] >= 4 and kwargs["object_store_memory"] <= 512 * 1024 ** 2
     assert kwargs["_temp_dir"] == "/tmp/x" and kwargs["include_dashboard"] is False
 

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from openrlhf_search.cli import train as cli
+from openrlhf_search.cli.train_args import nearest_flags
 from openrlhf_search.launch.layout import LayoutError, gpus_needed, wait_for_free_gpus
 from openrlhf_search.launch.memory_estimate import (
     TORCH_PATH_ENTROPY_EXTRA_BYTES,
@@ -38,7 +39,7 @@ def test_a_mistyped_flag_gets_one_line_with_the_nearest_names(capsys):
     assert len(err) == 1 and "usage:" not in err[0]
     assert "--train.batchsize (nearest: --train.batch_size" in err[0]
     assert "--search.top_k (nearest: --search.topk" in err[0]
-    assert cli.nearest_flags(cli.build_parser(), "--batch_size")[:2] == ["--rollout.batch_size", "--train.batch_size"]
+    assert nearest_flags(cli.build_parser(), "--batch_size")[:2] == ["--rollout.batch_size", "--train.batch_size"]
 
 
 @needs_shared

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from openrlhf_search.cli import train as cli
+from openrlhf_search.cli.train_args import DEFAULT_AGENT_PATH
 from openrlhf_search.parity.check import RETRIEVER_MARK
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,7 +95,7 @@ def test_all_paper_configurations_have_a_launcher():
 def test_launcher_flags_pass_openrlhf_parser(script):
     argv = _argv(script)
     args, cfg = cli.parse_args(argv)  # argparse exits on an unknown flag; OpenRLHF/our checks raise
-    assert args.train.agent_func_path == cli.DEFAULT_AGENT_PATH
+    assert args.train.agent_func_path == DEFAULT_AGENT_PATH
     assert cfg.retriever_urls == ["http://127.0.0.1:8000"]
     # the layout fills the 8 GPUs: colocated (OpenRLHF asserts actor GPUs == vLLM engines x TP) or actor + engines
     engine_gpus = args.vllm.num_engines * args.vllm.tensor_parallel_size
@@ -276,7 +277,7 @@ def _prepared_inputs(tmp_path, script, tokenizer_dir):
 def test_every_launcher_dry_run_subprocess(script, tmp_path, llama3_tokenizer_dir):
     res = _run(script, DRY_RUN="1", **_prepared_inputs(tmp_path, script, llama3_tokenizer_dir))
     assert res.returncode == 0, res.stderr[-3000:]
-    assert json.loads(res.stdout)["openrlhf_args"]["train"]["agent_func_path"] == cli.DEFAULT_AGENT_PATH
+    assert json.loads(res.stdout)["openrlhf_args"]["train"]["agent_func_path"] == DEFAULT_AGENT_PATH
     assert f"corpus: {CORPUS}" in res.stderr
 
 

@@ -376,7 +376,7 @@ def test_released_eval_prompt_has_the_token_ids_vllm_gives_a_text_prompt(llama3_
 
 def test_released_llama_training_prompt_carries_two_bos_as_vllm_gave_it(llama3_tokenizer_dir, llama3_tokenizer,
                                                                               tmp_path):
-    from openrlhf_search.env.protocol import _R1_CHAT_SYSTEM
+    from openrlhf_search.env.paper_protocols import _R1_CHAT_SYSTEM
     from tests.llama3_tokenizer import BOS_ID
 
     tok = llama3_tokenizer

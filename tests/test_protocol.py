@@ -6,14 +6,8 @@ import time
 import pytest
 
 from openrlhf_search.env.config import ConfigError
-from openrlhf_search.env.protocol import (
-    PROTOCOLS,
-    Protocol,
-    R1SearcherProtocol,
-    SearchR1Protocol,
-    get_protocol,
-    register_protocol,
-)
+from openrlhf_search.env.paper_protocols import R1SearcherProtocol, SearchR1Protocol
+from openrlhf_search.env.protocol import PROTOCOLS, Protocol, get_protocol, register_protocol
 from openrlhf_search.env.types import Passage
 from tests.conftest import shared_path
 

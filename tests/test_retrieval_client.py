@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from openrlhf_search.env.config import SearchConfig
-from openrlhf_search.env.retrieval_client import QueryRejected, RetrievalClient, RetrievalError, passage_from_document
+from openrlhf_search.env.retrieval_client import QueryRejected, RetrievalClient, RetrievalError
+from openrlhf_search.env.retrieval_schema import passage_from_document
 from retriever.launch import start_server_process, stop_server_process
 
 QUERIES = ["Scott Derrickson nationality", "Ed Wood director", "film producer Jerry Bruckheimer",

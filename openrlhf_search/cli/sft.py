@@ -23,7 +23,7 @@ import sys
 from typing import List, Optional
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
-from openrlhf_search.cli.train import FP32, OpenRLHFMain, _one_line_error, allow_cpu_fp32
+from openrlhf_search.cli.train_args import FP32, OpenRLHFMain, allow_cpu_fp32, one_line_error
 
 OPENRLHF_SFT_MODULE = "openrlhf.cli.train_sft"
 
@@ -40,7 +40,7 @@ def build_parser():
                         help="run on this machine's CPU in this process (gloo, the CPU cluster mode's patches; "
                              "--ds.param_dtype fp32 allowed)")
     allow_cpu_fp32(parser)
-    parser.error = types.MethodType(_one_line_error, parser)
+    parser.error = types.MethodType(one_line_error, parser)
     return parser
 
 
@@ -88,8 +88,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     main_block = OpenRLHFMain(OPENRLHF_SFT_MODULE)
     if flat.cpu:
         from openrlhf_search.cpu.cluster_mode import runtime
+        from openrlhf_search.cpu.cluster_mode.settings import apply_cpu_settings
 
-        for line in runtime.apply_cpu_settings(flat):
+        for line in apply_cpu_settings(flat):
             print(f"[cpu] {line}", file=sys.stderr)
         runtime.install()
         _single_rank_env()

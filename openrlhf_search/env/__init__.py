@@ -6,3 +6,4 @@ The package registers its protocols here, where it is assembled: every protocol 
 """
 
 from openrlhf_search.env import chat_tools as _chat_tools  # noqa: F401  (registers chat_tools, chat_tools_nothink)
+from openrlhf_search.env import paper_protocols as _paper_protocols  # noqa: F401  (r1searcher, searchr1, ...)

@@ -31,6 +31,7 @@ not absorbed: ``execute`` raises it, and the run stops with its one-line message
 import asyncio
 import logging
 from copy import copy
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before openrlhf)
@@ -50,6 +51,80 @@ logger = logging.getLogger(__name__)
 ROLLOUT_LOG_KEYS = ("turns", "turns_cut", "valid_searches", "queries", "answer_present", "truncated", "context_full",
                     "retrieval_failures", "retrieval_failed", "response_tokens", "obs_tokens", "invalid_actions",
                     "retrieval_failovers", "rejected_queries", "tool_calls", "invalid_tool_calls")
+
+
+@dataclass(frozen=True)
+class TurnReply:
+    """The environment's reply to one policy turn.
+
+    Attributes:
+        env_ids: the token ids to append (a documents block, tool messages, an invalid-action message); None when
+            the reply cannot fit in the context (the trajectory ends with ``context_full``).
+        searches: how many searches it answers (counted in ``valid_searches`` once appended).
+    """
+
+    env_ids: Optional[List[int]]
+    searches: int = 0
+
+
+class _Rollout:
+    """One trajectory as ``execute`` builds it: the tokens so far and what its logs report."""
+
+    def __init__(self, prompt_tokens: List[int], max_length: int, want_logprobs: bool, stop_ids: List[int]):
+        self.tokens = prompt_tokens
+        self.prompt_len = len(prompt_tokens)
+        self.max_length = max_length
+        self.stop_ids = stop_ids  # native tool calls: the ids that end an assistant message, end_of_turn's first
+        self.log_probs: Optional[List[float]] = [0.0] * self.prompt_len if want_logprobs else None
+        self.action_ranges: List[Tuple[int, int]] = []
+        self.action_versions: List[Tuple[int, int]] = []  # (first token, policy version) segments, when recorded
+        self.last_action: List[int] = []
+        self.logs = dict.fromkeys(ROLLOUT_LOG_KEYS, 0.0)
+        self.search_trace: List[dict] = []  # per search: the query and the ids of the passages returned
+        self.truncated = False  # the policy's last turn was cut by a token budget (finish_reason "length")
+        self.context_full = False  # an environment block did not fit (the policy itself stopped properly)
+        self.failed = False  # a retrieval failed past the client's retries
+        self.obs_tokens = 0
+
+    @property
+    def room(self) -> int:
+        """Tokens left in the context."""
+        return self.max_length - len(self.tokens)
+
+    def add_action(self, request_output, remaining: int) -> bool:
+        """Append the tokens one generation call sampled (at most ``remaining``); False when it sampled none."""
+        output = request_output.outputs[0]
+        action = [int(t) for t in output.token_ids][:remaining]
+        self.logs["turns"] += 1
+        if not action:
+            return False
+        start = len(self.tokens)
+        self.tokens.extend(action)
+        self.last_action = action
+        self.action_ranges.append((start, len(self.tokens)))
+        turn_versions = getattr(request_output, SEGMENTS_ATTR, None)  # set by the async trainer's instruments
+        if turn_versions is not None:
+            self.action_versions = merge_segments(self.action_versions
+                                                  + shift_segments(turn_versions, start, len(action)))
+        if self.log_probs is not None:
+            entries = output.logprobs or []
+            for i, tok in enumerate(action):
+                entry = entries[i].get(tok) if i < len(entries) and entries[i] is not None else None
+                self.log_probs.append(float(entry.logprob) if entry is not None else 0.0)
+        self.truncated = output.finish_reason == "length"
+        self.logs["turns_cut"] += float(self.truncated)  # this turn hit its token budget (per turn or the context)
+        return True
+
+    def add_observation(self, reply: TurnReply) -> bool:
+        """Append the environment's reply; False (nothing appended) when it does not fit in the context."""
+        if reply.env_ids is None or len(self.tokens) + len(reply.env_ids) > self.max_length:
+            return False
+        self.tokens.extend(reply.env_ids)
+        self.obs_tokens += len(reply.env_ids)
+        if self.log_probs is not None:
+            self.log_probs.extend([0.0] * len(reply.env_ids))
+        self.logs["valid_searches"] += reply.searches
+        return True
 
 
 class SearchAgentExecutor(AgentExecutorBase):
@@ -188,10 +263,36 @@ class SearchAgentExecutor(AgentExecutorBase):
         """
         if images:
             raise ValueError("SearchAgentExecutor is text-only: images are not supported")
-        cfg, proto = self.config, self.protocol
         golds = parse_golds(label)  # fail before spending compute on a sample that cannot be scored
+        native = bool(getattr(self.protocol, "native_tools", False))  # search is a function of the chat template
+        rollout = _Rollout(self._prompt_tokens(hf_tokenizer, prompt, max_length), max_length,
+                           want_logprobs=sampling_params.logprobs is not None,
+                           stop_ids=self.protocol.stop_token_ids(hf_tokenizer) if native else [])
+        trace = start_retrieval_trace()  # counts failovers of this sample's requests (RetrievalClient only)
+        handle_turn = self._tool_turn if native else self._tag_turn
 
-        tokens = self._encode(hf_tokenizer, prompt)
+        for turn in range(self.config.max_turns):
+            remaining = rollout.room
+            if remaining <= 0:  # the last environment block filled the context exactly
+                rollout.context_full = True
+                break
+            params = self._turn_params(sampling_params, remaining, rollout.stop_ids, native)
+            request_output = await llm_engine.generate(rollout.tokens, params, multi_modal_data=None)
+            if not rollout.add_action(request_output, remaining):
+                break
+            reply = await handle_turn(rollout, turn, hf_tokenizer)
+            if reply is None:
+                break
+            if not rollout.add_observation(reply):
+                # A partial block would teach the model a context it never sees in full. Not ``truncated``: the
+                # policy stopped properly, so OpenRLHF's stop-properly penalty must not see it.
+                rollout.context_full = True
+                break
+        return self._result(rollout, prompt, label, images, golds, hf_tokenizer, trace)
+
+    def _prompt_tokens(self, tokenizer, prompt: str, max_length: int) -> List[int]:
+        """The prompt's token ids, cut to its last ``max_length - 1`` tokens when it leaves no room to generate."""
+        tokens = self._encode(tokenizer, prompt)
         if not tokens:
             raise ValueError("the prompt is empty")
         if len(tokens) >= max_length:  # as OpenRLHF's executors do: keep the end, leave one token to generate
@@ -200,156 +301,76 @@ class SearchAgentExecutor(AgentExecutorBase):
             logger.warning("prompt has %d tokens, max_length is %d; keeping the last %d",
                            len(tokens), max_length, max_length - 1)
             tokens = tokens[-(max_length - 1):]
-        prompt_len = len(tokens)
-        native = bool(getattr(proto, "native_tools", False))  # search is a function of the chat template
-        stop_ids = proto.stop_token_ids(hf_tokenizer) if native else []
+        return tokens
 
-        want_logprobs = sampling_params.logprobs is not None
-        log_probs: Optional[List[float]] = [0.0] * prompt_len if want_logprobs else None
-        action_ranges: List[Tuple[int, int]] = []
-        action_versions: List[Tuple[int, int]] = []  # (first token, policy version) segments, when recorded
-        logs = dict.fromkeys(ROLLOUT_LOG_KEYS, 0.0)
-        trace = start_retrieval_trace()  # counts failovers of this sample's requests (RetrievalClient only)
-        truncated = False  # the policy's last turn was cut by a token budget (finish_reason "length")
-        context_full = False  # an environment block did not fit (the policy itself stopped properly)
-        failed = False
-        obs_tokens = 0
-        search_trace: List[dict] = []  # per search: the query and the ids of the passages returned
+    def _turn_params(self, sampling_params, remaining: int, stop_ids: List[int], native: bool):
+        """The run's sampling params for one generation call: the protocol's stops, at most ``remaining`` tokens."""
+        # A shallow copy is enough: only top-level fields are rebound here, and engines copy what they mutate
+        # (RolloutRayActor.generate and the evaluation engines all deepcopy the params they are given).
+        params = copy(sampling_params)
+        if native:  # a turn is one assistant message: it ends at the end-of-turn token, kept in the output
+            params.stop = []
+            params.stop_token_ids = list(dict.fromkeys(list(params.stop_token_ids or []) + stop_ids))
+            params._all_stop_token_ids = set(getattr(params, "_all_stop_token_ids", ()) or ()) | set(stop_ids)
+        else:
+            proto = self.protocol
+            params.stop = list(proto.stop_strings) if self.config.stop_at_answer else [proto.query_close]
+        params.include_stop_str_in_output = True
+        params.output_text_buffer_length = 0  # derived field: no buffering when stop strings are kept
+        params.max_tokens = min(self.config.max_new_tokens_per_turn, remaining)
+        return params
 
-        for turn in range(cfg.max_turns):
-            remaining = max_length - len(tokens)
-            if remaining <= 0:  # the last environment block filled the context exactly
-                context_full = True
-                break
-            # A shallow copy is enough: only top-level fields are rebound here, and engines copy what they mutate
-            # (RolloutRayActor.generate and the evaluation engines all deepcopy the params they are given).
-            params = copy(sampling_params)
-            if native:  # a turn is one assistant message: it ends at the end-of-turn token, kept in the output
-                params.stop = []
-                params.stop_token_ids = list(dict.fromkeys(list(params.stop_token_ids or []) + stop_ids))
-                params._all_stop_token_ids = set(getattr(params, "_all_stop_token_ids", ()) or ()) | set(stop_ids)
-            else:
-                params.stop = list(proto.stop_strings) if cfg.stop_at_answer else [proto.query_close]
-            params.include_stop_str_in_output = True
-            params.output_text_buffer_length = 0  # derived field: no buffering when stop strings are kept
-            params.max_tokens = min(cfg.max_new_tokens_per_turn, remaining)
-            request_output = await llm_engine.generate(tokens, params, multi_modal_data=None)
-            output = request_output.outputs[0]
-            action = [int(t) for t in output.token_ids][:remaining]
-            logs["turns"] += 1
-            if not action:
-                break
-            start = len(tokens)
-            tokens.extend(action)
-            action_ranges.append((start, len(tokens)))
-            turn_versions = getattr(request_output, SEGMENTS_ATTR, None)  # set by the async trainer's instruments
-            if turn_versions is not None:
-                action_versions = merge_segments(action_versions + shift_segments(turn_versions, start, len(action)))
-            if want_logprobs:
-                entries = output.logprobs or []
-                for i, tok in enumerate(action):
-                    entry = entries[i].get(tok) if i < len(entries) and entries[i] is not None else None
-                    log_probs.append(float(entry.logprob) if entry is not None else 0.0)
-            truncated = output.finish_reason == "length"
-            logs["turns_cut"] += float(truncated)  # this turn hit its token budget (per turn or the context)
+    def _retrieval_failed(self, rollout: _Rollout, error: Exception) -> None:
+        """Mark the sample failed (left out of training) after a retrieval failed past the client's retries."""
+        rollout.failed = True
+        rollout.logs["retrieval_failures"] += 1
+        SearchAgentExecutor.retrieval_failed_samples += 1
+        logger.warning("retrieval failed; sample marked retrieval_failed and left out of training "
+                       "(%d such samples so far in this process): %s",
+                       SearchAgentExecutor.retrieval_failed_samples, error)
 
-            searches = 0  # searches the environment block answers: valid once the block is appended
-            if native:
-                step = await self._tool_turn(action, stop_ids, turn, max_length - len(tokens), hf_tokenizer, logs,
-                                             search_trace)
-                if step is None:
-                    break
-                env_ids, searches, failed = step
-                if failed:
-                    break
-            else:
-                parsed = proto.parse_action(hf_tokenizer.decode(action, skip_special_tokens=False))
-                if parsed.kind == "answer":
-                    break
-                query = proto.clean_query(parsed.content) if parsed.kind == "query" else ""
-                if parsed.kind == "query" and not query:  # nothing left to search for: invalid, as released
-                    parsed = Action("invalid", "query empty after cleaning")
-                if parsed.kind == "query":
-                    logs["queries"] += 1
-                    if turn == cfg.max_turns - 1:
-                        break  # no generation call left to read the documents
-                    rejected = False
-                    try:
-                        passages = await self.client.search(query)
-                    except RetrievalStopped:  # the retriever says the run must stop (a refused web API key, ...)
-                        raise
-                    except QueryRejected as e:  # the query is at fault, not the retriever: empty block, sample kept
-                        rejected = True
-                        passages = []
-                        logs["rejected_queries"] += 1
-                        logger.info("retriever refused a query of the policy; the turn gets an empty documents block "
-                                    "(sample kept): %s", e)
-                    except RetrievalError as e:
-                        failed = True
-                        logs["retrieval_failures"] += 1
-                        SearchAgentExecutor.retrieval_failed_samples += 1
-                        logger.warning("retrieval failed; sample marked retrieval_failed and left out of training "
-                                       "(%d such samples so far in this process): %s",
-                                       SearchAgentExecutor.retrieval_failed_samples, e)
-                        break
-                    search_trace.append({"query": parsed.content, "passage_ids": [p.id for p in passages]})
-                    env_ids = self.observation_tokens(passages, hf_tokenizer)
-                    searches = 0 if rejected else 1
-                else:
-                    logs["invalid_actions"] += 1
-                    message = proto.invalid_action_message()
-                    if message is None:
-                        break  # R1-Searcher: an invalid turn ends the trajectory
-                    if turn == cfg.max_turns - 1:
-                        break  # no generation call left to read the message: it would only cost context
-                    env_ids = self._encode_cached(hf_tokenizer, message)
-            if env_ids is None or len(tokens) + len(env_ids) > max_length:
-                # A partial block would teach the model a context it never sees in full. Not ``truncated``: the
-                # policy stopped properly, so OpenRLHF's stop-properly penalty must not see it.
-                context_full = True
-                break
-            tokens.extend(env_ids)
-            obs_tokens += len(env_ids)
-            if want_logprobs:
-                log_probs.extend([0.0] * len(env_ids))
-            logs["valid_searches"] += searches
+    async def _tag_turn(self, rollout: _Rollout, turn: int, tokenizer) -> Optional[TurnReply]:
+        """The environment's reply to one turn of a tag protocol (``searchr1``, ``r1searcher``).
 
-        response_text = self._decode_response(hf_tokenizer, tokens[prompt_len:])
-        result = self._reward(response_text, golds)
-        reward = float(result.reward)
-        score = float(result.score)
-        if failed:
-            reward = score = 0.0
-        extra_logs = {k: float(v) for k, v in result.components.items()}
-        logs.update(
-            answer_present=float(bool(proto.extract_answers(response_text))),
-            truncated=float(truncated),
-            context_full=float(context_full),
-            retrieval_failed=float(failed),
-            response_tokens=float(sum(e - s for s, e in action_ranges)),
-            obs_tokens=float(obs_tokens),
-            retrieval_failovers=float(trace.failovers),
-        )
-        extra_logs.update(logs)
-        return {
-            "prompt": prompt,
-            "label": label,
-            "images": images,
-            "mm_train_inputs": None,
-            "reward": reward,
-            "scores": score,
-            "observation_tokens": tokens,
-            "action_ranges": action_ranges,
-            "rollout_log_probs": log_probs,
-            "truncated": truncated,
-            "extra_logs": extra_logs,
-            "response_text": response_text,
-            "search_trace": search_trace,
-            "action_versions": action_versions or None,
-        }
+        A search call is answered by the documents block of its passages (an empty block when the retriever refuses
+        the query), an invalid turn by the protocol's invalid-action message. Returns None when the trajectory ends
+        here: an answer, a failed retrieval (``rollout.failed``), a protocol that ends on an invalid turn, or no
+        generation call left to read the reply.
+        """
+        cfg, proto, logs = self.config, self.protocol, rollout.logs
+        parsed = proto.parse_action(tokenizer.decode(rollout.last_action, skip_special_tokens=False))
+        if parsed.kind == "answer":
+            return None
+        query = proto.clean_query(parsed.content) if parsed.kind == "query" else ""
+        if parsed.kind == "query" and not query:  # nothing left to search for: invalid, as released
+            parsed = Action("invalid", "query empty after cleaning")
+        last_turn = turn == cfg.max_turns - 1
+        if parsed.kind != "query":
+            logs["invalid_actions"] += 1
+            message = proto.invalid_action_message()
+            if message is None or last_turn:  # R1-Searcher ends on an invalid turn; a last message costs context
+                return None
+            return TurnReply(self._encode_cached(tokenizer, message))
+        logs["queries"] += 1
+        if last_turn:
+            return None  # no generation call left to read the documents
+        try:
+            passages = await self.client.search(query)
+        except RetrievalStopped:  # the retriever says the run must stop (a refused web API key, ...)
+            raise
+        except QueryRejected as e:  # the query is at fault, not the retriever: empty block, sample kept
+            logs["rejected_queries"] += 1
+            logger.info("retriever refused a query of the policy; the turn gets an empty documents block "
+                        "(sample kept): %s", e)
+            rollout.search_trace.append({"query": parsed.content, "passage_ids": []})
+            return TurnReply(self.observation_tokens([], tokenizer), searches=0)
+        except RetrievalError as e:
+            self._retrieval_failed(rollout, e)
+            return None
+        rollout.search_trace.append({"query": parsed.content, "passage_ids": [p.id for p in passages]})
+        return TurnReply(self.observation_tokens(passages, tokenizer), searches=1)
 
-    async def _tool_turn(self, action: List[int], stop_ids: List[int], turn: int, room: int, tokenizer, logs: dict,
-                         search_trace: List[dict]):
+    async def _tool_turn(self, rollout: _Rollout, turn: int, tokenizer) -> Optional[TurnReply]:
         """The environment's reply to one assistant message of a ``native_tools`` protocol (``chat_tools``).
 
         Every call of the message is answered by one ``tool`` message, in order: the passages of a well-formed
@@ -357,22 +378,22 @@ class SearchAgentExecutor(AgentExecutorBase):
         protocol's invalid-call message (a malformed call, or one past ``config.max_tool_calls_per_turn``, which is
         not searched). A message ended by another end-of-sequence id than ``end_of_turn``'s (Qwen3's
         ``<|endoftext|>``) is closed with the ``end_of_turn`` text first, so the context reads as the template
-        renders it. Nothing is searched when the reply cannot fit in ``room`` tokens even with empty passages.
+        renders it. Nothing is searched when the reply cannot fit in the context even with empty passages.
 
         Returns:
-            None when the trajectory ends here (a final message, a message cut before an end-of-sequence token, or
-            no generation call left to read the replies), else ``(env_ids, searches, failed)``: the tokens of the
-            template's rendering of the tool messages and the next generation prompt, tokenised in one piece (None
-            when they cannot fit: nothing was searched), the number of searches they answer (valid searches once
-            appended), and whether a retrieval failed past the client's retries (the sample is then marked failed).
+            None when the trajectory ends here (a final message, a message cut before an end-of-sequence token, no
+            generation call left to read the replies, or a retrieval failed past the client's retries:
+            ``rollout.failed``), else the template's rendering of the tool messages and the next generation prompt,
+            tokenised in one piece (``env_ids`` None when they cannot fit: nothing was searched), with the number of
+            searches they answer.
         """
-        cfg, proto = self.config, self.protocol
+        cfg, proto, logs = self.config, self.protocol, rollout.logs
+        action, stop_ids = rollout.last_action, rollout.stop_ids
         parsed = proto.parse_tool_turn(tokenizer.decode(action, skip_special_tokens=False),
                                        max_calls=cfg.max_tool_calls_per_turn)
         if parsed.final:
             return None
-        n_calls = len(parsed.queries)
-        logs["tool_calls"] += n_calls
+        logs["tool_calls"] += len(parsed.queries)
         logs["invalid_tool_calls"] += parsed.n_invalid
         logs["invalid_actions"] += float(parsed.n_invalid > 0)
         queries = [q for q in parsed.queries if q is not None]
@@ -382,16 +403,14 @@ class SearchAgentExecutor(AgentExecutorBase):
         # a message ended by another EOS id: the environment writes the end of the message the template renders
         close = "" if action[-1] == stop_ids[0] else proto.end_of_turn
 
-        def render(contents: List[str]) -> List[int]:
+        def render(found: List[str]) -> List[int]:  # one content per well-formed call, in order
+            it = iter(found)
+            contents = [proto.invalid_call_message(e) if q is None else next(it)
+                        for q, e in zip(parsed.queries, parsed.errors)]
             return self._encode(tokenizer, close + proto.tool_turn_text(contents, tokenizer))
 
-        def reply(found: List[str]) -> List[str]:  # one content per call, in order
-            it = iter(found)
-            return [proto.invalid_call_message(e) if q is None else next(it)
-                    for q, e in zip(parsed.queries, parsed.errors)]
-
-        if len(render(reply([""] * len(queries)))) > room:
-            return None, 0, False  # full context: not even empty passages fit, so nothing is searched (or paid)
+        if len(render([""] * len(queries))) > rollout.room:
+            return TurnReply(None)  # full context: not even empty passages fit, so nothing is searched (or paid)
         cleaned = [proto.clean_query(q) for q in queries]
         results = await asyncio.gather(*(self.client.search(q) for q in cleaned), return_exceptions=True)
         for r in results:
@@ -399,12 +418,8 @@ class SearchAgentExecutor(AgentExecutorBase):
                 raise r
         for r in results:
             if isinstance(r, RetrievalError) and not isinstance(r, QueryRejected):
-                logs["retrieval_failures"] += 1
-                SearchAgentExecutor.retrieval_failed_samples += 1
-                logger.warning("retrieval failed; sample marked retrieval_failed and left out of training "
-                               "(%d such samples so far in this process): %s",
-                               SearchAgentExecutor.retrieval_failed_samples, r)
-                return [], 0, True
+                self._retrieval_failed(rollout, r)
+                return None
             if isinstance(r, BaseException) and not isinstance(r, QueryRejected):
                 raise r
         found: List[str] = []
@@ -415,9 +430,42 @@ class SearchAgentExecutor(AgentExecutorBase):
                 passages = []
             else:
                 searches += 1
-                search_trace.append({"query": q, "passage_ids": [p.id for p in passages]})
+                rollout.search_trace.append({"query": q, "passage_ids": [p.id for p in passages]})
             found.append(self._cap_content(proto.render_documents(passages), tokenizer))
-        return render(reply(found)), searches, False
+        return TurnReply(render(found), searches)
+
+    def _result(self, rollout: _Rollout, prompt, label, images, golds: List[str], tokenizer, trace) -> dict:
+        """OpenRLHF's executor dict for a finished trajectory (see :meth:`execute`), scored."""
+        response_text = self._decode_response(tokenizer, rollout.tokens[rollout.prompt_len:])
+        result = self._reward(response_text, golds)
+        reward, score = (0.0, 0.0) if rollout.failed else (float(result.reward), float(result.score))
+        extra_logs = {k: float(v) for k, v in result.components.items()}
+        extra_logs.update(rollout.logs)
+        extra_logs.update(
+            answer_present=float(bool(self.protocol.extract_answers(response_text))),
+            truncated=float(rollout.truncated),
+            context_full=float(rollout.context_full),
+            retrieval_failed=float(rollout.failed),
+            response_tokens=float(sum(e - s for s, e in rollout.action_ranges)),
+            obs_tokens=float(rollout.obs_tokens),
+            retrieval_failovers=float(trace.failovers),
+        )
+        return {
+            "prompt": prompt,
+            "label": label,
+            "images": images,
+            "mm_train_inputs": None,
+            "reward": reward,
+            "scores": score,
+            "observation_tokens": rollout.tokens,
+            "action_ranges": rollout.action_ranges,
+            "rollout_log_probs": rollout.log_probs,
+            "truncated": rollout.truncated,
+            "extra_logs": extra_logs,
+            "response_text": response_text,
+            "search_trace": rollout.search_trace,
+            "action_versions": rollout.action_versions or None,
+        }
 
     def _cap_content(self, content: str, tokenizer) -> str:
         """One tool message's content cut to ``max_obs_tokens`` tokens (at a token boundary, whole characters)."""

@@ -186,13 +186,6 @@ class SearchConfig:
             raise ConfigError(f"search config: protocol must be a name, got {self.protocol!r}")
         return self
 
-    @property
-    def use_chat_template(self) -> bool:
-        """Resolved ``chat_template``: the protocol's default when unset."""
-        if self.chat_template is not None:
-            return self.chat_template
-        return self.protocol == "searchr1"
-
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 

@@ -57,7 +57,6 @@ writes them to ``extra_logs``, so OpenRLHF logs them next to the ``search/*`` st
 
 import asyncio
 import contextvars
-import email.utils
 import logging
 import time
 import weakref
@@ -66,24 +65,11 @@ from typing import Dict, List, Optional, Set
 
 import httpx
 
+from openrlhf_search.env.retrieval_schema import (QueryRejected, QueryUnavailable, RetrievalError, RetrievalStopped,
+                                                  parse_retrieve_answer, retry_after_seconds, stop_message)
 from openrlhf_search.env.types import Passage
 
 logger = logging.getLogger(__name__)
-
-
-class RetrievalError(RuntimeError):
-    """The retriever could not answer within the retry budget (all endpoints down, timeouts, bad responses)."""
-
-
-class QueryRejected(RetrievalError):
-    """The retriever refused this one query (a per-query error, or a 4xx for a request holding it alone): the
-    query is at fault, not the service; the other queries coalesced with it were answered. A subclass of
-    ``RetrievalError`` so that callers that do not tell the two apart still see a failure."""
-
-
-class RetrievalStopped(RetrievalError):
-    """The retriever says the run must stop (a web provider refused the API key, the account or the run's web
-    budget is spent): no retry or failover can help. The message is one line, the retriever's own."""
 
 
 class _BadRequest(Exception):
@@ -101,30 +87,6 @@ class _Split(Exception):
     def __init__(self, size: int):
         super().__init__(size)
         self.size = max(1, size)
-
-
-def passage_from_document(doc: dict, score=None) -> Passage:
-    """Turn one ``document`` of the ``/retrieve`` response into a ``Passage``.
-
-    Accepts ``{"id", "title", "text"}`` or the wiki-18 / FlashRAG form ``{"id", "contents": "\\"Title\\"\\ntext"}``.
-    Raises ValueError when the document has neither ``text`` nor ``contents``.
-    """
-    if not isinstance(doc, dict):
-        raise ValueError(f"document must be an object, got {type(doc).__name__}")
-    pid = str(doc.get("id", ""))
-    if "text" in doc and doc.get("text") is not None:
-        title = str(doc.get("title") or "")
-        text = str(doc["text"])
-    elif "contents" in doc:
-        contents = str(doc["contents"])
-        head, sep, rest = contents.partition("\n")
-        if sep:
-            title, text = head.strip().strip('"'), rest
-        else:
-            title, text = str(doc.get("title") or ""), contents
-    else:
-        raise ValueError(f"document without text or contents: keys {sorted(doc)}")
-    return Passage(id=pid, title=title, text=text, score=None if score is None else float(score))
 
 
 @dataclass
@@ -594,8 +556,8 @@ class RetrievalClient:
 
     async def _retry_unavailable(self, state: _LoopState, queries: List[str], topk: int, waiters: List[_Pending],
                                  results: list, round_: int) -> list:
-        """``results`` with every :class:`_Unavailable` query searched again (alone) or turned into its error."""
-        again = [i for i, r in enumerate(results) if isinstance(r, _Unavailable)]
+        """``results`` with every :class:`QueryUnavailable` query searched again (alone) or turned into its error."""
+        again = [i for i, r in enumerate(results) if isinstance(r, QueryUnavailable)]
         if not again:
             return results
         wait = max([self.backoff_s * 2 ** round_] + [results[i].retry_after or 0.0 for i in again])
@@ -669,7 +631,7 @@ class RetrievalClient:
                                "per_query_errors": True}
                     response = await state.client.post(url + "/retrieve", json=payload, timeout=self.timeout_s)
                 if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
-                    stop = _stop_message(response, url)
+                    stop = stop_message(response, url)
                     if stop is not None:
                         self.stats["stopped"] += 1
                         raise RetrievalStopped(stop)
@@ -677,7 +639,7 @@ class RetrievalClient:
                                       response.status_code)
                 response.raise_for_status()
                 body = response.json()
-                results = self._parse(body, len(queries), url)
+                results = parse_retrieve_answer(body, len(queries), url)
                 self._count_web(body)
                 self.stats["queries_sent"] += len(queries)
                 self._record_success(endpoint)
@@ -698,7 +660,7 @@ class RetrievalClient:
                 return [QueryRejected(f"retriever refused the query: {e}")]
             except (httpx.HTTPError, ValueError, KeyError, TypeError, TimeoutError) as e:
                 if isinstance(e, httpx.HTTPStatusError):
-                    retry_after = max(retry_after, _retry_after(e.response) or 0.0)
+                    retry_after = max(retry_after, retry_after_seconds(e.response) or 0.0)
                 if isinstance(e, TimeoutError):
                     self.stats["timeouts"] += 1
                     e = TimeoutError(f"no complete answer from {url} within the {self.timeout_s}s deadline")
@@ -723,78 +685,3 @@ class RetrievalClient:
                 value = web.get(key)
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
                     self.stats[f"web_{key}"] += value
-
-    @staticmethod
-    def _parse(body, n_queries: int, url: str = "") -> list:
-        """Parse ``{"result": [[{"document": {...}, "score": s}, ...], ...], "errors": [null | str, ...],
-        "unavailable": [i, ...], "retry_after": s}`` (all but ``result`` optional): per query its passages, an
-        ``_Unavailable`` for an index in ``unavailable`` (retried), or a :class:`QueryRejected` where ``errors``
-        names one. ValueError when malformed."""
-        if not isinstance(body, dict) or "result" not in body:
-            raise ValueError("retriever response has no 'result'")
-        result = body["result"]
-        if not isinstance(result, list) or len(result) != n_queries:
-            raise ValueError(f"retriever returned {len(result) if isinstance(result, list) else '?'} result lists "
-                             f"for {n_queries} queries")
-        errors = body.get("errors")
-        if errors is not None and (not isinstance(errors, list) or len(errors) != n_queries
-                                   or not all(e is None or isinstance(e, str) for e in errors)):
-            raise ValueError(f"retriever returned malformed per-query errors for {n_queries} queries")
-        unavailable = body.get("unavailable") or []
-        if not isinstance(unavailable, list) or not all(isinstance(i, int) and 0 <= i < n_queries and errors
-                                                        and errors[i] for i in unavailable):
-            raise ValueError("retriever returned malformed 'unavailable' indices")
-        wait = body.get("retry_after")
-        wait = float(wait) if isinstance(wait, (int, float)) and not isinstance(wait, bool) and wait > 0 else None
-        parsed = []
-        for i, hits in enumerate(result):
-            if i in unavailable:  # the server could not serve this query now: worth sending again
-                parsed.append(_Unavailable(f"retriever {url}: {errors[i]}", wait))
-                continue
-            if errors is not None and errors[i] is not None:
-                parsed.append(QueryRejected(f"retriever {url} refused the query: {errors[i]}"))
-                continue
-            passages = []
-            for hit in hits:
-                if isinstance(hit, dict) and "document" in hit:
-                    passages.append(passage_from_document(hit["document"], hit.get("score")))
-                else:  # return_scores=False form: the document itself
-                    passages.append(passage_from_document(hit))
-            parsed.append(passages)
-        return parsed
-
-
-class _Unavailable(Exception):
-    """Internal: the server could not serve this query now (``"unavailable"`` in its answer); ``retry_after``:
-    seconds it asks to wait (None: not said)."""
-
-    def __init__(self, message: str, retry_after: Optional[float] = None):
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-def _retry_after(response: httpx.Response) -> Optional[float]:
-    """Seconds of a ``Retry-After`` header (delta-seconds or an HTTP date); None when absent or unreadable."""
-    value = (response.headers.get("retry-after") or "").strip()
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
-        return None
-
-
-def _stop_message(response: httpx.Response, url: str) -> Optional[str]:
-    """The retriever's one-line reason when a 4xx answer carries ``"stop_run": true``, else None."""
-    try:
-        body = response.json()
-    except ValueError:
-        return None
-    if not isinstance(body, dict) or body.get("stop_run") is not True:
-        return None
-    detail = " ".join(str(body.get("detail") or f"HTTP {response.status_code}").split())
-    return f"retriever {url}: {detail}"

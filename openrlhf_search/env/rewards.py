@@ -35,7 +35,8 @@ from openrlhf_search.env.metrics import (
     parse_golds,
     r1searcher_normalize,
 )
-from openrlhf_search.env.protocol import Protocol, R1SearcherProtocol, get_protocol
+from openrlhf_search.env.paper_protocols import R1SearcherProtocol
+from openrlhf_search.env.protocol import Protocol, get_protocol
 
 __all__ = [
     "RewardResult",

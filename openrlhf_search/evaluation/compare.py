@@ -128,12 +128,6 @@ def interval_str(d: Optional[dict]) -> str:
     return f"{d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
 
 
-def mean_interval_str(values: List[float], seed: int = 0) -> str:
-    """``0.412 [0.330, 0.495]``: mean and bootstrap interval of per-question scores."""
-    m, lo, hi = bootstrap_mean_ci(values, seed=seed)
-    return f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
-
-
 def _group_key(name: str):
     hops, _, qtype = name.partition("/")
     return (int(hops.split("-")[0]) if hops.split("-")[0].isdigit() else 99, qtype != "", qtype)

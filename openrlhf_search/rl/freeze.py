@@ -72,11 +72,6 @@ def freeze_lower_layers(model, trainable_layers: int) -> Dict[str, int]:
             "total_params": sum(p.numel() for p in model.parameters()), "boundary": boundary}
 
 
-def trainable_names(model) -> List[str]:
-    """Names of ``model``'s parameters that train (``requires_grad``), in ``named_parameters`` order."""
-    return [n for n, p in model.named_parameters() if p.requires_grad]
-
-
 def freeze_before_prepare(strategy, trainable_layers: int, trunk_cache: bool = False) -> dict:
     """Make ``strategy.prepare`` (OpenRLHF's ``DeepspeedStrategy``) freeze the lower layers of the model it is handed
     with an optimiser config (the trained model), so DeepSpeed's optimiser holds only the trained tensors.

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from retriever.adopt import AdoptionError, adopt_index
-from retriever.index import build_index, load_index, read_manifest, save_chunk
+from retriever.embeddings import save_chunk
+from retriever.index import build_index, load_index, read_manifest
 from tests.conftest import shared_path
 
 N = 160  # passages: MiniLM encodes ~35 passages/s on these cores

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from retriever.server import MicroBatcher, PerRequestSearcher
+from retriever.searchers import MicroBatcher, PerRequestSearcher
 
 
 class RecordingIndex:

