@@ -71,8 +71,8 @@ def vllm_engine_kwargs(model: str, on_cpu: bool, tokenizer: Optional[str] = None
 
     Both: ``enable_prefix_caching`` (every turn re-sends the whole context). CPU only: ``dtype`` "auto" is float32
     (the CPU cluster mode's training dtype; vLLM's "auto" would cast a float32 checkpoint to bfloat16, which an
-    AVX2-only CPU emulates), ``enforce_eager`` (no torch.compile / Inductor build, minutes on a small CPU) and a KV cache
-    of ``CPU_KV_CACHE_GIB`` unless ``VLLM_CPU_KVCACHE_SPACE`` (GiB, vLLM's own knob) is set.
+    AVX2-only CPU emulates), ``enforce_eager`` (no torch.compile / Inductor build, minutes on a small CPU) and a KV
+    cache of ``CPU_KV_CACHE_GIB`` unless ``VLLM_CPU_KVCACHE_SPACE`` (GiB, vLLM's own knob) is set.
 
     Raises:
         EngineLoadError: a dtype outside ``VLLM_DTYPES``, or a local folder without ``config.json``.
