@@ -385,13 +385,14 @@ def kill_session(sid: int) -> None:
 
 
 def _session_pids(sid: int) -> List[int]:
+    """Pids of the live processes of session ``sid`` (``psutil`` lists them; ``os.getsid`` reads each one's)."""
+    import psutil
+
     pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in psutil.pids():
         try:
-            if os.getsid(int(entry)) == sid:
-                pids.append(int(entry))
+            if os.getsid(pid) == sid:
+                pids.append(pid)
         except (ProcessLookupError, PermissionError):
             continue
     return pids
