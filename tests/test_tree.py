@@ -68,12 +68,12 @@ def test_the_scanner_finds_planted_references_and_skips_what_it_is_told(tmp_path
     assert hits == [f"pkg/a.py:1: x = 1  # see {design} sec. 4", "pkg/sub/b.py:3: # Issue 18 item 3: fixed"]
 
 
-# ------------------------------------------------------------------------------ the cluster core and the CPU room
+# ------------------------------------------------------------------------------ the cluster core and the CPU backend
 # What only a machine without GPUs needs lives in ``openrlhf_search/cpu/``, the CPU backend (the CPU cluster mode's
-# patches, settings and private Ray; the HF engine of ``cli.eval``). Everything else of the package and the retriever
-# is the cluster core and must not reach it. The CLI entry points may, inside the function that runs the CPU mode a
-# user asked for (``cli.train --cpu_cluster``, the HF engine of ``cli.eval``): an import there costs a GPU run nothing,
-# and walking on from an entry point stops at those imports.
+# patches, settings and private Ray). Everything else of the package and the retriever is the cluster core and must
+# not reach it. The CLI entry points may, inside the function that runs the CPU mode a user asked for (``cli.train
+# --cpu_cluster``, ``cli.sft --cpu``): an import there costs a GPU run nothing, and walking on from an entry point
+# stops at those imports.
 PACKAGE = "openrlhf_search"
 CPU_ROOM = ("openrlhf_search.cpu",)
 ENTRY_POINTS = "openrlhf_search.cli"
