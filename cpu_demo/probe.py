@@ -377,19 +377,11 @@ def wrap_executor(executor) -> None:
 
     executor.execute = probed
     client = getattr(executor, "client", None)
-    if client is not None and callable(getattr(client, "search", None)):
-        search = client.search
+    if client is not None and callable(getattr(client, "search", None)):  # wall-clock spans of retrieval (benchmark)
+        from openrlhf_search.rl.step_timing import time_searches
 
-        async def timed_search(query, *args, **kwargs):  # wall-clock spans of retrieval (benchmark)
-            t0, ok = time.time(), False
-            try:
-                out = await search(query, *args, **kwargs)
-                ok = True
-                return out
-            finally:
-                _append_jsonl(f"retrieval_{os.getpid()}.jsonl", {"start": t0, "end": time.time(), "ok": ok})
-
-        client.search = timed_search
+        time_searches(client, lambda start, end, ok: _append_jsonl(f"retrieval_{os.getpid()}.jsonl",
+                                                                   {"start": start, "end": end, "ok": ok}))
     executor._probe_installed = True
 
 

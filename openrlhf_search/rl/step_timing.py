@@ -31,7 +31,7 @@ async mode they describe the batch being trained, not the one being generated.
 import logging
 import math
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,23 @@ VERSION_KEYS = ("policy_version_start", "policy_version_end")
 
 
 # ---------------------------------------------------------------------------------------------------- rollout actor
+def time_searches(client, record: Callable[[float, float, bool], None]) -> None:
+    """Wrap ``client.search`` (async) so that every call ends with ``record(start, end, ok)``: wall-clock seconds
+    since the epoch, and whether the search returned (False when it raised)."""
+    search = client.search
+
+    async def timed_search(query, *args, **kwargs):
+        start, ok = time.time(), False
+        try:
+            out = await search(query, *args, **kwargs)
+            ok = True
+            return out
+        finally:
+            record(start, time.time(), ok)
+
+    client.search = timed_search
+
+
 def install_in_rollout_actor(actor, record_versions: bool = False) -> bool:
     """Runs inside a vLLM rollout actor (``actor.__ray_call__``): time every ``search`` of its executor's client and,
     with ``record_versions``, add ``policy_version_start`` / ``_end`` (the actor's :data:`VERSION_ATTR` when the
@@ -54,18 +71,7 @@ def install_in_rollout_actor(actor, record_versions: bool = False) -> bool:
     client = getattr(executor, "client", None)
     if client is not None and not hasattr(client, "_search_spans") and callable(getattr(client, "search", None)):
         spans: List[Tuple[float, float, bool]] = []
-        search = client.search
-
-        async def timed_search(query, *args, **kwargs):
-            start, ok = time.time(), False
-            try:
-                out = await search(query, *args, **kwargs)
-                ok = True
-                return out
-            finally:
-                spans.append((start, time.time(), ok))
-
-        client.search = timed_search
+        time_searches(client, lambda start, end, ok: spans.append((start, end, ok)))
         client._search_spans = spans
     if record_versions and executor is not None and not getattr(executor, "_search_versioned", False):
         execute = executor.execute
