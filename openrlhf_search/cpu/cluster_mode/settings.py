@@ -47,8 +47,8 @@ CPU_SETTINGS: Tuple[Tuple[str, Any, str], ...] = (
 # all_gather_into_tensor per parameter, waits on the last handle only and relies on an accelerator synchronize that
 # the CPU accelerator skips (cpu_accelerator.py: synchronize is a no-op); gloo fills the buffers on a thread pool, so
 # a parameter can be read half-gathered: at weight loading, after every optimizer step (stage3.py _post_step) and at
-# checkpoint saves. Without the setting below, of three 2-rank GRPO runs (2026-12-02) one passed, one ended step 1
-# with the ranks holding different weights, one with NaN weights. DeepSpeed's own sequential gather (one blocking
+# checkpoint saves: 2-rank runs without the setting below ended with ranks holding different or NaN weights (the runs
+# are in docs/cluster.md). DeepSpeed's own sequential gather (one blocking
 # all_gather per parameter) avoids the race; upstream fixed the coalesced path later ("Wait for all async
 # all-gathers in coalesced ZeRO-3 parameter gather", DeepSpeed PR #8539). Set in every DeepSpeed config of the mode
 # (train and eval: transformers' ZeRO-3 loader reads it from the same dict through HfDeepSpeedConfig).
