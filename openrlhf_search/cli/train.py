@@ -260,6 +260,26 @@ def inject_classes() -> Dict[str, Any]:
     return saved
 
 
+def share_reference_trunk(args) -> bool:
+    """With top-layer training, compute the reference log-probs in the policy actors over their frozen trunk
+    (:mod:`openrlhf_search.rl.shared_reference`) instead of starting a reference model; prints which. Returns True
+    when the reference lives in the policy actors."""
+    from openrlhf_search.rl import shared_reference
+    from openrlhf_search.rl.trainer import SearchPolicyModelActor
+
+    if args.algo.kl.init_coef <= 0:
+        return False
+    why = shared_reference.enabled(args)
+    if why is not None:
+        print(f"[reference] a reference model of its own ({why})", file=sys.stderr)
+        return False
+    module = openrlhf_main().module
+    shared_reference.install(module, SearchPolicyModelActor, module.ReferenceModelActor)
+    print(f"[reference] computed in the policy actors: the initial top {args.actor.trainable_layers} layers over the "
+          "policy's frozen trunk, no reference model started", file=sys.stderr)
+    return True
+
+
 _SCHEDULED_TRAINER = None
 
 
@@ -338,6 +358,7 @@ def run(args, cfg: SearchConfig) -> None:
         if args.ds.param_dtype == FP32:  # the engines load the checkpoint as the trainer holds it (patch 10)
             os.environ[cpu_settings.ENGINE_DTYPE_ENV] = "float32"
     inject_classes()
+    share_reference_trunk(args)
     started = False
     private = None
     if not ray.is_initialized():

@@ -72,13 +72,15 @@ def freeze_lower_layers(model, trainable_layers: int) -> Dict[str, int]:
             "total_params": sum(p.numel() for p in model.parameters()), "boundary": boundary}
 
 
-def freeze_before_prepare(strategy, trainable_layers: int, trunk_cache: bool = False) -> dict:
+def freeze_before_prepare(strategy, trainable_layers: int, trunk_cache: bool = False,
+                          keep_reference: bool = False) -> dict:
     """Make ``strategy.prepare`` (OpenRLHF's ``DeepspeedStrategy``) freeze the lower layers of the model it is handed
     with an optimiser config (the trained model), so DeepSpeed's optimiser holds only the trained tensors.
 
     Returns a dict that, once ``prepare`` has run, holds :func:`freeze_lower_layers`' figures (``boundary``,
-    ``trainable_params``, ``total_params``) and, with ``trunk_cache``, the model's :class:`TrunkCache`
-    (``"trunk_cache"``)."""
+    ``trainable_params``, ``total_params``), with ``trunk_cache`` the model's :class:`TrunkCache`
+    (``"trunk_cache"``) and with ``keep_reference`` the trained tensors' initial values
+    (``"reference_top"``, :class:`openrlhf_search.rl.shared_reference.ReferenceTop`)."""
     real_prepare = strategy.prepare
     figures: dict = {}
 
@@ -89,6 +91,10 @@ def freeze_before_prepare(strategy, trainable_layers: int, trunk_cache: bool = F
             print(f"[freeze] top {trainable_layers} layers: {figures['trainable_params']:,} of "
                   f"{figures['total_params']:,} parameters train (layers from {figures['boundary']} up and the final "
                   "norm)", file=sys.stderr, flush=True)
+            if keep_reference:  # before DeepSpeed and any checkpoint: the reference is the model as loaded
+                from openrlhf_search.rl.shared_reference import ReferenceTop
+
+                figures["reference_top"] = ReferenceTop.capture(model.model)
         out = real_prepare(*models, **kwargs)
         if trunk_cache and trained and figures["boundary"] > 0:
             figures["trunk_cache"] = TrunkCache.install(trained[0].model, figures["boundary"])

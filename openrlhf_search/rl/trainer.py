@@ -447,6 +447,7 @@ class _SearchPolicyModelActor(PolicyModelActor.__ray_actor_class__):
     frozen layers' states of the experience forward (:class:`openrlhf_search.rl.freeze.TrunkCache`, ZeRO-0 to 2)."""
 
     trunk_cache = None
+    reference_top = None
 
     def init_model_from_pretrained(self, strategy, *args, **kwargs):
         import openrlhf.trainer.ray.ppo_actor as ppo_actor
@@ -459,12 +460,36 @@ class _SearchPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         else:
             from openrlhf_search.rl.freeze import freeze_before_prepare
 
+            from openrlhf_search.rl import shared_reference
+
             # ZeRO-3 gathers every layer in its own hooks whether it runs or not: no trunk cache there
-            frozen = freeze_before_prepare(strategy, k, trunk_cache=strategy.args.ds.zero_stage < 3)
+            frozen = freeze_before_prepare(strategy, k, trunk_cache=strategy.args.ds.zero_stage < 3,
+                                           keep_reference=shared_reference.enabled(strategy.args) is None)
             out = super().init_model_from_pretrained(strategy, *args, **kwargs)
             self.trunk_cache = frozen.get("trunk_cache")
+            self.reference_top = frozen.get("reference_top")
         check_checkpoint_loaded(strategy.args, self.checkpoint_states)
         return out
+
+    def reference_forward(self, sequences, action_mask=None, attention_mask=None, packed_seq_lens=None,
+                          mm_train_inputs_list=None) -> torch.Tensor:
+        """The reference model's action log-probs [B, A], computed here with the initial top layers over the frozen
+        trunk (:mod:`openrlhf_search.rl.shared_reference`); the call and result of ``ReferenceModelActor.forward``.
+        Raises RuntimeError when this actor keeps no reference (the run starts a reference model instead)."""
+        from openrlhf_search.rl.shared_reference import reference_log_probs
+
+        if self.reference_top is None:
+            raise RuntimeError("reference_forward: this policy actor keeps no reference top (see "
+                               "openrlhf_search.rl.shared_reference.enabled)")
+        device = torch.cuda.current_device()
+        self.actor.eval()
+        try:
+            log_probs = reference_log_probs(self.actor, self.reference_top, sequences.to(device),
+                                            action_mask.to(device), attention_mask.to(device),
+                                            ring_attn_group=self.strategy.ring_attn_group)
+        finally:
+            self.actor.train()
+        return log_probs.to("cpu")
 
     def fit(self, kl_ctl: float = 0):
         status = super().fit(kl_ctl)

@@ -1,0 +1,117 @@
+"""The reference model's log-probs computed inside the policy actor when only the top layers train.
+
+With ``--actor.trainable_layers K`` the policy and the reference share every frozen tensor (embeddings, LM head, the
+lower ``L - K`` decoder layers): they differ only in the top ``K`` layers and the final norm. OpenRLHF 0.11.2 still
+starts a second DeepSpeed model for the reference (``train_ppo_ray.py:94``, ``ReferenceModelActor``) and runs all
+``L`` layers of it on every experience batch. Here, as TRL gets its LoRA reference by disabling the adapter, the
+policy actor keeps a copy of the top layers' *initial* tensors (:class:`ReferenceTop`, taken before DeepSpeed or a
+checkpoint touches the model) and computes the reference log-probs with the policy's own forward through
+``torch.func.functional_call`` with those tensors. The frozen trunk's output is then read from the policy's
+:class:`openrlhf_search.rl.freeze.TrunkCache`, stored by the experience forward just before, so the trunk runs once
+per experience batch instead of twice, and no reference process is started.
+
+:func:`install` makes OpenRLHF's ``train()`` build :class:`ReferenceInPolicyGroup` (a view of the policy actors
+whose ``forward`` is ``reference_forward``) where it would build the reference actor group; OpenRLHF's experience
+maker then dispatches and uses it as it uses a reference group (``experience_maker.py:175-181``). Ray runs one
+actor's calls in submission order, so the reference pass follows the policy's experience forward on each rank.
+"""
+
+from typing import Dict, Optional
+
+import torch
+
+
+class ReferenceTop:
+    """The initial values of a model's trained tensors (the top ``K`` layers and the final norm).
+
+    :meth:`capture` clones every ``requires_grad`` parameter; call it after ``freeze_lower_layers`` and before the
+    model is trained or a checkpoint is loaded. :meth:`by_name` maps them to the parameter names of the module the
+    forward will be called on (DeepSpeed wraps the model after the capture: the Parameter objects stay, their
+    names gain prefixes)."""
+
+    def __init__(self, tensors: Dict[int, torch.Tensor]):
+        self.tensors = tensors  # id(Parameter) -> initial value
+
+    @classmethod
+    def capture(cls, model: torch.nn.Module) -> "ReferenceTop":
+        return cls({id(p): p.detach().clone() for p in model.parameters() if p.requires_grad})
+
+    def by_name(self, module: torch.nn.Module) -> Dict[str, torch.Tensor]:
+        """``{name: initial value}`` for ``module``'s parameters that were captured, in each one's current dtype
+        and device. Raises ValueError when one is missing (the model was rebuilt after the capture)."""
+        out, found = {}, set()
+        for name, p in module.named_parameters(remove_duplicate=False):
+            ref = self.tensors.get(id(p))
+            if ref is not None:
+                out[name] = ref.to(dtype=p.dtype, device=p.device)
+                found.add(id(p))
+        if found != set(self.tensors):
+            raise ValueError(f"reference top: {len(self.tensors)} tensors captured, {len(found)} found in "
+                             f"{type(module).__name__}; the model was replaced after the capture")
+        return out
+
+    @property
+    def numel(self) -> int:
+        return sum(t.numel() for t in self.tensors.values())
+
+
+def reference_log_probs(actor: torch.nn.Module, top: ReferenceTop, *args, **kwargs) -> torch.Tensor:
+    """``actor(*args, **kwargs)`` with the trained tensors replaced by their initial values (no grad): OpenRLHF's
+    ``Actor.forward`` returns the action log-probs, [B, A] for [B, T] sequences, as the reference actor's would."""
+    with torch.no_grad():
+        return torch.func.functional_call(actor, top.by_name(actor), args, kwargs, strict=False)
+
+
+def enabled(args) -> Optional[str]:
+    """Why the reference cannot live in the policy actor under ``args`` (OpenRLHF's grouped namespace), or None when
+    it can: a KL term to a reference, top-layer training (``--actor.trainable_layers``), ZeRO 0-2 (ZeRO-3 shards the
+    tensors the swap replaces), no LoRA, and the reference laid out as the policy (same nodes and GPUs per node, no
+    reference offload)."""
+    if args.algo.kl.init_coef <= 0:
+        return "no KL term (no reference model)"
+    if not getattr(args.actor, "trainable_layers", 0):
+        return "every layer trains (--actor.trainable_layers 0)"
+    if args.ds.zero_stage >= 3:
+        return "ZeRO-3 shards the parameters"
+    if getattr(args.ds, "lora", None) is not None and getattr(args.ds.lora, "rank", 0):
+        return "LoRA"
+    if (args.ref.num_nodes, args.ref.num_gpus_per_node) != (args.actor.num_nodes, args.actor.num_gpus_per_node):
+        return "the reference has its own layout (--ref.num_nodes / --ref.num_gpus_per_node)"
+    if getattr(args.ref, "offload", False):
+        return "--ref.offload"
+    return None
+
+
+class ReferenceInPolicyGroup:
+    """What OpenRLHF's trainer and experience maker use as the reference ``RayActorGroup``, served by the policy
+    actors: ``forward`` runs their ``reference_forward``; the model is built by the policy actors' own init."""
+
+    def __init__(self, policy_group):
+        self.policy_group = policy_group
+
+    def async_init_model_from_pretrained(self, *args, **kwargs):
+        return []
+
+    def async_run_method_batch(self, method_name, **kwargs):
+        name = "reference_forward" if method_name == "forward" else method_name
+        return self.policy_group.async_run_method_batch(method_name=name, **kwargs)
+
+    def async_run_method(self, method_name, *args, **kwargs):
+        return self.policy_group.async_run_method(method_name, *args, **kwargs)
+
+
+def install(module, policy_actor_class, reference_actor_class) -> None:
+    """Make ``module.RayActorGroup`` (OpenRLHF's ``train_ppo_ray``) return a :class:`ReferenceInPolicyGroup` over
+    the group last built of ``policy_actor_class`` when asked for a group of ``reference_actor_class``."""
+    real = module.RayActorGroup
+    built = {}
+
+    def make_group(num_nodes, num_gpus_per_node, ray_actor_type, *args, **kwargs):
+        if ray_actor_type is reference_actor_class and "policy" in built:
+            return ReferenceInPolicyGroup(built["policy"])
+        group = real(num_nodes, num_gpus_per_node, ray_actor_type, *args, **kwargs)
+        if ray_actor_type is policy_actor_class:
+            built["policy"] = group
+        return group
+
+    module.RayActorGroup = make_group
