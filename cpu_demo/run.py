@@ -42,10 +42,25 @@ RESUMABLE = ("out", "split")
 # The default RL setting (every value a flag below): chosen on the validation split, docs/cpu_job.md.
 DEFAULTS = dict(seed=42, data_seed=0, encoder="bm25", steps=30, lr=1e-4, trainable_layers=4, prompts_per_step=4,
                 samples_per_prompt=4, temperature=0.7, kl=0.001, eval_max=64, validation_size=64,
-                warmstart_examples=48, warmstart_epochs=3, warmstart_lr=4e-4, warmstart_batch=4)
-# The search environment of the job (the prompt, the reward and the caps), shared by every phase.
-PROTOCOL, REWARD, TOPK, MAX_TURNS, TOKENS_PER_TURN, OBS_TOKENS, MAX_LEN = \
-    "searchr1_bare", "searchr1_em", 1, 3, 48, 64, 512
+                warmstart_examples=48, warmstart_epochs=3, warmstart_lr=4e-4, warmstart_batch=4,
+                precision="auto")
+# The search environment of the job (the prompt, the reward and the caps), shared by every phase: the phases read it
+# from one file (``search.json``, SearchConfig.to_json) with the run's retriever URL.
+SEARCH = dict(protocol="searchr1_bare", chat_template=True, reward_scheme="searchr1_em", topk=1, max_turns=3,
+              max_new_tokens_per_turn=48, max_obs_tokens=64)
+MAX_LEN = 512  # tokens of prompt + trajectory
+# The ablation arms (``--arm``, python -m cpu_demo.ablations): what each changes in the RL phase and the evaluations;
+# the warm start is the default arm's in every arm. "ppo": GAE with a critic (the warm-started policy with a value
+# head, every layer trained) at Search-R1's released critic lr (train_ppo.sh: critic.optim.lr=1e-5), gamma = lambda
+# = 1 (OpenRLHF's defaults, and verl's, which Search-R1 keeps).
+ARMS = {
+    "default": {},
+    "no_mask": {"search": {"mask_retrieved": False}},
+    "no_search": {"search": {"protocol": "searchr1_bare_nosearch", "max_turns": 1}},
+    "ppo": {"estimator": "gae"},
+}
+CRITIC_LR = 1e-5
+VLLM_DTYPE = {"bf16": "bfloat16", "fp32": "float32"}  # the engines hold the policy as the trainer does
 
 
 class PhaseError(RuntimeError):
@@ -66,6 +81,9 @@ class Job:
         self.retriever = None
         self.url = None
         self.tag = "" if args.split == "heldout" else f"_{args.split}"  # output names of a validation run
+        from openrlhf_search.cpu.cluster_mode.settings import resolve_cpu_precision
+
+        self.precision, self.precision_why = resolve_cpu_precision(args.precision)
 
     def path(self, *parts) -> str:
         return os.path.join(self.out, *parts)
@@ -168,10 +186,38 @@ class Job:
                 for r in rows:
                     f.write(json.dumps(r, ensure_ascii=False) + "\n")
         self.run("prepare_data", ["-m", "openrlhf_search.cli.prepare_data", "--input", files["train"],
-                                  "--protocol", PROTOCOL, "--chat_template", "--tokenizer", files["model"],
+                                  "--protocol", SEARCH["protocol"], "--chat_template", "--tokenizer", files["model"],
                                   "--out", files["prompts"] + ".tmp", "--shuffle", "--seed", str(a.seed)])
         os.replace(files["prompts"] + ".tmp", files["prompts"])
         return files
+
+    def arm_prompts(self, files: dict) -> str:
+        """The RL prompts of the arm: the job's own, or rendered with the arm's protocol (no_search)."""
+        protocol = self.search_config().protocol
+        if protocol == SEARCH["protocol"]:
+            return files["prompts"]
+        path = self.path("questions", f"train_prompts_{protocol}.jsonl")
+        if not os.path.exists(path):
+            self.run("prepare_data_arm", ["-m", "openrlhf_search.cli.prepare_data", "--input", files["train"],
+                                          "--protocol", protocol, "--chat_template", "--tokenizer", files["model"],
+                                          "--out", path + ".tmp", "--shuffle", "--seed", str(self.args.seed)])
+            os.replace(path + ".tmp", path)
+        return path
+
+    def search_config(self, arm: Optional[str] = None):
+        """The SearchConfig of ``arm`` (default: the run's) against the running retriever."""
+        from openrlhf_search.env.config import SearchConfig
+
+        changes = ARMS[arm or self.args.arm].get("search", {})
+        return SearchConfig(**{**SEARCH, **changes}, retriever_urls=[self.url or "http://127.0.0.1:8000"])
+
+    def search_file(self, arm: Optional[str] = None) -> str:
+        """Write ``search.json`` (the run's arm) or ``search_<arm>.json`` and return its path."""
+        arm = arm or self.args.arm
+        path = self.path("search.json" if arm == self.args.arm else f"search_{arm}.json")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.search_config(arm).to_json())
+        return path
 
     def start_retriever(self, corpus: str) -> str:
         from retriever.launch import ensure_index, start_server_process
@@ -189,11 +235,10 @@ class Job:
         trajectories = self.path("warmstart", "trajectories.jsonl")
         if not os.path.exists(trajectories):
             self.run("warmstart_data", ["-m", "cpu_demo.warmstart", "--model", files["model"],
-                                        "--questions", files["train"], "--retriever_url", self.url,
+                                        "--questions", files["train"], "--search_config", self.search_file("default"),
                                         "--num_examples", str(a.warmstart_examples), "--seed", str(a.seed),
-                                        "--protocol", PROTOCOL, "--topk", str(TOPK), "--max_obs_tokens",
-                                        str(OBS_TOKENS), "--max_length", str(MAX_LEN), "--out", trajectories,
-                                        "--taught", self.path("warmstart", "taught.jsonl")])
+                                        "--max_length", str(MAX_LEN), "--dtype", VLLM_DTYPE[self.precision],
+                                        "--out", trajectories, "--taught", self.path("warmstart", "taught.jsonl")])
         self.run("warmstart_sft", ["-m", "openrlhf_search.cli.sft", "--cpu", "--data.dataset", trajectories,
                                    "--model.model_name_or_path", files["model"], "--ckpt.output_dir", model_dir,
                                    "--ckpt.path", self.path("warmstart", "ckpt"),
@@ -201,8 +246,8 @@ class Job:
                                    str(a.warmstart_batch), "--train.max_epochs", str(a.warmstart_epochs),
                                    "--adam.lr", str(a.warmstart_lr), "--lr_scheduler", "cosine_with_min_lr",
                                    "--lr_warmup_ratio", "0", "--min_lr_ratio", "0.1", "--data.max_len", str(MAX_LEN),
-                                   "--ds.param_dtype", "fp32", "--ds.zero_stage", "2", "--train.seed", str(a.seed),
-                                   "--model.trainable_layers", str(a.trainable_layers)],
+                                   "--ds.param_dtype", self.precision, "--ds.zero_stage", "2",
+                                   "--train.seed", str(a.seed), "--model.trainable_layers", str(a.trainable_layers)],
                  env=_threads_env())
         open(os.path.join(model_dir, "DONE"), "w").close()
         return model_dir
@@ -212,10 +257,8 @@ class Job:
         todo = [(q, o) for q, o in pairs if not os.path.exists(o)]
         if not todo:
             return
-        argv = ["-m", "cpu_demo.evaluate", "--model", model, "--retriever_url", self.url,
-                "--protocol", PROTOCOL, "--reward_scheme", REWARD, "--topk", str(TOPK), "--max_turns", str(MAX_TURNS),
-                "--max_new_tokens", str(TOKENS_PER_TURN), "--max_obs_tokens", str(OBS_TOKENS), "--max_length",
-                str(MAX_LEN)]
+        argv = ["-m", "cpu_demo.evaluate", "--model", model, "--search_config", self.search_file(),
+                "--max_length", str(MAX_LEN), "--dtype", VLLM_DTYPE[self.precision]]
         for q, o in todo:
             argv += ["--questions", q, "--out", o]
         self.run(name, argv, env=_threads_env())
@@ -225,7 +268,8 @@ class Job:
         rl_dir = self.path("rl")
         if os.path.exists(os.path.join(rl_dir, "DONE")):
             return rl_dir
-        argv = ["-m", "openrlhf_search.cli.train", *rl_flags(a, warm, files["prompts"], self.url, rl_dir), *a.extra]
+        argv = ["-m", "openrlhf_search.cli.train",
+                *rl_flags(a, warm, self.arm_prompts(files), self.search_file(), rl_dir, self.precision), *a.extra]
         progress = threading.Thread(target=self._rl_progress, args=(os.path.join(rl_dir, "metrics.jsonl"),),
                                     daemon=True)
         progress.start()
@@ -248,24 +292,25 @@ class Job:
 
 
 # ---------------------------------------------------------------------------------------------------- settings
-def rl_flags(a, model: str, prompts: str, url: str, out: str) -> List[str]:
+def rl_flags(a, model: str, prompts: str, search_file: str, out: str, precision: str = "fp32") -> List[str]:
     """``cli.train`` flags of the job's RL phase: GRPO (group baseline, KL to the reference in the loss, k3), one
-    optimiser step per rollout batch, the top ``--trainable_layers`` layers in fp32, ZeRO-2, 1 rank per model."""
+    optimiser step per rollout batch, the top ``--trainable_layers`` layers in ``precision`` (bf16 / fp32), ZeRO-2,
+    1 rank per model, the search settings of ``search_file``; the "ppo" arm: GAE with a critic instead of GRPO."""
     samples = a.prompts_per_step * a.samples_per_prompt
+    estimator = ARMS[a.arm].get("estimator", "group_norm")
+    critic = ["--critic.model_name_or_path", model, "--critic.adam.lr", str(CRITIC_LR)] if estimator == "gae" else []
     return [
         "--cpu_cluster", "--actor.model_name_or_path", model, "--actor.trainable_layers", str(a.trainable_layers),
         "--data.prompt_dataset", prompts, "--data.input_key", "prompt", "--data.label_key", "label",
-        "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", str(a.samples_per_prompt),
+        "--algo.advantage.estimator", estimator, *critic, "--rollout.n_samples_per_prompt", str(a.samples_per_prompt),
         "--rollout.batch_size", str(a.prompts_per_step), "--train.batch_size", str(samples),
         "--rollout.micro_batch_size", str(min(samples, 8)), "--train.micro_batch_size", str(min(samples, 8)),
-        "--data.max_len", str(MAX_LEN), "--rollout.max_new_tokens", str(TOKENS_PER_TURN),
+        "--data.max_len", str(MAX_LEN), "--rollout.max_new_tokens", str(SEARCH["max_new_tokens_per_turn"]),
         "--rollout.temperature", str(a.temperature), "--actor.adam.lr", str(a.lr), "--actor.lr_scheduler", "constant",
         "--actor.lr_warmup_ratio", "0", "--algo.kl.init_coef", str(a.kl), "--algo.kl.use_loss",
         "--algo.kl.estimator", "k3", "--train.max_epochs", "1",
-        "--search.protocol", PROTOCOL, "--search.chat_template", "true", "--search.reward_scheme", REWARD,
-        "--search.max_turns", str(MAX_TURNS), "--search.max_new_tokens_per_turn", str(TOKENS_PER_TURN),
-        "--search.topk", str(TOPK), "--search.max_obs_tokens", str(OBS_TOKENS), "--search.retriever_urls", url,
-        "--ds.zero_stage", "2", "--ds.param_dtype", "fp32", "--train.seed", str(a.seed),
+        "--search.config", search_file, "--ds.zero_stage", "2", "--ds.param_dtype", precision,
+        "--train.seed", str(a.seed),
         "--vllm.enable_prefix_caching", "--train.max_steps", str(a.steps), "--train.num_episodes", "1",
         "--ckpt.output_dir", out, "--ckpt.path", os.path.join(out, "ckpt"), "--ckpt.save_steps", "10",
         "--ckpt.max_num", "1",
@@ -410,6 +455,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training questions set aside as the validation split")
     p.add_argument("--split", default="heldout", choices=["heldout", "validation"],
                    help="what the before/after table is on: heldout (a reported run) or validation (choosing settings)")
+    p.add_argument("--precision", default=d["precision"], choices=["auto", "bf16", "fp32"],
+                   help="training and generation dtype; auto: bf16 where the CPU has AVX512-BF16 or AMX, else fp32")
+    p.add_argument("--arm", default="default", choices=list(ARMS),
+                   help="ablation arm of the RL phase and the evaluations (python -m cpu_demo.ablations runs them)")
     p.add_argument("--warmstart_examples", type=int, default=d["warmstart_examples"])
     p.add_argument("--warmstart_epochs", type=int, default=d["warmstart_epochs"])
     p.add_argument("--warmstart_lr", type=float, default=d["warmstart_lr"])
@@ -454,6 +503,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         job.check_settings()
+        print(f"precision: {job.precision} ({job.precision_why}); arm: {args.arm}", flush=True)
         files = phase("data", f"1/6 data -> {job.path('questions')}", job.data)
         # the questions of the before/after table: held-out for a reported run, validation while choosing settings
         evaluated = files["heldout"] if args.split == "heldout" else files["validation"]
@@ -479,7 +529,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     write_json(job.path(f"job{job.tag}.json"), {
         "settings": {k: v for k, v in vars(args).items()}, "wall_s": round(wall, 1), "phases_s": phases,
         "load_average_start": load_start, "load_average_end": load, "peak_pss_gib": job.peak_pss / 2 ** 30,
-        "peak_rss_gib": job.peak_rss / 2 ** 30, "cpu": machine()})
+        "peak_rss_gib": job.peak_rss / 2 ** 30, "cpu": machine(), "precision": job.precision})
     print(f"\n== done in {wall:.0f} s; load average {load_start[0]:.1f} at the start, {load[0]:.1f} / {load[1]:.1f} / "
           f"{load[2]:.1f} at the end (1/5/15 min); peak memory {job.peak_pss / 2 ** 30:.1f} GiB (summed PSS of the "
           f"job's processes; summed RSS {job.peak_rss / 2 ** 30:.1f} GiB); outputs in {job.out}", flush=True)

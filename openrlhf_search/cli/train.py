@@ -139,7 +139,8 @@ def parse_args(argv: Optional[List[str]] = None) -> Tuple[Any, SearchConfig]:
         for line in changes:
             print(f"[cpu_cluster] {line}", file=sys.stderr)
     args = openrlhf_main().validate(flat)
-    cfg = search_config_from_args(args)
+    cfg = search_config_from_args(args, base=SearchConfig.from_file(args.search.config) if args.search.config
+                                  else None)
     for f in dataclasses.fields(SearchConfig):  # resolved values travel with the args (trainer, logs)
         setattr(args.search, f.name, getattr(cfg, f.name))
     validate_search(args, cfg)

@@ -458,7 +458,7 @@ class SearchAgentExecutor(AgentExecutorBase):
             "reward": reward,
             "scores": score,
             "observation_tokens": rollout.tokens,
-            "action_ranges": rollout.action_ranges,
+            "action_ranges": self._trained_ranges(rollout),
             "rollout_log_probs": rollout.log_probs,
             "truncated": rollout.truncated,
             "extra_logs": extra_logs,
@@ -466,6 +466,12 @@ class SearchAgentExecutor(AgentExecutorBase):
             "search_trace": rollout.search_trace,
             "action_versions": rollout.action_versions or None,
         }
+
+    def _trained_ranges(self, rollout: _Rollout) -> List[Tuple[int, int]]:
+        """The spans the loss covers: the sampled ones, or with ``mask_retrieved`` false the whole response."""
+        if self.config.mask_retrieved or len(rollout.tokens) <= rollout.prompt_len:
+            return rollout.action_ranges
+        return [(rollout.prompt_len, len(rollout.tokens))]
 
     def _cap_content(self, content: str, tokenizer) -> str:
         """One tool message's content cut to ``max_obs_tokens`` tokens (at a token boundary, whole characters)."""

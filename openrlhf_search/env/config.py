@@ -64,6 +64,12 @@ class SearchConfig:
             R1-Searcher: "r1searcher_train" (double quotes removed, whitespace collapsed: the released rollout loop,
             ``experience_maker.py:1143-1145``) or "r1searcher_eval" (quotes, tabs and "..." removed:
             ``evaluation/eval_search_loacl.py:227-228``); ``Protocol.query_cleanings``.
+        mask_retrieved: True (default): the loss covers only the tokens the policy sampled; the documents blocks
+            and other environment tokens get none (Search-R1 sec. 3.1, released ``state_masking=true``,
+            ``train_ppo.sh:61``; R1-Searcher sec. 3.2). False: every response token after the prompt is an action
+            token, the "w/o retrieved-token masking" ablation of Search-R1 (its table 4). Do not combine with the
+            off-policy correction (``--algo.advantage.is_correction_*``): environment tokens have no sampled
+            log-prob.
         group_norm_zero_pad: with ``--algo.advantage.estimator group_norm``, normalise each prompt's samples in rows
             of n_samples_per_prompt values holding n/2 of its samples and n/2 zeros, as R1-Searcher's released Llama
             stage 1 did (its reward server returns ``[score, 0]`` per sample,
@@ -136,6 +142,10 @@ class SearchConfig:
     query_cleaning: str = field(default="", metadata={
         "help": "what is done to a query before retrieval, '' = strip only; R1-Searcher released: r1searcher_train "
                 "(training), r1searcher_eval (evaluation)"})
+    mask_retrieved: bool = field(default=True, metadata={
+        "help": "retrieved tokens get no loss, true/false; false trains on the whole response (the masking "
+                "ablation); papers: true (Search-R1 released state_masking=true, train_ppo.sh:61; R1-Searcher "
+                "retrieve-mask)"})
     group_norm_zero_pad: bool = field(default=False, metadata={
         "help": "group_norm over each group padded with as many zeros, true/false; R1-Searcher released: true for "
                 "Llama stage 1 only"})
@@ -207,6 +217,20 @@ class SearchConfig:
         if not isinstance(data, dict):
             raise ConfigError("search config: JSON must be an object")
         return cls.from_dict(data)
+
+    @classmethod
+    def from_file(cls, path: str) -> "SearchConfig":
+        """Read a JSON object of fields (what :meth:`to_json` writes; unset fields keep their defaults).
+        Raises ConfigError naming the file when it cannot be read or holds a bad field."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise ConfigError(f"search config file {path}: {e.strerror or e}") from None
+        try:
+            return cls.from_json(text)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
 
     @classmethod
     def from_env(cls, default: Optional["SearchConfig"] = None) -> "SearchConfig":

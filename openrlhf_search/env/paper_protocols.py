@@ -286,3 +286,20 @@ class SearchR1BareProtocol(SearchR1ShortProtocol):
 
     name = "searchr1_bare"
     template_text = _SEARCHR1_BARE_TEMPLATE
+
+
+# ------------------------------------------------------------------------------ the same without the search tool
+_SEARCHR1_BARE_NOSEARCH_TEMPLATE = (
+    "Answer the question. Think inside <think> and </think>. Give the final answer between <answer> and </answer>: "
+    "only the name or code, no sentence, e.g. <answer> Beijing </answer>. Question: {question}\n"
+)
+
+
+@register_protocol
+class SearchR1BareNoSearchProtocol(SearchR1BareProtocol):
+    """``searchr1_bare`` whose instruction offers no search tool: the policy answers from what it knows. With
+    ``--search.max_turns 1`` no search is ever made (a trajectory that writes one ends unanswered), as in Search-R1's
+    RL-without-search baseline (arXiv 2503.09516, "R1"). Not a paper setting: the CPU main job's no-search arm."""
+
+    name = "searchr1_bare_nosearch"
+    template_text = _SEARCHR1_BARE_NOSEARCH_TEMPLATE

@@ -1,0 +1,158 @@
+"""The papers' ablations on the CPU main job's own loop: retrieved-token masking, search, PPO against GRPO.
+
+    python -m cpu_demo.ablations [--out runs/ablations] [--seeds 42 7 1] [--arms default no_mask no_search ppo]
+
+Each arm is a full run of ``python -m cpu_demo.run --arm ARM`` (the product's RL loop and greedy evaluations) on the
+same data, questions and settings as ``make demo``; per training seed the arms share the default arm's warm start
+(and its before-RL evaluation, except ``no_search``, whose prompt differs), so they differ only in the RL phase:
+
+- ``default``: retrieved tokens masked, GRPO, search;
+- ``no_mask``: every response token trained on, documents blocks included (``--search.mask_retrieved false``);
+- ``no_search``: the search tool removed (a prompt without it, one generation call): the policy answers from what
+  it knows;
+- ``ppo``: GAE with a critic instead of GRPO's group baseline.
+
+The table: held-out EM / F1 / answer rate / searches per question of each arm after RL, per seed and pooled over
+the seeds, with the paired bootstrap interval of its difference to the default arm (pooled: questions paired within
+each seed), the warm-started policy before RL beside, and the papers' figures for the direction. Written to
+``OUT/ablations.json`` and ``OUT/ablations.md``. A killed run resumes (finished arms are kept). Memory: as
+``make demo`` (one arm at a time); the ppo arm adds a critic (about 2 GiB more).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import List, Optional
+
+from cpu_demo.run import ARMS
+
+METRICS = ("em", "f1", "answer_rate", "valid_searches")
+# The papers' figures for the direction (not a target: a 135M model on 482 passages is not a 7B model on Wikipedia).
+PAPERS = {
+    "no_mask": "Search-R1 (Qwen2.5-7B base, average EM, its table 4): masked .431, not masked .343",
+    "no_search": "R1-Searcher and Search-R1: RL with retrieval above RL without (no figure recorded here)",
+    "ppo": "Search-R1 (Qwen2.5-7B base, average EM of its seven sets): PPO .431, GRPO .350",
+}
+SHARED = ("questions", "data", "warmstart")  # phases an arm takes from its seed's default run
+
+
+def arm_dir(out: str, seed: int, arm: str) -> str:
+    return os.path.join(out, f"seed{seed}", arm)
+
+
+def share_phases(default: str, target: str, arm: str) -> None:
+    """Hard-link the default run's finished data, warm start (and before-RL evaluation) into ``target``."""
+    os.makedirs(target, exist_ok=True)
+    for name in SHARED:
+        if not os.path.exists(os.path.join(target, name)):
+            shutil.copytree(os.path.join(default, name), os.path.join(target, name), copy_function=os.link)
+    before = os.path.join(target, "eval_before.json")
+    if arm != "no_search" and not os.path.exists(before):
+        os.link(os.path.join(default, "eval_before.json"), before)
+
+
+def run_arm(out: str, seed: int, arm: str, extra: List[str]) -> dict:
+    """Run one arm to completion (or find it done); returns its after-RL evaluation summary. Raises RuntimeError."""
+    folder = arm_dir(out, seed, arm)
+    result = os.path.join(folder, "eval.json")
+    if not os.path.exists(result):
+        if arm != "default":
+            share_phases(arm_dir(out, seed, "default"), folder, arm)
+        print(f"== seed {seed}, arm {arm} -> {folder}", flush=True)
+        rc = subprocess.call([sys.executable, "-m", "cpu_demo.run", "--out", folder, "--seed", str(seed), "--arm",
+                              arm, *extra])
+        if rc != 0:
+            raise RuntimeError(f"seed {seed}, arm {arm}: cpu_demo.run exited {rc}; its logs: {folder}/logs")
+    with open(result, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def load(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def pooled(summaries: List[dict]) -> dict:
+    """One summary of several seeds' evaluations: per-question lists concatenated (seed-major), so a paired
+    comparison pairs each question with itself within its seed."""
+    return {"per_question": {m: [v for s in summaries for v in s["per_question"][m]] for m in METRICS}}
+
+
+def table(out: str, seeds: List[int], arms: List[str]) -> dict:
+    """Per arm: the before-RL and after-RL means per seed and pooled, and the paired difference to the default arm."""
+    from openrlhf_search.evaluation.compare import bootstrap_mean_ci, compare_evaluations
+
+    after = {a: [load(os.path.join(arm_dir(out, s, a), "eval.json")) for s in seeds] for a in arms}
+    before = [load(os.path.join(arm_dir(out, s, "default"), "eval_before.json")) for s in seeds]
+    rows = {"before RL (warm start)": {"per_seed": [{m: s[m] for m in METRICS} for s in before],
+                                       "pooled": {m: bootstrap_mean_ci(pooled(before)["per_question"][m])
+                                                  for m in METRICS}}}
+    for a in arms:
+        row = {"per_seed": [{m: s[m] for m in METRICS} for s in after[a]],
+               "pooled": {m: bootstrap_mean_ci(pooled(after[a])["per_question"][m]) for m in METRICS}}
+        if a != "default":
+            row["vs_default"] = compare_evaluations(pooled(after["default"]), pooled(after[a]), metrics=METRICS)
+            row["vs_default_per_seed"] = [compare_evaluations(d, x, metrics=("em",))["em"]
+                                          for d, x in zip(after["default"], after[a])]
+            row["papers"] = PAPERS.get(a, "")
+        rows[a] = row
+    return {"seeds": seeds, "arms": arms, "rows": rows}
+
+
+def format_table(t: dict) -> str:
+    """The Markdown table of :func:`table`."""
+    seeds = t["seeds"]
+    lines = [f"Held-out EM after RL per training seed ({', '.join(map(str, seeds))}) and pooled (95% bootstrap "
+             "interval); the difference to the default arm is paired per question.", "",
+             "| arm | EM per seed | EM pooled | F1 | answer rate | searches / q | EM vs default | papers |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, row in t["rows"].items():
+        p = row["pooled"]
+        per_seed = " / ".join(f"{s['em']:.3f}" for s in row["per_seed"])
+        vs = row.get("vs_default", {}).get("em")
+        vs_text = f"{vs['diff']:+.3f} [{vs['low']:+.3f}, {vs['high']:+.3f}]" if vs else "-"
+        lines.append(f"| {name} | {per_seed} | {p['em'][0]:.3f} [{p['em'][1]:.3f}, {p['em'][2]:.3f}] | "
+                     f"{p['f1'][0]:.3f} | {p['answer_rate'][0]:.2f} | {p['valid_searches'][0]:.2f} | {vs_text} | "
+                     f"{row.get('papers', '')} |")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m cpu_demo.ablations", description=__doc__.split("\n\n")[0],
+                                epilog="Flags after -- go to every cpu_demo.run (e.g. --steps 10 for a quick look).")
+    p.add_argument("--out", default="runs/ablations", help="folder of every arm's run (seed<S>/<arm>)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[42, 7, 1], help="training seeds")
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="arms (default is always run)")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: List[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    a = build_parser().parse_args(argv)
+    arms = ["default"] + [x for x in a.arms if x != "default"]
+    try:
+        for seed in a.seeds:
+            for arm in arms:
+                run_arm(a.out, seed, arm, extra)
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    t = table(a.out, a.seeds, arms)
+    text = format_table(t)
+    with open(os.path.join(a.out, "ablations.json"), "w", encoding="utf-8") as f:
+        json.dump(t, f, indent=1)
+    with open(os.path.join(a.out, "ablations.md"), "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    print("\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
