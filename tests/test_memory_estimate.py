@@ -207,3 +207,16 @@ def test_a_split_that_does_not_fit_names_a_split_that_does():
     assert est["error"] and any(f.startswith("ACTOR_GPUS_PER_NODE=") for f in est["fixes"]), est["fixes"]
     a = int(next(f for f in est["fixes"] if f.startswith("ACTOR_GPUS_PER_NODE=")).split("=")[1])
     assert a > 2 and (8 - a) % 2 == 0
+
+
+def test_a_reference_computed_in_the_policy_actor_costs_no_weights_or_process():
+    """With top-layer training under ZeRO-2 the policy actor computes the reference log-probs over its frozen trunk
+    (``openrlhf_search.rl.shared_reference``): no reference model starts, so the estimate drops its bf16 weights (the
+    whole 7.6B model under ZeRO-2) and its CUDA context; every layer trained keeps them. Catches an estimate that
+    counts a model the run never starts, which would refuse layouts that fit."""
+    base = _argv(PPO7, GPUS_PER_NODE="4") + ["--ds.zero_stage", "2"]
+    full, _ = cli.parse_args(base)
+    top, _ = cli.parse_args(base + ["--actor.trainable_layers", "4"])
+    gen_full, gen_top = estimate(full, 80)["phases"]["generation"], estimate(top, 80)["phases"]["generation"]
+    assert gen_full["deepspeed_states"] - gen_top["deepspeed_states"] == pytest.approx(2 * 7.62e9 / GIB, abs=0.2)
+    assert gen_full["cuda_contexts"] - gen_top["cuda_contexts"] == pytest.approx(CUDA_CONTEXT_GB)

@@ -235,7 +235,7 @@ ROOM_IMPORTS = {
     "_cpu_compat": set(),
     "env": {"_cpu_compat"},                                   # the search environment: executor, protocols, rewards
     "rl": {"env", "_cpu_compat"},                             # OpenRLHF's trainer subclasses
-    "launch": {"env", "_cpu_compat", "retriever"},            # pre-flight checks
+    "launch": {"env", "rl", "_cpu_compat", "retriever"},      # pre-flight checks (they read the trainer's rules)
     "evaluation": {"env", "retriever"},
     "cli": {"env", "rl", "launch", "evaluation", "cpu", "_cpu_compat", "retriever"},
     "parity": {"cli", "env", "rl", "launch", "evaluation", "_cpu_compat"},

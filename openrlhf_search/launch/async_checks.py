@@ -5,6 +5,9 @@ The async trainer itself is :mod:`openrlhf_search.rl.async_trainer`.
 
 from typing import Dict, List
 
+from openrlhf_search.rl.shared_reference import starts_reference_model
+
+
 
 def check_async_args(args) -> None:
     """Raise ValueError (one line) on an async setting this module does not run."""
@@ -27,7 +30,7 @@ def gpu_layout(args) -> Dict[str, object]:
     a = args
     per = lambda role: getattr(a, role).num_nodes * getattr(a, role).num_gpus_per_node
     is_async = bool(getattr(a.train, "async_enable", False))
-    kl_ref = a.algo.kl.init_coef > 0
+    kl_ref = starts_reference_model(a)
     critic = bool(getattr(a.critic, "model_name_or_path", None))
     reward_model = not getattr(a.reward, "remote_url", None)
     vllm = (a.vllm.num_engines or 0) * a.vllm.tensor_parallel_size

@@ -24,6 +24,9 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+from openrlhf_search.rl.shared_reference import starts_reference_model
+
+
 CANDIDATE_NODES = (1, 2, 4)
 CANDIDATE_GPUS = tuple(range(1, 9))
 
@@ -257,9 +260,8 @@ def gpus_needed(args) -> int:
     engines = (args.vllm.num_engines or 0) * args.vllm.tensor_parallel_size
     if args.train.colocate_all and not getattr(args.train, "async_enable", False):
         return actor
-    uses_ref = args.algo.kl.init_coef > 0 or args.algo.kl.use_loss
     shared = args.train.colocate_actor_ref or args.train.colocate_all  # async colocate_all: the DeepSpeed models
-    ref = 0 if (shared or not uses_ref) else args.ref.num_nodes * args.ref.num_gpus_per_node
+    ref = 0 if (shared or not starts_reference_model(args)) else args.ref.num_nodes * args.ref.num_gpus_per_node
     critic = (args.critic.num_nodes * args.critic.num_gpus_per_node
               if getattr(args.critic, "model_name_or_path", None) and not args.train.colocate_all else 0)
     return actor + ref + critic + engines

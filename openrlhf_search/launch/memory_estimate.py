@@ -14,7 +14,8 @@ gradients to pinned host memory, but never the bf16 weights (``lp_params`` is co
 shards of every colocated model stay on the GPU while vLLM generates; with ``--ds.adam_offload`` the fp32 states
 live on the host throughout (DeepSpeed's CPU Adam) and only the bf16 weights and gradients are on the GPU. The
 reference holds bf16 weights (2P over W under ZeRO-3, whole below it; 0 with ``--ref.offload``); it exists only with
-``--algo.kl.init_coef`` > 0 (``train_ppo_ray.py``).
+``--algo.kl.init_coef`` > 0 (``train_ppo_ray.py``) and not when the policy actor computes it over its frozen trunk
+(``--actor.trainable_layers``, :mod:`openrlhf_search.rl.shared_reference`).
 
 The three phases of a step on a training GPU (``ppo_trainer.py``, ``experience_maker.py``, ``samples_generator.py``):
 
@@ -51,6 +52,9 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
+
+from openrlhf_search.rl.shared_reference import starts_reference_model
+
 
 GIB = float(1 << 30)
 DEFAULT_GPU_MEM_GB = 80.0  # when GPU_MEM_GB is unset and no GPU answers nvidia-smi (an 80 GB A100 / H100)
@@ -231,7 +235,7 @@ def phase_model(args, gpu_mem_gb: float, retriever_gb: float = 0.0, retriever_on
     colocated = bool(args.train.colocate_all) and not asynchronous  # vLLM on the training GPUs
     vllm_sleep = bool(args.vllm.enable_sleep) and colocated
     has_critic = bool(_flag(args, "critic", "model_name_or_path"))
-    has_ref = (args.algo.kl.init_coef or 0) > 0
+    has_ref = starts_reference_model(args)  # with top-layer training the policy actor computes it (no weights here)
     ring = max(1, args.ds.ring_attn_size or 1)
     train_tokens = args.train.micro_batch_size * args.data.max_len / ring
     rollout_tokens = args.rollout.micro_batch_size * args.data.max_len / ring
@@ -302,7 +306,7 @@ def pinned_host_gb(args, shape: ModelShape, critic_shape: Optional[ModelShape] =
     colocated = bool(args.train.colocate_all) and not _flag(args, "train", "async_enable", False)
     engines = (args.vllm.num_engines or 0) / nodes
     vllm = 2 * shape.params * engines if (args.vllm.enable_sleep and colocated) else 0.0
-    ref = 2 * shape.params / nodes if ((args.algo.kl.init_coef or 0) > 0 and _flag(args, "ref", "offload")) else 0.0
+    ref = 2 * shape.params / nodes if (starts_reference_model(args) and _flag(args, "ref", "offload")) else 0.0
     return (ds + vllm + ref) / 1e9
 
 

@@ -16,9 +16,12 @@ maker then dispatches and uses it as it uses a reference group (``experience_mak
 actor's calls in submission order, so the reference pass follows the policy's experience forward on each rank.
 """
 
-from typing import Dict, Optional
+from __future__ import annotations  # torch is imported where it runs: the launch checks read this module too
 
-import torch
+from typing import TYPE_CHECKING, Dict, Optional
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ReferenceTop:
@@ -58,6 +61,8 @@ class ReferenceTop:
 def reference_log_probs(actor: torch.nn.Module, top: ReferenceTop, *args, **kwargs) -> torch.Tensor:
     """``actor(*args, **kwargs)`` with the trained tensors replaced by their initial values (no grad): OpenRLHF's
     ``Actor.forward`` returns the action log-probs, [B, A] for [B, T] sequences, as the reference actor's would."""
+    import torch
+
     with torch.no_grad():
         return torch.func.functional_call(actor, top.by_name(actor), args, kwargs, strict=False)
 
@@ -80,6 +85,12 @@ def enabled(args) -> Optional[str]:
     if getattr(args.ref, "offload", False):
         return "--ref.offload"
     return None
+
+
+def starts_reference_model(args) -> bool:
+    """Whether OpenRLHF's ``train()`` starts a reference model group under ``args`` (its GPUs, memory and process):
+    a KL term (``--algo.kl.init_coef`` > 0) whose reference cannot live in the policy actors (:func:`enabled`)."""
+    return (args.algo.kl.init_coef or 0) > 0 and enabled(args) is not None
 
 
 class ReferenceInPolicyGroup:
