@@ -138,8 +138,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = build_parser().parse_args(argv)
     arms = ["default"] + [x for x in a.arms if x != "default"]
     try:
-        for seed in a.seeds:
-            for arm in arms:
+        for arm in arms:  # the default arm on every seed first: a run cut short still has the main job's seeds
+            for seed in a.seeds:
                 run_arm(a.out, seed, arm, extra)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
