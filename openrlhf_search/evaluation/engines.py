@@ -43,7 +43,7 @@ CPU_KV_CACHE_GIB = 1.0
 
 class EngineLoadError(ValueError):
     """The engine cannot be built from these settings (no such model folder, a folder vLLM cannot load, an
-    unsupported dtype, a backend this machine lacks). The message is one line and says which."""
+    unsupported dtype). The message is one line and says which."""
 
 
 class EngineDeadError(RuntimeError):
@@ -377,28 +377,22 @@ class VLLMInProcessEngine:
             logger.warning("vLLM process-group cleanup failed: %s", e)
 
 
-BACKENDS = ("auto", "vllm")  # both vLLM: auto is kept for the command lines and settings that name it
-
-
-def build_engine(model: str, backend: str = "auto", tokenizer_path: Optional[str] = None, seed: int = 0,
+def build_engine(model: str, tokenizer_path: Optional[str] = None, seed: int = 0,
                  max_model_len: Optional[int] = None, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.85, dtype: str = "auto") -> Tuple[object, object, str]:
     """Build (engine, tokenizer, backend name): ``VLLMAsyncEngine`` on a GPU, ``VLLMInProcessEngine`` on CPU.
 
     Args:
         model: HF model folder or hub name.
-        backend: "auto" or "vllm" (the same engine: vLLM serves every evaluation, on GPU and CPU).
         tokenizer_path: tokenizer to use instead of the model's own.
         max_model_len: context length of one trajectory (prompt + all turns), tokens.
         dtype: a ``VLLM_DTYPES`` value ("auto" = float32 on CPU).
     Returns:
         (engine with the executor's ``generate``, the policy's tokenizer, "vllm").
     Raises:
-        EngineLoadError (a ValueError): unknown backend or dtype, no such model folder or cached hub name, a model
+        EngineLoadError (a ValueError): unknown dtype, no such model folder or cached hub name, a model
             or tokenizer vLLM cannot load.
     """
-    if backend not in BACKENDS:
-        raise EngineLoadError(f"backend must be {' or '.join(BACKENDS)} (both vLLM), got {backend!r}")
     if dtype not in VLLM_DTYPES:
         raise EngineLoadError(f"--dtype {dtype!r} is not a vLLM dtype; choose one of {', '.join(VLLM_DTYPES)}")
     from retriever.hub import resolve_model_path

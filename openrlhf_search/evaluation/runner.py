@@ -68,7 +68,6 @@ class EvalSettings:
         template: the protocol's prompt variant ("train"; R1-Searcher also "eval", its released eval prompt).
         top_p: nucleus sampling of each turn (no effect when greedy).
         concurrency: rollouts in flight.
-        backend: "auto" | "vllm" (the same vLLM engine).
         seed: sampling / init seed.
         tokenizer: tokenizer path overriding the model's.
         gpu_memory_utilization, tensor_parallel_size: vLLM settings.
@@ -80,7 +79,6 @@ class EvalSettings:
     temperature: float = 0.0
     n_samples: int = 1
     concurrency: int = 64
-    backend: str = "auto"
     seed: int = 0
     tokenizer: Optional[str] = None
     gpu_memory_utilization: float = 0.85
@@ -273,7 +271,7 @@ def run_eval_sync(examples: Sequence[QAExample], settings: EvalSettings, engine=
         return asyncio.run(run_eval(examples, settings, engine, tokenizer, on_row=on_row))
     from openrlhf_search.evaluation.engines import build_engine
 
-    engine, tokenizer, _ = build_engine(settings.model, settings.backend, settings.tokenizer, settings.seed,
+    engine, tokenizer, _ = build_engine(settings.model, settings.tokenizer, settings.seed,
                                         settings.max_length, settings.tensor_parallel_size,
                                         settings.gpu_memory_utilization)
     try:
