@@ -7,18 +7,10 @@ Run a model (vLLM ``AsyncLLMEngine`` on GPU; on CPU the real vLLM engine of ``vl
         --out_dir runs/eval [--judge_url http://127.0.0.1:8001 --judge_model Qwen2.5-72B-Instruct]
 
 ``--setting released`` (default) runs the paper's released eval code's settings, ``--setting paper`` the paper's
-text where they differ (``evaluation/settings.py``, each value with its source file:line): R1-Searcher released =
-its eval prompt ``base_prompt_v0`` (plain text for every model, with the BOS vLLM adds), top-k 5, 512 tokens per
-call, at most 9 calls, documents and trajectory uncut (``--max_obs_tokens N`` / ``--max_length N`` cap them; the
-table's setting line says which), queries cleaned as released, one retriever per corpus (``--retriever_url
-hotpotqa=URL1,default=URL2``: HotpotQA on the abstracts, written ``(i)Title: T Text:  abstract``, the other sets on
-KILT), its own judge prompt (one user message, server-default temperature, 1,024 tokens) on its four eval sets;
-Search-R1 =
-its training prompt ("?" appended, the policy's chat template), top-k 3, 4 searches + 1 answer, 500 tokens per call,
-on the FULL test split of each FlashRAG set (dev where there is none; ``flashrag:<name>`` is the same hub split, or
+text where they differ (``evaluation/settings.py``: each value, with its source file:line); explicit flags override
+the setting. Search-R1's sets are the FULL FlashRAG test splits (``flashrag:<name>`` is the same hub split, or
 ``qa/flashrag/<name>.test.jsonl`` of ``--data_dir`` when that folder holds one; never a sample in place of the hub).
-Prompts are rendered with the policy's own tokenizer (the model's, or ``--tokenizer``). Explicit flags override the
-setting.
+Prompts are rendered with the policy's own tokenizer (the model's, or ``--tokenizer``).
 
 Web search (R1-Searcher's online Bamboogle evaluation): a set named ``NAME@web`` is evaluated as a row of its own
 against the retriever routed to that name, which must be a web retriever (``python -m retriever.server --web ...``)::

@@ -38,16 +38,12 @@ that never imports DeepSpeed or vLLM pays nothing. The lines cited are checked b
 7. ``NaiveReplayBuffer.__init__`` formats ``f"cuda:{torch.cuda.current_device()}"``
    (``openrlhf/trainer/ppo_utils/replay_buffer.py:40``, used only by ``sample()``, which the PPO loop does not call):
    it is built with the index 0 and its ``target_device`` set to CPU.
-8. vLLM-CPU's GEMM dispatch is turned off for the layers the weight sync writes: on CPUs with AVX512-BF16, vLLM
-   loads its oneDNN kernels (``vllm/platforms/cpu.py`` ``import_kernels``; ``vllm._custom_ops._supports_onednn``) and
-   ``UnquantizedLinearMethod.process_weights_after_loading`` (``vllm/model_executor/layers/linear.py:215``) packs
-   every linear layer into a oneDNN handle and replaces its weight by an empty ``Parameter`` without
-   ``weight_loader``, so ``load_weights`` of a synced tensor fails; the (tied) LM head is packed too, keeping its
-   weight (``vocab_parallel_embedding.py:66``), so a synced head would be ignored by the packed copy. Each such layer
-   gets vLLM's own fallback for layers it does not pack (``linear.py:209-211``: ``_cpu_skip_gemm_dispatch``,
-   ``torch.nn.functional.linear`` on the live weight). Installed in the engine-core process when vLLM resolves the
-   worker extension (:class:`CPUWorkerWrap`), before the model loads. Chosen over re-packing after every sync: a
-   re-pack reads every weight again per sync, and the CPU mode's tiny policy gains nothing from oneDNN.
+8. vLLM-CPU's GEMM dispatch is turned off for the layers the weight sync writes: with AVX512-BF16, vLLM packs every
+   linear layer into a oneDNN handle (``vllm/model_executor/layers/linear.py:215``), emptying its weight so that
+   ``load_weights`` of a synced tensor fails, and packs the tied LM head keeping its weight
+   (``vocab_parallel_embedding.py:66``), so a synced head would be ignored. Each such layer gets vLLM's own unpacked
+   fallback (``linear.py:209-211``: ``_cpu_skip_gemm_dispatch``), installed in the engine-core process when vLLM
+   resolves the worker extension (:class:`CPUWorkerWrap`), before the model loads.
 
 9. Prefix caching (``--vllm.enable_prefix_caching``, which every launcher passes, ``CPU_CLUSTER=1`` included): the
    engine actor resets vLLM's prefix cache again after the last parameter of every weight sync
@@ -62,18 +58,10 @@ that never imports DeepSpeed or vLLM pays nothing. The lines cited are checked b
    :func:`cpu_engine_kwargs` sets the dtype from :data:`ENGINE_DTYPE_ENV`), so synced tensors keep their dtype.
    CPUs without AVX512-BF16 emulate bf16 matmuls (``benchmarks/bench_precision_cpu.py`` measures it).
 
-What vLLM-CPU cannot serve here: sleep mode (``vllm/platforms/interface.py:224`` ``is_sleep_mode_available`` is
-False on CPU, ``vllm/config/model.py:607`` refuses it), so ``--vllm.enable_sleep`` is turned off, as it is whenever
-nothing is colocated; generation, the worker extension, weight loading from the
-trainer (``load_weights``, bit-exact after every sync) and ``reset_prefix_cache`` all work on vLLM-CPU.
-
-Settings (:mod:`.settings`, printed by the CLI): one node; 1 to 4 DeepSpeed ranks per model and vLLM engines as the
-flags ask (``--actor.num_gpus_per_node 2 --vllm.num_engines 2``: one logical GPU each, ranks talk over gloo), tensor
-parallel 1, nothing colocated, no sleep mode, no sample packing (flash-attn), ``--ds.attn_implementation sdpa``,
-``--vllm.sync_backend gloo``, ``--vllm.enforce_eager``; ZeRO-3 as on GPUs, with DeepSpeed's sequential parameter
-gather. Ray is started locally with logical GPU resources, a small object store and a private temp folder
-(:mod:`.private_ray` removes what it leaves); vLLM's CPU KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB (default 1:
-RAM is shared).
+vLLM-CPU has no sleep mode (``vllm/platforms/interface.py:224``), so ``--vllm.enable_sleep`` is turned off. The
+settings (:mod:`.settings`, printed by the CLI): one node, nothing colocated, gloo everywhere, sdpa attention, eager
+vLLM, ZeRO-3 as on GPUs; Ray runs locally with logical GPUs (:mod:`.private_ray`); vLLM's CPU KV cache is
+``VLLM_CPU_KVCACHE_SPACE`` GiB (default 1).
 """
 
 import logging
