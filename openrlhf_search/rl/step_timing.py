@@ -37,10 +37,8 @@ logger = logging.getLogger(__name__)
 
 TIMING_ATTR = "_search_rollout_timing"
 VERSION_ATTR = "_search_policy_version"  # on the rollout actor: the trainer step whose weights it holds
-COUNTER_KEYS = ("retries", "failovers", "requests")
 # RetrievalClient.stats of a web retriever
 WEB_COUNTER_KEYS = ("web_calls", "web_cache_hits", "web_skipped", "web_credits", "web_usd")
-VERSION_KEYS = ("policy_version_start", "policy_version_end")
 
 
 # ---------------------------------------------------------------------------------------------------- rollout actor
