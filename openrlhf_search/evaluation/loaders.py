@@ -139,23 +139,15 @@ def _read_rows(path: str) -> List[Dict[str, Any]]:
         import pandas as pd
 
         return pd.read_parquet(path).to_dict(orient="records")
+    if not path.endswith(".json"):
+        return list(iter_jsonl(path))
     with open(path, encoding="utf-8") as f:
-        if path.endswith(".json"):
-            data = json.load(f)
-            if isinstance(data, dict):
-                data = data.get("data", data.get("rows"))
-            if not isinstance(data, list):
-                raise DatasetError(f"{path}: a .json file must hold a list of rows")
-            return data
-        rows = []
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}:{lineno}: not valid JSON ({e})") from e
-        return rows
+        data = json.load(f)
+    if isinstance(data, dict):
+        data = data.get("data", data.get("rows"))
+    if not isinstance(data, list):
+        raise DatasetError(f"{path}: a .json file must hold a list of rows")
+    return data
 
 
 def load_examples_file(path: str, data_source: str = "", limit: Optional[int] = None) -> List[QAExample]:
