@@ -8,18 +8,13 @@ Formats read (auto-detected per row):
 
 Datasets by name:
 
-- R1-Searcher's eval sets in a named data folder (``--data_dir`` or ``$OPENRLHF_SEARCH_DATA_DIR``): ``hotpotqa_500``,
-  ``2wiki_500``, ``musique_500``, ``bamboogle`` (all of R1-Searcher's eval questions);
-- a bare FlashRAG name (``nq``, ``triviaqa``, ``popqa``, ``hotpotqa``, ``2wikimultihopqa``, ``musique``): the FULL
-  split Search-R1 evaluates on (test, dev where there is no test split; ``FLASHRAG_EVAL_SETS``), from FlashRAG's hub
-  copy (``datasets.load_dataset("RUC-NLPIR/FlashRAG_datasets", name, split=...)``, network or a warm HF cache);
-  never a local sample;
-- ``flashrag:<name>``: the hub split, like the bare name; ``qa/flashrag/<name>.test.jsonl`` under a data folder
-  only when one is named (``--data_dir`` or ``$OPENRLHF_SEARCH_DATA_DIR``: offline tests and smoke runs). No data
-  folder is ever assumed (a test-data folder may hold 512-question samples, not the published sets); every loaded
-  example records where it came from (``QAExample.source``);
-- any of these with a retriever tag, ``NAME@TAG`` (``bamboogle@web``): the same questions, evaluated as a separate
-  row against the retriever routed to that name (``paper_reference.split_tag``).
+- ``hotpotqa_500``, ``2wiki_500``, ``musique_500``, ``bamboogle``: R1-Searcher's eval sets, in a named data folder
+  (``--data_dir`` or ``$OPENRLHF_SEARCH_DATA_DIR``);
+- a bare FlashRAG name (``nq``, ``triviaqa``, ...) or ``flashrag:<name>``: the FULL split Search-R1 evaluates on
+  (``FLASHRAG_EVAL_SETS``) from FlashRAG's hub copy, never a local sample; ``flashrag:<name>`` reads
+  ``qa/flashrag/<name>.test.jsonl`` of a named data folder instead when there is one (offline tests). No data folder
+  is ever assumed; every example records where it came from (``QAExample.source``);
+- ``NAME@TAG`` (``bamboogle@web``): the same questions as a separate row against the retriever routed to that name.
 """
 
 import json
