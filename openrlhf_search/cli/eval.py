@@ -12,18 +12,14 @@ the setting. Search-R1's sets are the FULL FlashRAG test splits (``flashrag:<nam
 ``qa/flashrag/<name>.test.jsonl`` of ``--data_dir`` when that folder holds one; never a sample in place of the hub).
 Prompts are rendered with the policy's own tokenizer (the model's, or ``--tokenizer``).
 
-Web search (R1-Searcher's online Bamboogle evaluation): a set named ``NAME@web`` is evaluated as a row of its own
-against the retriever routed to that name, which must be a web retriever (``python -m retriever.server --web ...``)::
+A set named ``NAME@web`` is evaluated as a row of its own against the web retriever routed to that name
+(R1-Searcher's online Bamboogle evaluation; ``docs/evaluation.md``)::
 
     --datasets bamboogle bamboogle@web --retriever_url default=http://127.0.0.1:8002,bamboogle@web=http://127.0.0.1:8003
 
-(``examples/scripts/eval.sh MODEL r1searcher`` with ``ONLINE=1`` does this); the table names the retriever of every
-row ("the web (site:en.wikipedia.org)", "serper web search") and puts R1-Searcher's online figure beside it.
-
-writes ``OUT/<dataset>.predictions.jsonl`` (one row per question: question, golds, prediction, trajectory, queries,
-searches, turns, stop reason, EM/F1/Cover-EM), ``OUT/<dataset>.summary.json``, and ``OUT/summary.json`` /
-``OUT/summary.md`` with the table that puts the papers' numbers (``evaluation.paper_reference``) beside ours and
-names the corpus, retriever, top-k and model behind each number.
+Writes ``OUT/<dataset>.predictions.jsonl`` (one row per question, ``evaluation.runner.ROW_FIELDS``),
+``OUT/<dataset>.summary.json`` and ``OUT/summary.json`` / ``OUT/summary.md``, whose table puts the papers' numbers
+beside ours and names the corpus, retriever, top-k and model behind each.
 
 Rescore (format auto-detected: ours, R1-Searcher ``eval_results``, FlashRAG ``intermediate_data.json``)::
 
