@@ -28,13 +28,11 @@ that never imports DeepSpeed or vLLM pays nothing. The lines cited are checked b
    subclassed only to pass vLLM the CPU engine arguments: ``worker_extension_cls`` = ``CPUWorkerWrap``
    (``vllm_engine.py:267``) and ``enforce_eager`` (no torch.compile / CUDA graphs on CPU). ``create_vllm_engines``
    builds it from the module global ``RolloutRayActor`` (``vllm_engine.py:301``), which is what is replaced.
-6. DeepSpeed builds no C++ op: the optimiser is ``torch.optim.AdamW`` (``"torch_adam": true`` in the optimizer
-   params of ``DeepspeedStrategy.get_ds_train_config``, ``deepspeed.py:431``; DeepSpeed reads it in
-   ``deepspeed/runtime/engine.py:2172``) instead of the JIT-built CPU ``fused_adam``, and the optional shared-memory
-   all-reduce ``deepspeed_shm_comm`` reports incompatible (``deepspeed.ops.__compatible_ops__``, read by
-   ``deepspeed/comm/torch.py:33`` ``build_shm_op``), so DeepSpeed's ``TorchBackend`` all-reduces with gloo. Any other
-   JIT build attempt raises :class:`JitBuildRefused` at once (naming the op and, if present, a stale build ``lock``
-   and the command that clears it) instead of compiling for minutes.
+6. DeepSpeed builds no C++ op: the optimiser is ``torch.optim.AdamW`` (``"torch_adam": true`` in
+   ``DeepspeedStrategy.get_ds_train_config``, ``deepspeed.py:431``, read by ``deepspeed/runtime/engine.py:2172``),
+   the shared-memory all-reduce ``deepspeed_shm_comm`` reports incompatible (``deepspeed/comm/torch.py:33``), so
+   collectives use gloo, and any other JIT build raises :class:`JitBuildRefused` at once (naming the op and any stale
+   build ``lock``) instead of compiling for minutes.
 7. ``NaiveReplayBuffer.__init__`` formats ``f"cuda:{torch.cuda.current_device()}"``
    (``openrlhf/trainer/ppo_utils/replay_buffer.py:40``, used only by ``sample()``, which the PPO loop does not call):
    it is built with the index 0 and its ``target_device`` set to CPU.
