@@ -265,15 +265,12 @@ def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], polic
         Optional[dict]:
     """Check that a prepared prompt file is what a training run with these settings would render.
 
-    Prompts reach the cluster trainer pre-rendered (``--data.input_key prompt``, no chat template applied by
-    OpenRLHF), so ``--search.chat_template`` cannot change them: this check makes the flag a validation of the
-    file instead of a silent no-op. Checked on the first row: the ``rendering`` record exists, names the same
-    protocol, and (when ``chat`` is not None) the same chat-template choice. Then the policy's tokenizer (a local
-    folder, or a hub name whose tokenizer is cached or downloadable) must have the chat template the file records
-    (its SHA-256), so one file serves every size of a family whose sizes share a template (Qwen3-4B and -8B,
-    Qwen2.5-3B and -7B), and re-render the row's question to the same prompt character for character. A hub name
-    that the file itself names is not loaded; another hub name whose tokenizer cannot be loaded is refused (the
-    templates cannot be compared).
+    Prompts reach the trainer pre-rendered, so ``--search.chat_template`` cannot change them: this check makes the
+    flag a validation of the file instead of a silent no-op. On the first row: the ``rendering`` record names the
+    same protocol and (when ``chat`` is not None) the same chat-template choice; the policy's tokenizer has the chat
+    template the file records (its SHA-256: one file serves every size of a family that shares a template) and
+    re-renders the row's question to the same prompt. A hub name the file itself names is not loaded; another that
+    cannot be loaded is refused (the templates cannot be compared).
 
     Args:
         path: the prompt file (jsonl, as this module writes it); anything that is not a local ``.jsonl`` file (a hub
