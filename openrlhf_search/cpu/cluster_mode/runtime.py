@@ -43,18 +43,14 @@ that never imports DeepSpeed or vLLM pays nothing. The lines cited are checked b
    fallback (``linear.py:209-211``: ``_cpu_skip_gemm_dispatch``), installed in the engine-core process when vLLM
    resolves the worker extension (:class:`CPUWorkerWrap`), before the model loads.
 
-9. Prefix caching (``--vllm.enable_prefix_caching``, which every launcher passes, ``CPU_CLUSTER=1`` included): the
-   engine actor resets vLLM's prefix cache again after the last parameter of every weight sync
-   (:func:`reset_prefix_cache_after_sync`; OpenRLHF's own reset runs before the first parameter,
-   ``trainer/ray/ppo_actor.py:415``, and ignores vLLM's answer, ``vllm_engine.py:128``), so no KV computed under old
-   weights is reused; ``update_weight`` marks the last parameter with ``empty_cache`` (``ppo_actor.py:427``).
-
-10. ``--ds.param_dtype fp32`` (accepted by ``cli.train`` in this mode only): OpenRLHF maps the flag to a torch dtype in
-   ``openrlhf/utils/utils.py`` ``convert_to_torch_dtype`` (bf16 / fp16 only), which learns ``"fp32"`` ->
-   ``torch.float32``; DeepSpeed's config then enables neither bf16 nor fp16 (``deepspeed_utils.py:50,53``), i.e.
-   fp32 training; the engines load the checkpoint in float32 (``vllm_engine.py:273`` hard-codes ``bfloat16``:
-   :func:`cpu_engine_kwargs` sets the dtype from :data:`ENGINE_DTYPE_ENV`), so synced tensors keep their dtype.
-   CPUs without AVX512-BF16 emulate bf16 matmuls (``benchmarks/bench_precision_cpu.py`` measures it).
+9. Prefix caching (every launcher passes ``--vllm.enable_prefix_caching``): the engine actor resets vLLM's prefix
+   cache again after the last parameter of every weight sync (:func:`reset_prefix_cache_after_sync`; OpenRLHF's own
+   reset runs before the first, ``trainer/ray/ppo_actor.py:415``, and ignores vLLM's answer, ``vllm_engine.py:128``),
+   so no KV computed under old weights is reused.
+10. ``--ds.param_dtype fp32`` (this mode only): OpenRLHF's ``convert_to_torch_dtype`` (``openrlhf/utils/utils.py``,
+   bf16 / fp16 only) learns ``"fp32"`` -> ``torch.float32``; DeepSpeed then enables neither bf16 nor fp16
+   (``deepspeed_utils.py:50,53``), and the engines load the checkpoint in float32 (``vllm_engine.py:273`` hard-codes
+   ``bfloat16``; :func:`cpu_engine_kwargs` reads :data:`ENGINE_DTYPE_ENV`), so synced tensors keep their dtype.
 
 vLLM-CPU has no sleep mode (``vllm/platforms/interface.py:224``), so ``--vllm.enable_sleep`` is turned off. The
 settings (:mod:`.settings`, printed by the CLI): one node, nothing colocated, gloo everywhere, sdpa attention, eager
@@ -420,7 +416,7 @@ def cpu_rollout_actor_class():
 
             async def update_weight(self, name, dtype, shape, empty_cache=False):
                 """OpenRLHF's ``update_weight``; after the last parameter of a sync (``empty_cache`` is true only
-                for it, ``ppo_actor.py:428``) the prefix cache is reset again when caching is on
+                for it, ``ppo_actor.py:427``) the prefix cache is reset again when caching is on
                 (:func:`reset_prefix_cache_after_sync`)."""
                 out = await super().update_weight(name, dtype, shape, empty_cache)
                 if empty_cache and self.kwargs.get("enable_prefix_caching"):
