@@ -18,7 +18,7 @@
 #                   retriever on a free port; a checkpoint at step 1
 #   resume    90 s  the same launcher relaunched with --train.max_steps 2: must resume from step 1 and train step 2
 #   lora     100 s  one step with LoRA (--ds.lora.rank 8): the merged-weight sync of a colocated layout
-#   eval     120 s  (not in the default PHASES) cli.eval --backend vllm: LIMIT questions of the embedded held-out set
+#   eval     120 s  (not in the default PHASES) cli.eval (vLLM): LIMIT questions of the embedded held-out set
 #
 # Usage:   bash benchmarks/gpu_smoke.sh [--dry-run]
 # Settings (environment): PYTHON (default python3), PHASES="imports numerics launcher resume lora" (any subset of
@@ -80,7 +80,7 @@ RESUME_ARGS=(--train.max_steps 2)
 LORA_ARGS=(--ds.lora.rank 8 --ds.lora.alpha 16)
 LAUNCHER=(bash examples/scripts/searchr1.sh grpo qwen2.5-3b base)
 # cli.eval's flags after --model and --retriever_url: the tiny policy's budgets (the launcher's above)
-EVAL_ARGS=(--backend vllm --datasets "$WORK/data/eval.jsonl" --limit "$LIMIT" --protocol searchr1 --chat_template
+EVAL_ARGS=(--datasets "$WORK/data/eval.jsonl" --limit "$LIMIT" --protocol searchr1 --chat_template
            --topk 1 --max_turns 3 --max_new_tokens 48 --max_obs_tokens 120 --max_length 1024
            --out_dir "$OUT_DIR/eval")
 HAS_DOCTOR="$("$PYTHON" -c 'import importlib.util as u; print(int(u.find_spec("openrlhf_search.cli.doctor") is not None))' \
@@ -100,7 +100,7 @@ if [ "$DRY_RUN" = 1 ]; then
 import sys
 from openrlhf_search.cli.eval import build_parser
 a = build_parser().parse_args(["--model", "MODEL", "--retriever_url", "http://127.0.0.1:1", *sys.argv[1:]])
-print(f"   ok: cli.eval --backend {a.backend}, {a.limit} questions, protocol {a.protocol}, top-{a.topk}")
+print(f"   ok: cli.eval, {a.limit} questions, protocol {a.protocol}, top-{a.topk}")
 PY
   plan="$("$PYTHON" benchmarks/gpu_numerics.py --model MODEL --dry_run 2>/dev/null | grep '^plan:')" \
     || die "benchmarks/gpu_numerics.py cannot import what it calls"

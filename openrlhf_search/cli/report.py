@@ -1,12 +1,9 @@
 """Training curves and eval summaries of a run: the panels of the papers' training figures, as PNG and markdown.
 
-R1-Searcher (Fig. 3/4) and Search-R1 (Fig. 2/3) plot, over training steps, the train reward, the response length,
-the number of valid searches / turns, and validation EM or F1. ``metrics.jsonl`` (one JSON object per step, written
-by the cluster trainer, or the CPU demo's copy of it) carries keys such as ``step``, ``reward``, ``response_length``,
-``valid_searches``, ``turns``, ``answer_rate``, ``em``, ``f1``; every panel whose key exists is drawn, absent keys
-are listed in the report; a row's step is ``step`` or ``global_step``. Eval summaries (``cli.eval``'s
-``summary.json`` and ``*.summary.json``, ``--rescore --summary_json`` outputs: any JSON of a folder that holds scores)
-become markdown tables.
+The panels of R1-Searcher (Fig. 3/4) and Search-R1 (Fig. 2/3) over training steps: train reward, response length,
+valid searches / turns, validation EM or F1, from ``metrics.jsonl`` (one JSON object per step; a row's step is
+``step`` or ``global_step``); every panel whose key exists is drawn, absent keys are listed. Eval summaries (any
+JSON of a folder that holds scores: ``cli.eval``'s, ``--rescore --summary_json``'s) become markdown tables.
 
 Example::
 

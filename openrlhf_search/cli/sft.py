@@ -4,13 +4,11 @@
         --ckpt.output_dir OUT [every OpenRLHF train_sft flag] [--model.trainable_layers K] [--cpu]
 
 Each row of ``--data.dataset`` is a tokenised trajectory ``{"input_ids": [...], "action_ranges": [[s, e], ...]}``
-(:mod:`openrlhf_search.rl.sft`; the spans are the policy's turns, everything else — prompt, documents blocks — is
-context only). OpenRLHF's parser, validation, trainer, loss, optimiser, LR schedule and checkpoints run unchanged
-(its ``__main__`` block is reused as ``cli.train`` reuses ``train_ppo_ray``'s); two things are injected where its
-``train()`` looks them up: the dataset class (:class:`~openrlhf_search.rl.sft.TrajectorySFTDataset` instead of
-``SFTDataset``) and, with ``--model.trainable_layers K``, a strategy whose ``prepare`` freezes all but the top ``K``
-decoder layers (:mod:`openrlhf_search.rl.freeze`; with ZeRO 0-2 the frozen layers' states are computed once per
-trajectory and reused by every later epoch). The HF model is written to ``--ckpt.output_dir``.
+(:mod:`openrlhf_search.rl.sft`). OpenRLHF's parser, validation, trainer, loss, optimiser, LR schedule and checkpoints
+run unchanged (its ``__main__`` block is reused, as ``cli.train`` reuses ``train_ppo_ray``'s); injected where its
+``train()`` looks them up: the dataset class (:class:`~openrlhf_search.rl.sft.TrajectorySFTDataset`) and, with
+``--model.trainable_layers K``, a strategy that freezes all but the top ``K`` decoder layers
+(:mod:`openrlhf_search.rl.freeze`). The HF model is written to ``--ckpt.output_dir``.
 
 ``--cpu``: run on this machine's CPU in this process (one data-parallel rank over gloo, the CPU cluster mode's
 patches and settings: :mod:`openrlhf_search.cpu.cluster_mode.runtime`); ``--ds.param_dtype fp32`` is accepted

@@ -1,29 +1,14 @@
 """Native tool calling: the ``chat_tools`` protocols, where search is a function the chat template declares.
 
-Today's chat models (Qwen3, Qwen2.5-Instruct and other ChatML / Hermes-style templates) already have a tool-calling
-format: the template writes the function signatures into the system turn (``apply_chat_template(tools=...)``), the
-model answers with ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` and ends its turn, and tool results
-come back as ``tool`` messages, which Qwen's template renders as ``<tool_response>`` blocks in a user turn. These
-protocols train that format instead of the papers' tags:
-
-- ``chat_tools``: thinking on (Qwen3's ``enable_thinking=True``; the policy writes its own ``<think>`` block);
-- ``chat_tools_nothink``: ``enable_thinking=False`` (the template writes an empty ``<think>\\n\\n</think>\\n\\n`` after
-  every generation prompt, tool turns included).
-
-The one function is ``search(query)``. A turn is one assistant message, ended by the end-of-turn token
-``<|im_end|>`` or another EOS id of the model (:meth:`ChatToolsProtocol.stop_token_ids`). Its tool calls are read one
-``<tool_call>`` block at a time, each the JSON that vLLM's ``hermes`` parser (the one vLLM serves Qwen2.5 / Qwen3
-with) reads, decoded with ``json.loads``, so one bad block is one invalid call; the first
-``SearchConfig.max_tool_calls_per_turn`` calls are searched at once (one coalesced retrieval request), and the
-environment inserts exactly what the policy's chat template renders for the ``tool`` messages (role markers
-included) followed by the next generation prompt: :meth:`ChatToolsProtocol.tool_turn_text`. A turn without a tool
-call is the final message.
-
-The answer rule: the final assistant message's last ``<answer>`` block (the system prompt asks for one; the text
-after the message's ``</think>``, never inside a ``<think>`` left open), scored by the usual EM / F1 / Cover-EM
-rewards. A malformed call (not JSON, an unknown function, a missing or empty ``query``) or a call over the cap gets a
-``tool`` message starting with ``INVALID_CALL_PREFIX`` that says what was wrong, and is counted
-(``invalid_tool_calls``); it never ends the run. docs/chat_tools.md has the table of what each does to the reward.
+Search is the function ``search(query)`` declared through the policy's ``apply_chat_template(tools=...)``; the model
+answers with Hermes-style ``<tool_call>`` JSON (read one block at a time with ``json.loads``, as vLLM's ``hermes``
+parser does) and ends its turn; the environment inserts exactly what the policy's template renders for the ``tool``
+messages, then the next generation prompt (:meth:`ChatToolsProtocol.tool_turn_text`). ``chat_tools`` has thinking
+on (Qwen3's ``enable_thinking=True``), ``chat_tools_nothink`` off. A turn without a tool call is the final message;
+its last ``<answer>`` block outside ``<think>`` is scored by the usual rewards. A malformed call or one over
+``SearchConfig.max_tool_calls_per_turn`` gets a ``tool`` message starting with ``INVALID_CALL_PREFIX`` and is counted
+(``invalid_tool_calls``), never ending the run. ``docs/chat_tools.md`` describes a trajectory step by step and what
+each case does to the reward.
 """
 
 from __future__ import annotations

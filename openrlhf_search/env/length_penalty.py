@@ -8,19 +8,16 @@ DAPO's soft overlong punishment (arXiv 2503.14476 sec. 3.4), as OpenRLHF 0.11.2 
     0                                          if L <= L_max - L_cache
     -min(L - (L_max - L_cache), L_cache) / L_cache * f   otherwise (at most -f)
 
-OpenRLHF takes ``L_max = --rollout.max_new_tokens``, the generation limit of a single-turn response. A search
-trajectory is up to ``max_turns`` generation calls, each limited to ``max_new_tokens_per_turn``, and ``L`` here is
-every token the policy sampled over all of its turns (never the retrieved passages, which it did not write). Measured
-against the per-turn limit, which is what ``examples/scripts/searchr1.sh`` passes as ``--rollout.max_new_tokens
-500``, three turns of 200 tokens, each well within its limit, measured 600 and with ``--reward.overlong_buffer_len
-100`` a correct answer's reward 1.0 became 0.0. The budget is therefore the most a trajectory
-can sample::
+OpenRLHF takes ``L_max = --rollout.max_new_tokens``, the limit of a single-turn response. Here ``L`` is every token
+the policy sampled over all of its turns (never the retrieved passages), so the per-turn limit would punish healthy
+trajectories: against ``--rollout.max_new_tokens 500`` (``examples/scripts/searchr1.sh``) with
+``--reward.overlong_buffer_len 100``, three turns of 200 tokens turned a correct answer's reward 1.0 into 0.0. The
+budget is therefore the most a trajectory can sample::
 
     L_max = --search.max_turns x --search.max_new_tokens_per_turn
 
-and ``--rollout.max_new_tokens`` is not read by the penalty. The experience maker applies it through OpenRLHF's own
-``apply_length_penalties``. The context limit (``--data.max_len``, prompt and documents included) can end a
-trajectory before it samples ``L_max`` tokens; that is a ``context_full`` stop, not an overlong response.
+applied through OpenRLHF's own ``apply_length_penalties``. A trajectory that the context limit (``--data.max_len``)
+ends first is a ``context_full`` stop, not an overlong response.
 """
 
 import copy

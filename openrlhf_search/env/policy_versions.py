@@ -6,25 +6,14 @@ requests (``TrainingActor.broadcast_to_vllm``: ``pause_generation`` -> weights -
 more policy versions. A version is the trainer step whose weights the engine holds (0 = the initial weights;
 :func:`openrlhf_search.rl.step_timing.set_policy_version`, called by the trainer while the engines are paused).
 
-The bookkeeping, from the engine to the trainer's experience:
-
-1. **engine** (:func:`wrap_llm_generate`, installed in each vLLM rollout actor by
-   :func:`openrlhf_search.rl.step_timing.install_in_rollout_actor`): vLLM's ``AsyncLLM.generate`` streams a request's
-   outputs as the engine produces them; every newly streamed token is tagged with the engine's version at that
-   moment, kept as turn-local segments ``[(first_token_index, version), ...]`` on the output (:data:`SEGMENTS_ATTR`).
-   The version changes only while the engine is paused, and vLLM hands out the outputs of the last step before
-   the pause returns (``AsyncLLM.pause_generation``), so tokens sampled with the old weights are tagged with the old
-   version and the first token after ``resume_generation`` with the new one.
-2. **executor** (``SearchAgentExecutor.execute``): each turn's segments shifted to positions in
-   ``observation_tokens`` (:func:`shift_segments`) and merged over the turns: ``action_versions`` in the result,
-   next to ``action_ranges``.
-3. **generator** (``SearchSamplesGenerator._process_response_into_experience``): an int tensor aligned with the
-   sample's ``action_mask`` (:func:`versions_tensor`: the version on action tokens, :data:`NO_VERSION` elsewhere),
-   attribute :data:`TENSOR_ATTR` of the sample's ``Experience`` (OpenRLHF's ``Experience`` has no such field and its
-   ``info`` dict is logged as metrics, one value per sample).
-4. **trainer**: the micro-batches' tensors (``(B, A)``, padded with :data:`NO_VERSION`) on the experiences
-   (:func:`attach_to_experiences`) and per step ``async/samples_spanning_sync`` (samples whose action tokens come from
-   more than one version) and the token staleness (:func:`batch_stats`).
+The bookkeeping, from the engine to the trainer's experience: the engine tags every token it streams with its
+version at that moment (:func:`wrap_llm_generate`; the version changes only while the engine is paused, and vLLM
+hands out the last step's outputs before ``pause_generation`` returns, so old-weight tokens keep the old version);
+the executor shifts each turn's segments to trajectory positions (:func:`shift_segments`) into ``action_versions``;
+the generator turns them into an int tensor aligned with the sample's ``action_mask`` (:func:`versions_tensor`,
+attribute :data:`TENSOR_ATTR` of the ``Experience``, which has no such field); the trainer attaches the
+micro-batches' tensors (:func:`attach_to_experiences`) and logs ``async/samples_spanning_sync`` and the token
+staleness (:func:`batch_stats`).
 """
 
 from typing import Callable, List, Optional, Sequence, Tuple

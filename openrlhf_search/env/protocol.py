@@ -1,20 +1,12 @@
 """Search protocols: the tag set, prompt template, action parsing and document rendering of each paper.
 
-A protocol is the only place that knows the strings a model writes to search or answer, and the strings the
-environment writes back. Everything here is a pure text function, so the executor (``agent.py``), the rewards and
-the evaluation share one definition. This module holds the interface (:class:`Protocol`) and the registry; the papers'
-protocols live in ``paper_protocols.py``, native tool calls in ``chat_tools.py``. The papers' two:
-
-- ``"r1searcher"``: R1-Searcher (arXiv 2503.05592, sec. 3.1 and app. prompts; repo RUCAIBox/R1-Searcher,
-  ``OpenRLHF-RAG/openrlhf/datasets/prompts_dataset.py``): ``<|begin_of_query|> q <|end_of_query|>``, documents in
-  ``<|begin_of_documents|> ... <|end_of_documents|>``, answer in ``<answer> ... </answer>`` after ``</think>``.
-- ``"searchr1"``: Search-R1 (arXiv 2503.09516, sec. 3 and table 1; repo PeterGriffinJin/Search-R1,
-  ``search_r1/llm_agent/generation.py``): ``<search> q </search>``, ``<information> ... </information>``,
-  ``<answer> ... </answer>``, and an environment message after an invalid action.
-
-A third protocol is a subclass that sets the class attributes (and overrides ``build_prompt`` /
-``format_passages`` when its strings differ), decorated with ``@register_protocol``; the executor only uses the
-interface of :class:`Protocol`.
+A protocol is the only place that knows the strings a model writes to search or answer and the strings the
+environment writes back; as pure text functions they serve the executor (``agent.py``), the rewards and the
+evaluation alike. This module holds the interface (:class:`Protocol`) and the registry; the papers' protocols
+(``"r1searcher"``: R1-Searcher, arXiv 2503.05592, ``<|begin_of_query|>`` tags; ``"searchr1"``: Search-R1, arXiv
+2503.09516, ``<search>`` tags) live in ``paper_protocols.py``, native tool calls in ``chat_tools.py``. Another
+protocol is a subclass setting the class attributes (overriding ``build_prompt`` / ``format_passages`` where its
+strings differ), decorated with ``@register_protocol``.
 """
 
 from __future__ import annotations

@@ -2,57 +2,30 @@
 
 Request and response schemas: ``docs/design.md``, "Retriever schemas".
 
-Rollouts run one asyncio task per sample; each asks for passages one query at a time. Sending every query as its
-own HTTP request would put hundreds of small requests on the retriever per step (R1-Searcher and Search-R1 both
-batch per turn instead, which makes every sample wait for the slowest of its batch). ``RetrievalClient`` gives
+Rollouts run one asyncio task per sample, each asking for passages one query at a time. ``RetrievalClient`` gives
 each sample its own ``await search(query)`` and still sends few requests: calls that arrive within
-``coalesce_window_ms`` of each other are coalesced into one ``POST /retrieve`` (split at ``max_batch_queries``,
-identical queries sent once).
+``coalesce_window_ms`` of each other go out as one ``POST /retrieve`` (split at ``max_batch_queries``, identical
+queries sent once), where R1-Searcher and Search-R1 batch per turn and make every sample wait for the slowest.
 
-Several endpoints (``--search.retriever_urls``) are used as one service that survives losing some of them:
+Several endpoints (``--search.retriever_urls``) serve as one: least-in-flight routing (ties round-robin); a circuit
+breaker per endpoint, opened by ``breaker_failures`` consecutive failed requests (refused or reset connection,
+timeout, 5xx, malformed answer) for a cooldown doubled on each failed re-admission, closed again by one
+``GET /health`` probe; immediate failover to an untried healthy endpoint (outside the retry budget), then
+``max_retries`` backoff retries, after which every waiting ``search`` raises ``RetrievalError``. ``timeout_s`` and
+``health_timeout_s`` are wall-clock deadlines (httpx's own timeouts only bound the silence between two reads), so one
+``search`` ends within about ``(len(urls) + max_retries) * timeout_s`` plus the backoffs.
 
-- routing: each request goes to the healthy endpoint with the fewest requests in flight (ties round-robin), so a
-  slow endpoint, whose requests pile up, gets less of the load;
-- circuit breaker per endpoint: ``breaker_failures`` consecutive failed requests (connection refused or reset,
-  timeout, 5xx, malformed answer) open it: no request goes there for ``failed_endpoint_cooldown_s`` (doubled on
-  each failed re-admission, at most ``max_cooldown_s``);
-- health checks: when that time is up, one ``GET /health`` probe decides: 200 closes the breaker (traffic comes
-  back), anything else opens it again. Real requests never serve as probes while another endpoint is healthy;
-- failover: a failed request is sent again at once to a healthy endpoint it has not tried yet (this does not use
-  the retry budget); only when none is left does it wait (exponential backoff) and retry, at most ``max_retries``
-  times. Then every waiting ``search`` raises ``RetrievalError`` (the executor marks those samples failed).
-- deadlines: every attempt (its ``/health`` limits look-up, the POST and reading the whole
-  answer) and every health probe ends after ``timeout_s`` / ``health_timeout_s`` of wall time, however the server
-  paces its bytes (httpx's own timeouts only bound the silence between two reads: a server dribbling one byte per
-  1.5 s held a search for 40 s). A timed-out attempt is a failure like a refused connection: breaker, failover.
-  One ``search`` therefore ends within about ``(len(urls) + max_retries) * timeout_s`` plus the backoffs.
+A query the server rejects fails alone: the limits an endpoint advertises on ``GET /health`` are applied before
+sending; requests ask for per-query errors (only that query's ``search`` raises :class:`QueryRejected`); a server
+without them that answers a 4xx (or any 413) gets the batch again in halves until the rejected query is alone. A 4xx
+never opens a breaker, fails over or retries; one about the request itself (a topk above the server's maximum) fails
+every query of it with ``RetrievalError``. A 503 / 429 with ``Retry-After`` waits at least that long (at most
+``max_retry_after_s``); a query a web retriever lists as ``"unavailable"`` is sent again alone after the backoff.
+An answer with ``"stop_run": true`` (a web retriever whose key or budget is spent) raises :class:`RetrievalStopped`
+for every query of its request, which the executor does not absorb: the run stops with that line.
 
-A query the server rejects fails alone, never the queries coalesced with it:
-
-- the limits an endpoint advertises on ``GET /health`` (``limits.max_query_chars``, ``limits.max_queries``; read
-  once per endpoint before its first request, and again by every health probe) are applied before sending:
-  queries are cut to the server's length limit, batches split at its query count;
-- requests ask for per-query errors (``"per_query_errors": true``, our server's mode): a query the server still
-  refuses comes back with an error of its own and only its ``search`` raises :class:`QueryRejected`;
-- a server without that mode answers a bad query with a 4xx for the whole request: the batch is then halved and
-  re-sent until the rejected query is alone (a 413 is halved on any server), so the others get their passages;
-- a 4xx is the server working as designed: it never counts against the endpoint (no breaker, no failover, no
-  retry). A 4xx that is about the request itself (a topk above the server's maximum, from a server that has
-  per-query errors) is a configuration fault: every query of the request raises ``RetrievalError``.
-
-A 503 / 429 with ``Retry-After`` is retried no sooner than the server asks (at most ``max_retry_after_s``). A query
-that a web retriever could not serve now (listed in its answer's ``"unavailable"``) is sent again alone after the
-backoff or the answer's ``retry_after``, while the queries answered with it keep their passages.
-
-A web retriever (``retriever.server --web``) that can no longer serve (the provider refused the API key, the
-account or the run's budget is spent) answers with ``"stop_run": true``: every query of that request raises
-:class:`RetrievalStopped`, which the executor does not absorb, so the run stops with that one-line message. Its
-answers also say how many of their queries were provider calls, cache hits or skipped by the budget; ``stats``
-sums them (``web_calls``, ``web_cache_hits``, ``web_skipped``) for the step-time accounting.
-
-Failovers, breaker openings and health checks are counted in ``stats`` and logged (a warning when an endpoint is
-routed around, info when it is back); :func:`start_retrieval_trace` gives a rollout per-sample counts (the executor
-writes them to ``extra_logs``, so OpenRLHF logs them next to the ``search/*`` statistics).
+``stats`` counts all of this (with a web retriever's calls, cache hits and skips); :func:`start_retrieval_trace`
+gives a rollout per-sample counts (the executor writes them to ``extra_logs``).
 """
 
 import asyncio

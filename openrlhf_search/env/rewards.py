@@ -114,30 +114,23 @@ def check_format(response_text: str, protocol, answer_max_words: int = 10) -> Tu
 
     The format is correct when all of these hold (checked in this order; the first failure is the reason):
 
-    1. no role leakage: none of ``protocol.role_markers`` ("User:", "Assistant:", "<|im_start|>", ...) in the text
-       the model generated (retrieved documents are not checked; trailing end-of-sequence strings are ignored);
+    1. no role marker (``protocol.role_markers``) in the text the model generated (not in retrieved documents);
     2. no invalid action (an environment message such as Search-R1's "My previous action is invalid");
-    3. exactly one answer block; no protocol tag inside it; it is non-empty and has at most
-       ``answer_max_words`` words; nothing but whitespace after it;
+    3. exactly one answer block, non-empty, with no protocol tag inside, at most ``answer_max_words`` words, and
+       nothing but whitespace after it;
     4. query tags strictly alternate open/close and every query is non-empty;
-    5. every documents block directly follows a query (the model did not write documents itself), and the
-       number of documents blocks equals the number of queries;
-    6. one reasoning block per reasoning phase, and the answer after the last one (without it a repeated
-       ``</think> <think> again </think>`` would pass; huggingface/open-r1 #359 is the same hole):
+    5. every documents block directly follows a query, one per query (the model wrote none itself);
+    6. one reasoning block per reasoning phase, the answer after the last one (else a repeated ``</think> <think>
+       again </think>`` would pass, the hole of huggingface/open-r1 #359): when the prompt opens the block
+       (``protocol.prompt_opens_think``, R1-Searcher) the model writes no ``<think>`` and exactly one ``</think>``, as
+       the released reward servers require (``reward_server_qwen_zero.py`` l. 219-224, ``reward_server_llama_stage2.py``
+       l. 211-219, ``reward_server_llama_stage1.py`` l. 192-198); otherwise think tags alternate, at least one
+       ``</think>``, and a block opens only at the start or after a documents block (Search-R1's ``is_valid_sequence``
+       grammar, :func:`searchr1_valid_sequence`).
 
-       - when the prompt opens the reasoning block (``protocol.prompt_opens_think``: R1-Searcher, whose retrievals
-         happen inside it), the model writes no ``<think>`` and exactly one ``</think>``: one reasoning block, as
-         R1-Searcher's released reward servers require (``reward_server_qwen_zero.py`` l. 219-224,
-         ``reward_server_llama_stage2.py`` l. 211-219, ``reward_server_llama_stage1.py`` l. 192-198);
-       - otherwise (Search-R1's tags, where each retrieval is followed by new reasoning) think tags alternate,
-         there is at least one ``</think>``, and a reasoning block opens only at the start or after a documents
-         block: two reasoning blocks with no retrieval between them are one phase written twice (Search-R1's
-         ``is_valid_sequence`` grammar, :func:`searchr1_valid_sequence`, has the same rule).
-
-    Differences from the released servers, which only count tags: this rule also checks the order (an answer
-    before ``</think>``, a documents block not preceded by a query, text after the answer, an empty answer) and
-    role markers only in the model's own text; it has no CJK rule. ``tests/test_released_rewards.py`` tabulates
-    each structural case under every scheme.
+    Unlike the released servers, which only count tags, this rule also checks the order and looks for role markers
+    in the model's own text only; it has no CJK rule. ``tests/test_released_rewards.py`` tabulates each structural
+    case under every scheme.
 
     Args:
         response_text: everything after the prompt.

@@ -5,14 +5,11 @@ OpenRLHF 0.11.2's ``SamplesGenerator._dispatch_prompts_to_vllm`` passes ``hf_tok
 Search-R1 step of 512 prompts moved ~5 GB through Ray, and each call gave the rollout actor a new tokenizer object,
 so the executor's token cache (keyed by ``id(tokenizer)``) never hit and grew for the whole run.
 
-:class:`TokenizerHandle` wraps the tokenizer for that call: it stores the pickled tokenizer in Ray's object store
-once (``ray.put``) and pickles itself as ``(key, ObjectRef)``, a few hundred bytes. Unpickling it in a rollout actor
-returns the tokenizer itself from a per-process cache (:func:`resolve_tokenizer`): the first call of a process fetches
-and unpickles it, every later call gets the same object, so ``id(tokenizer)`` is stable and the executor's cache hits.
-The executor (``openrlhf_search.env.agent`` or any custom one) receives a real tokenizer and needs no change.
-
-The key is a SHA-256 of the pickled tokenizer, so two generators holding equal tokenizers (training and eval) share
-one cached copy per process, and a changed tokenizer is never served from a stale entry.
+:class:`TokenizerHandle` puts the pickled tokenizer in Ray's object store once and pickles itself as ``(key,
+ObjectRef)``, a few hundred bytes; unpickled in a rollout actor it returns the tokenizer from a per-process cache
+(:func:`resolve_tokenizer`), so ``id(tokenizer)`` is stable, the executor's cache hits, and the executor receives a
+real tokenizer. The key is the SHA-256 of the pickled tokenizer: equal tokenizers (training and eval) share one copy
+per process, and a changed one is never served from a stale entry.
 """
 
 import hashlib

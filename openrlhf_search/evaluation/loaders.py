@@ -8,18 +8,13 @@ Formats read (auto-detected per row):
 
 Datasets by name:
 
-- R1-Searcher's eval sets in a named data folder (``--data_dir`` or ``$OPENRLHF_SEARCH_DATA_DIR``): ``hotpotqa_500``,
-  ``2wiki_500``, ``musique_500``, ``bamboogle`` (all of R1-Searcher's eval questions);
-- a bare FlashRAG name (``nq``, ``triviaqa``, ``popqa``, ``hotpotqa``, ``2wikimultihopqa``, ``musique``): the FULL
-  split Search-R1 evaluates on (test, dev where there is no test split; ``FLASHRAG_EVAL_SETS``), from FlashRAG's hub
-  copy (``datasets.load_dataset("RUC-NLPIR/FlashRAG_datasets", name, split=...)``, network or a warm HF cache);
-  never a local sample;
-- ``flashrag:<name>``: the hub split, like the bare name; ``qa/flashrag/<name>.test.jsonl`` under a data folder
-  only when one is named (``--data_dir`` or ``$OPENRLHF_SEARCH_DATA_DIR``: offline tests and smoke runs). No data
-  folder is ever assumed (a test-data folder may hold 512-question samples, not the published sets); every loaded
-  example records where it came from (``QAExample.source``);
-- any of these with a retriever tag, ``NAME@TAG`` (``bamboogle@web``): the same questions, evaluated as a separate
-  row against the retriever routed to that name (``paper_reference.split_tag``).
+- ``hotpotqa_500``, ``2wiki_500``, ``musique_500``, ``bamboogle``: R1-Searcher's eval sets, in a named data folder
+  (``--data_dir`` or ``$OPENRLHF_SEARCH_DATA_DIR``);
+- a bare FlashRAG name (``nq``, ``triviaqa``, ...) or ``flashrag:<name>``: the FULL split Search-R1 evaluates on
+  (``FLASHRAG_EVAL_SETS``) from FlashRAG's hub copy, never a local sample; ``flashrag:<name>`` reads
+  ``qa/flashrag/<name>.test.jsonl`` of a named data folder instead when there is one (offline tests). No data folder
+  is ever assumed; every example records where it came from (``QAExample.source``);
+- ``NAME@TAG`` (``bamboogle@web``): the same questions as a separate row against the retriever routed to that name.
 """
 
 import json
@@ -139,23 +134,15 @@ def _read_rows(path: str) -> List[Dict[str, Any]]:
         import pandas as pd
 
         return pd.read_parquet(path).to_dict(orient="records")
+    if not path.endswith(".json"):
+        return list(iter_jsonl(path))
     with open(path, encoding="utf-8") as f:
-        if path.endswith(".json"):
-            data = json.load(f)
-            if isinstance(data, dict):
-                data = data.get("data", data.get("rows"))
-            if not isinstance(data, list):
-                raise DatasetError(f"{path}: a .json file must hold a list of rows")
-            return data
-        rows = []
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}:{lineno}: not valid JSON ({e})") from e
-        return rows
+        data = json.load(f)
+    if isinstance(data, dict):
+        data = data.get("data", data.get("rows"))
+    if not isinstance(data, list):
+        raise DatasetError(f"{path}: a .json file must hold a list of rows")
+    return data
 
 
 def load_examples_file(path: str, data_source: str = "", limit: Optional[int] = None) -> List[QAExample]:

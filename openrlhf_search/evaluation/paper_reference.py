@@ -3,18 +3,13 @@
 A reproduced number is only comparable with a reference number when corpus, retriever, top-k, model and eval set
 match, so every reference row carries them and the summary table prints them beside ours.
 
-Sources:
-- R1-Searcher (arXiv 2503.05592), Table 1: Cover-EM (ACC_R) and GPT-4o-mini judge accuracy (ACC_L) on 500 dev
-  questions of HotpotQA, 2Wiki, MuSiQue and all 125 of Bamboogle; local retrieval over the KILT 2019 Wikipedia dump
-  cut into 100-word passages, BGE-large-en-v1.5 dense retriever, top-5 at evaluation.
-- R1-Searcher online search (its README, lines 98 and 104-105, figure ``assets/bamboogle_online.jpg``): Bamboogle
-  with Google searched online instead of the local corpus, Cover-EM (the figure's local bars equal Table 1's ACC_R:
-  52.8, 50.4); the released ``evaluation/eval_search_online.py`` sends each query with ``site:en.wikipedia.org`` to a
-  Serper-style API (lines 200-244, 406), reads the top-3 result pages (line 410) and puts one gpt-4o-mini summary of
-  the first useful page into the documents block (lines 110-130, 416-428). Our rows for it are named
-  ``bamboogle@web`` (:func:`split_tag`).
-- Search-R1 (arXiv 2503.09516), Table 2: EM on the test/dev sets of NQ, TriviaQA, PopQA (general QA) and HotpotQA,
-  2Wiki, MuSiQue, Bamboogle (multi-hop); 2018 Wikipedia dump (wiki-18, DPR passages), e5-base-v2, top-3, max 4 turns.
+Sources (each setup is a :class:`PaperSetup` below): R1-Searcher (arXiv 2503.05592) Table 1, Cover-EM (ACC_R) and
+GPT-4o-mini judge accuracy (ACC_L); Search-R1 (arXiv 2503.09516) Table 2, EM; and R1-Searcher's online search (its
+README, lines 98 and 104-105, figure ``assets/bamboogle_online.jpg``): Bamboogle with Google searched online,
+Cover-EM (the figure's local bars equal Table 1's ACC_R: 52.8, 50.4). The released
+``evaluation/eval_search_online.py`` sends each query with ``site:en.wikipedia.org`` to a Serper-style API (lines
+200-244, 406), reads the top-3 result pages (line 410) and puts one gpt-4o-mini summary of the first useful page into
+the documents block (lines 110-130, 416-428); our rows for it are named ``bamboogle@web`` (:func:`split_tag`).
 """
 
 import os

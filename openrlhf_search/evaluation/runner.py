@@ -5,22 +5,9 @@ same prompt, tags, stop strings, document rendering and turn budget the policy w
 default (both papers evaluate greedily). One question failing (engine error, retriever down past the retry budget)
 yields a row with ``error`` set instead of ending the run.
 
-Row written per question and sample (jsonl)::
-
-    {"id", "data_source", "sample", "question", "golds", "prediction", "trajectory", "queries", "searches",
-     "turns", "stop_reason", "em", "f1", "cover_em", "reward", "response_tokens", "retrieval_failed", "error",
-     "prompt", "type", "hops", "answer_words", "retrieved_ids", "supporting_ids", "support_retrieved",
-     "answer_passage_retrieved", "gold_in_retrieved", "gold_in_answer", "form"}
-
-The last ten are the per-question record fields the CPU job's evaluation writes too
-(:mod:`openrlhf_search.evaluation.records`: retrieved passage ids per search, supporting passage retrieved, gold
-span in the retrieved text, answer form).
-
-``prompt`` is the exact prompt text the policy was given (rendered with its own tokenizer), for parity audits.
-
-``stop_reason``: "answer" (an answer block), "length" (token budget), "context_full", "max_turns",
-"retrieval_failed", "no_action" (a turn with neither query nor answer ended the trajectory), "error"
-(:func:`openrlhf_search.evaluation.records.stop_reason`).
+One jsonl row per question and sample, with every :data:`ROW_FIELDS` key: the last ten are the per-question record
+fields (:mod:`openrlhf_search.evaluation.records`), ``prompt`` the exact prompt text the policy was given (for parity
+audits), ``stop_reason`` :func:`openrlhf_search.evaluation.records.stop_reason`'s verdict.
 """
 
 import asyncio
@@ -68,7 +55,6 @@ class EvalSettings:
         template: the protocol's prompt variant ("train"; R1-Searcher also "eval", its released eval prompt).
         top_p: nucleus sampling of each turn (no effect when greedy).
         concurrency: rollouts in flight.
-        backend: "auto" | "vllm" (the same vLLM engine).
         seed: sampling / init seed.
         tokenizer: tokenizer path overriding the model's.
         gpu_memory_utilization, tensor_parallel_size: vLLM settings.
@@ -80,7 +66,6 @@ class EvalSettings:
     temperature: float = 0.0
     n_samples: int = 1
     concurrency: int = 64
-    backend: str = "auto"
     seed: int = 0
     tokenizer: Optional[str] = None
     gpu_memory_utilization: float = 0.85
@@ -273,7 +258,7 @@ def run_eval_sync(examples: Sequence[QAExample], settings: EvalSettings, engine=
         return asyncio.run(run_eval(examples, settings, engine, tokenizer, on_row=on_row))
     from openrlhf_search.evaluation.engines import build_engine
 
-    engine, tokenizer, _ = build_engine(settings.model, settings.backend, settings.tokenizer, settings.seed,
+    engine, tokenizer, _ = build_engine(settings.model, settings.tokenizer, settings.seed,
                                         settings.max_length, settings.tensor_parallel_size,
                                         settings.gpu_memory_utilization)
     try:

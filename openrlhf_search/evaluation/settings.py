@@ -4,54 +4,28 @@
 overrides the value it names. Every value cites the released file and line it was read from (R1-Searcher at commit
 631167c of RUCAIBox/R1-Searcher, Search-R1 at a14dc3a of PeterGriffinJin/Search-R1).
 
-R1-Searcher (arXiv 2503.05592, sec. 4.1), ``released``:
+Each setting's ``sources`` names the released file:line of every value; what they add up to:
 
-- prompt: ``base_prompt_v0`` (``evaluation/eval_search_loacl.py:58-62``, chosen by ``evaluation/gen_search.sh:1``
-  ``--prompt_type v0``, applied at ``eval_search_loacl.py:85-88``), plain text for base and instruct models alike
-  (the string goes to ``LLM.generate`` at line 186: no chat template), with the special tokens vLLM adds to a text
-  prompt (``add_special_tokens=True``: ``<|begin_of_text|>`` for Llama-3, nothing for Qwen;
-  ``protocol.engine_prompt``);
-- top-k 5 (``eval_search_loacl.py:230``, sent as ``k`` at line 268);
-- greedy: ``--temp 0.0`` (``gen_search.sh:1``); ``top_p`` 0.95 and 512 tokens per generation call
-  (``eval_search_loacl.py:173``), stop at ``<|end_of_query|>`` / ``</answer>`` / EOS (line 172);
-- at most 9 generation calls whose output counts (line 203: the 10th call's output is dropped as "many_retrieve");
-- no cap on a documents block nor on the trajectory: every retrieved passage is appended whole (lines 276-285) and
-  the only limit is the model's context (``LLM(model=...)`` at line 149 sets no ``max_model_len``): ``max_obs_tokens``
-  and ``max_length`` None (``cli.eval --max_obs_tokens N --max_length N`` cap them, and the table says so);
-- queries cleaned as released: quotes, tabs and "..." removed (line 228; ``protocol.clean_query``);
-- one retriever per dataset corpus (``--port`` per run, ``gen_search.sh:1``; ``train/wiki_corpus_load.py:55-62``):
-  HotpotQA on the HotpotQA 2017 abstracts (passages written ``(i)Title: T Text:  abstract``), 2Wiki / MuSiQue /
-  Bamboogle on KILT 100-word passages (``(i)Title   text``), the line the retriever returns minus its id (lines
-  277-279); ``cli.eval --retriever_url hotpotqa=URL1,default=URL2`` routes each set to its corpus;
-- judge: ``evaluation/metric_calc_gpt_as_judge.py`` (prompt lines 64-69, one user message line 90, gpt-4o-mini line
-  91, ``max_tokens`` 1024 and the server's default temperature lines 31-38): ``judge.JUDGE_PROMPTS["r1searcher"]``;
-- sets: ``data/eval_set/{hotpotqa_500,2wiki_500,musique_500,bamboogle}.jsonl``.
+R1-Searcher (arXiv 2503.05592, sec. 4.1), ``released``: ``base_prompt_v0`` as plain text for every model (no chat
+template), with the special tokens vLLM adds to a text prompt (``<|begin_of_text|>`` for Llama-3, nothing for Qwen;
+``protocol.engine_prompt``); top-k 5; greedy, ``top_p`` 0.95, 512 tokens per call, at most 9 calls whose output
+counts; no cap on a documents block nor on the trajectory but the model's context (``cli.eval --max_obs_tokens N
+--max_length N`` cap them, and the table says so); queries cleaned as released; HotpotQA retrieved from the 2017
+abstracts, the other sets from KILT 100-word passages (``cli.eval --retriever_url hotpotqa=URL1,default=URL2``);
+the GPT-4o-mini judge (``judge.JUDGE_PROMPTS["r1searcher"]``); the sets of ``data/eval_set/``. The released loop
+strips each generated turn and re-tokenises the whole text at the next call (``eval_search_loacl.py:235``); our
+executor keeps the sampled tokens, so a turn that begins or ends with whitespace is kept as sampled. On the published
+trace, whose turns are already stripped, the prompts are the same (``tests/test_traces.py``).
 
-What the released loop does that ours does not: it strips each generated turn before appending it
-(``generated_text.strip()``, line 235) and re-tokenises the whole text at the next call; our executor keeps the
-sampled tokens (token-in/token-out), so a turn the model begins or ends with whitespace is kept as sampled. On the
-published trace, whose turns are already stripped, the prompts are the same (``tests/test_traces.py``).
+R1-Searcher ``paper``: the same, except the prompt is the training template in the only form the paper prints (the
+base-model prompt, ``datasets/prompts_dataset.py:24-31``; ``docs/design.md``, "Protocols"), plain text for every model
+(``--chat_template`` renders ``prompts_dataset.py:10-20`` instead), and 500 tokens per call (the paper states none).
 
-R1-Searcher ``paper``: the same, except the prompt is the training template in the only form the paper prints, the
-base-model prompt (``datasets/prompts_dataset.py:24-31``; the paper shows one template and no separate eval prompt or
-chat rendering; ``docs/design.md``, "Protocols"), as plain text for every model, instruct ones included (``chat`` False;
-``--chat_template`` renders the chat form of ``prompts_dataset.py:10-20`` instead), and 500 tokens per call (this
-project's turn budget; the paper states none).
-
-Search-R1 (arXiv 2503.09516, sec. 4), ``released`` = ``paper`` (the released eval matches the paper's text):
-
-- sets: the full test split of each FlashRAG dataset, dev where there is no test split
-  (``scripts/data_process/qa_search_test_merge.py:61-69``, listed in ``scripts/nq_hotpotqa/data_process.sh:9``),
-  every question (``scripts/nq_hotpotqa/evaluate.sh:17`` ``data.val_data_num=null``; a number would sample,
-  ``verl/trainer/ppo/ray_trainer.py:403-407``);
-- prompt: the training prompt ("?" appended, the policy's chat template), ``qa_search_test_merge.py:75-78``,
-  ``verl/utils/dataset/rl_dataset.py:128-131``, tokenised without special tokens
-  (``verl/utils/torch_functional.py:236``);
-- top-k 3 (``evaluate.sh:65``), ``max_turns`` 4 searches (``evaluate.sh:63``) + the final answering call
-  (``search_r1/llm_agent/generation.py:234, 278``) = 5 model turns, 500 tokens per call (``evaluate.sh:21``), 500
-  tokens per observation block cut as one string (``evaluate.sh:23``, ``generation.py:80-89``), a 4,096-token context
-  (``evaluate.sh:20``), greedy (``ray_trainer.py:478`` ``do_sample: False``);
-- metric: EM; no judge.
+Search-R1 (arXiv 2503.09516, sec. 4), ``released`` = ``paper``: every question of the full FlashRAG test split (dev
+where there is none; a ``val_data_num`` would sample, ``verl/trainer/ppo/ray_trainer.py:403-407``); the training
+prompt with the policy's chat template, tokenised without special tokens; top-k 3, 4 searches + the final answering
+call = 5 model turns of 500 tokens, 500-token observation blocks cut as one string, a 4,096-token context, greedy;
+EM, no judge.
 """
 
 from dataclasses import asdict, dataclass, field

@@ -1,22 +1,15 @@
 """GPU layouts of the training launchers: which GPUs train, which generate, and whether the batch sizes fit them.
 
 Two checks a run would otherwise meet only after Ray, DeepSpeed and vLLM have started (minutes, on booked GPUs):
-
-* DeepSpeed's batch check (``deepspeed/runtime/config.py``, ``_batch_assertion``): ``train_batch_size ==
-  train_micro_batch_size_per_gpu x gradient_accumulation_steps x world_size``, where OpenRLHF passes
-  ``--train.batch_size`` and ``--train.micro_batch_size`` and the world is the actor's data-parallel ranks
-  (``actor.num_nodes x actor.num_gpus_per_node / ds.ring_attn_size / ds.tensor_parallel_size``);
-* the rollout micro-batches of a step (``rollout.batch_size x n_samples_per_prompt / rollout.micro_batch_size``) are
-  dealt to those ranks in equal chunks (``PPORayActorGroup.async_run_method_batch``): a count that does not divide
-  leaves some ranks idle in every forward, and a step whose samples are not whole updates
-  (``--train.batch_size``) carries a partial gradient accumulation into the next step's policy.
+DeepSpeed's ``train_batch_size == micro_batch x gradient_accumulation x world_size`` (``deepspeed/runtime/config.py``
+``_batch_assertion``; the world is the actor's data-parallel ranks), and rollout micro-batches of a step that divide
+evenly over those ranks (``PPORayActorGroup.async_run_method_batch``) in whole updates (``--train.batch_size``).
 
 :func:`batch_layout_problems` lists what fails; :func:`working_layouts` names the NNODES x GPUS layouts that pass;
-:func:`choose_layout` is what ``examples/scripts/common.sh`` runs (``python -m openrlhf_search.launch.layout``):
-every GPU colocated (actor, reference, critic and vLLM on each, with sleep mode) when the batch sizes fit all of
-them, else the largest number of actor GPUs per node that fits, with vLLM engines on the rest (no critic: a
-synchronous PPO critic would need GPUs of its own). Asynchronous (``ASYNC=1``): vLLM always on GPUs of its own,
-the DeepSpeed models (critic included) colocated on the others, the split closest to half that fits.
+:func:`choose_layout` is what ``examples/scripts/common.sh`` runs: every GPU colocated (with sleep mode) when the
+batch sizes fit all of them, else the most actor GPUs per node that fit, vLLM on the rest (no critic: a synchronous
+PPO critic would need GPUs of its own). Asynchronous (``ASYNC=1``): vLLM on GPUs of its own, the DeepSpeed models
+colocated on the others, the split closest to half that fits.
 """
 
 import argparse

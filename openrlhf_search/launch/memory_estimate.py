@@ -22,21 +22,16 @@ The three phases of a step on a training GPU (``ppo_trainer.py``, ``experience_m
 * **generation**: vLLM awake (``--vllm.gpu_memory_utilization x GPU`` when it shares the GPU: the engine claims that
   share of the whole GPU at wake-up) plus whatever DeepSpeed keeps there (bf16 weight shards under ``ds.enable_sleep``,
   every state without it);
-* **experience**: vLLM asleep (weights and KV cache released: a CUDA context and its graph pool remain); the actor,
-  reference and critic forwards run one after another when colocated (``_dispatch_forward`` waits and empties the
-  cache), each holding the bf16 logits of a rollout micro-batch and their float32 copy (:data:`FORWARD_LOGITS_BYTES`
-  x ``T x vocabulary``, ``models/actor.py``) or one layer's tensors, whichever is larger;
+* **experience**: vLLM asleep (a CUDA context and its graph pool remain); the colocated actor, reference and critic
+  forwards run one after another (``_dispatch_forward``), each holding the logits of a rollout micro-batch
+  (:data:`FORWARD_LOGITS_BYTES` x ``T x vocabulary``) or one layer's tensors, whichever is larger;
 * **training**: with ``ds.enable_sleep`` the critic trains, is offloaded, then the actor (``ppo_train``'s
-  ``_run_sleep``): the peak is one model's full states + the other's bf16 weights; without it both fit at once
-  (async, or a colocated run without DeepSpeed sleep): both full states and both activations. The actor's
-  activations: the layer inputs that gradient checkpointing keeps (``T x hidden x layers x 2`` bytes) plus the larger
-  of the loss's logits (:data:`TRAIN_LOGITS_BYTES` x ``T x vocabulary``: on GPU OpenRLHF takes flash-attn's Triton
-  cross-entropy, which keeps the float32 logits, allocates their gradient and casts it back to bf16;
-  :data:`ENTROPY_EXTRA_BYTES` more with ``--actor.entropy_coef``) and the recomputed layer's tensors during the
-  backward (:data:`LAYER_WORKING_ELEMENTS`). The critic has no vocabulary logits. Measured on one H200 (torch
-  2.11.0+cu130, a Qwen2.5-7B-shaped model, gradient checkpointing as OpenRLHF sets it): the forward keeps 534 KB per
-  token = the layer inputs (200,704 B = 2 x hidden x layers) + the bf16 logits + ~30 KB; the forward + backward
-  peak at 16,384 tokens is 27.0 GiB above the weights (gradients included) against 26.3 here.
+  ``_run_sleep``): one model's full states + the other's bf16 weights; without it both full states and both
+  activations at once. The actor's activations: the layer inputs gradient checkpointing keeps (``T x hidden x layers
+  x 2`` bytes) plus the larger of the loss's logits (:data:`TRAIN_LOGITS_BYTES`, :data:`ENTROPY_EXTRA_BYTES`) and the
+  recomputed layer (:data:`LAYER_WORKING_ELEMENTS`); the critic has no vocabulary logits. Measured on one H200 (a
+  Qwen2.5-7B-shaped model): the forward keeps 534 KB per token (the layer inputs, 200,704 B, + the bf16 logits +
+  ~30 KB); the forward + backward peak at 16,384 tokens is 27.0 GiB above the weights against 26.3 here.
 
 Every process on a GPU holds a CUDA context (:data:`CUDA_CONTEXT_GB`); the retriever's faiss-gpu index costs its fp16
 shard + faiss temporary memory + a context on each GPU it is placed on (:func:`retriever_gpu_cost`).

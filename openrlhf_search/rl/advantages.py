@@ -4,22 +4,12 @@ A search trajectory interleaves tokens the policy sampled (``action_mask`` 1) wi
 (retrieved-document blocks, invalid-action messages; ``action_mask`` 0). ``docs/design.md``, "Masking rule": the
 environment tokens are not decisions of the policy, so the MDP's time steps are the action tokens only.
 
-* :func:`masked_gae` runs GAE (Schulman et al. 2016, arXiv 1506.02438, eq. 16) over the action tokens of each
-  sequence as if the environment tokens were not there: the bootstrap value of an action token is the value at the
-  *next action token* and the gamma*lambda decay is applied once per action token. OpenRLHF 0.11.2's
-  ``RemoteExperienceMaker.get_advantages_and_returns`` instead recurses over every position with the values
-  multiplied by the mask, so the last action token before a document block bootstraps from 0 and the credit decays
-  across the passage tokens (Search-R1, arXiv 2503.09516 sec. 3.1, "retrieved token masking").
-* :func:`group_baseline_rewards` turns one scalar reward per sample into baseline-subtracted rewards within each
-  prompt group, with exactly OpenRLHF 0.11.2's definitions (``compute_advantages_and_returns``): ``group_norm``
-  (GRPO, arXiv 2402.03300), ``reinforce_baseline`` (REINFORCE++ baseline, arXiv 2501.03262; also ``dr_grpo``),
-  ``rloo`` (arXiv 2402.14740) and ``reinforce`` (no baseline). It adds a ``valid`` mask so samples left out of
-  training (a failed retrieval) do not move their group's statistics. Two guards against float residue
-  (OpenRLHF 0.11.2 has neither): a group whose rewards are equal within :func:`equal_within_tol`
-  gets exactly 0 under every baselined estimator, and ``group_norm`` divides by the group std only when it is at
-  least :data:`GROUP_NORM_STD_FLOOR`.
-* :func:`masked_whiten` normalises advantages over action tokens only (OpenRLHF's ``masked_normalize``); equal
-  entries whiten to exactly 0.
+* :func:`masked_gae`: GAE (arXiv 1506.02438, eq. 16) over the action tokens only: an action token bootstraps from
+  the *next action token*, where OpenRLHF 0.11.2's ``get_advantages_and_returns`` bootstraps from 0 before a document
+  block and decays the credit across the passage (Search-R1, arXiv 2503.09516 sec. 3.1, "retrieved token masking").
+* :func:`group_baseline_rewards`: OpenRLHF 0.11.2's group estimators (``compute_advantages_and_returns``), plus a
+  ``valid`` mask and two guards against float residue.
+* :func:`masked_whiten`: OpenRLHF's ``masked_normalize`` over action tokens only.
 """
 
 from typing import Optional, Tuple
@@ -179,12 +169,11 @@ def group_baseline_rewards(
         reinforce_baseline:  r_i - mean (REINFORCE++-baseline); ``dr_grpo`` is the same shaping
         rloo:                r_i - (sum_{j != i} r_j) / (n - 1)
         reinforce:           r_i (no baseline)
-    A group whose valid rewards are equal within :func:`equal_within_tol` (spread <= 1e-6 + 1e-6 * max|r|) gets
-    exactly 0 under every baselined estimator: such a group says nothing about which sample was better, and the
-    float32 mean of equal values that are not dyadic (0.8, -1.2, 0.2) leaves a residue that group_norm would
-    otherwise divide up to ~1. With ``valid`` given, the statistics use the valid samples of each
-    group only (n = number valid) and invalid samples get 0. A group with a single valid sample gets 0 for the
-    baselined estimators (no baseline can be formed, as OpenRLHF refuses n_samples_per_prompt = 1 for them).
+    A group whose valid rewards are equal within :func:`equal_within_tol` gets exactly 0 under every baselined
+    estimator (it says nothing about which sample was better; see ``EQUAL_RTOL``). With ``valid`` given, the
+    statistics use the valid samples of each group only (n = number valid) and invalid samples get 0. A group with a
+    single valid sample gets 0 for the baselined estimators (no baseline can be formed, as OpenRLHF refuses
+    n_samples_per_prompt = 1 for them).
 
     Args:
         rewards: [N] float, N a multiple of group_size.

@@ -11,28 +11,18 @@ before OpenRLHF's constructor runs. Nothing of OpenRLHF is copied; every class b
 
 What runs where, against the synchronous loop (``openrlhf_search.rl.trainer.SearchPPOTrainer``):
 
-* **generator** (:class:`_SearchGenerateSamplesActor`): :class:`SearchSamplesGenerator` (sampled-token lengths, the
-  training-reward dynamic filter, retrieval timing), the **reward-stage switch** and the **step cap**. The k-th batch
-  it produces (0-based, counted from the step training resumes at) is trained at global step ``start + k``: every
-  batch carries exactly one training step, since ``TrainingActor.fit`` trains every payload. So before generating it,
-  the generator switches every vLLM engine to the scheme of that step (``RewardSchedule.scheme_at``, through
-  ``set_reward_scheme`` as the sync trainer does) and drops its over-sampling buffer on a switch
-  (``SearchSamplesGenerator.discard_buffer``). Rollouts queued ahead are therefore scored by the scheme of the step
-  they are trained at, which the sync trainer cannot promise for its own buffer. With ``--train.max_steps N`` it stops
-  producing after step ``N``'s batch and ends OpenRLHF's generator loop at once (:class:`StepCapReached`; the queue
-  gets its ``"done"``), not one empty round per remaining ``--train.num_episodes``. Eval (``--eval.steps``) runs in
-  the generator as in OpenRLHF, with ``--search.eval_reward_scheme`` and the search eval metrics (``eval_em``,
-  ``eval_f1``, ... per data source).
-* **trainer** (:class:`_SearchTrainingActor`): :class:`SearchExperienceMaker` (masked GAE, failed samples out, group
-  baselines over valid samples, failure limit), ``rollout/*`` and ``search/*`` statistics over trained samples, the
-  step cap's final checkpoint (:class:`~openrlhf_search.rl.schedules.StepCapTrainerMixin`), the step's time split
-  (:class:`~openrlhf_search.rl.step_timing.StepTimingMixin`) and a guard: samples whose reward scheme is not the scheme
-  of the step being trained are dropped and counted (``search/stale_stage_samples_dropped``; none by construction).
-  After each weight sync every engine is told the step whose weights it now holds
-  (:func:`~openrlhf_search.rl.step_timing.set_policy_version`), from which each trajectory's policy version at start
-  and end (``async/staleness_*``) and the version of each action token are recorded
-  (:mod:`openrlhf_search.env.policy_versions`: ``async/samples_spanning_sync``, samples whose action tokens come from
-  more than one version; ``async/token_staleness_*``).
+* **generator** (:class:`_SearchGenerateSamplesActor`): :class:`SearchSamplesGenerator`, the reward-stage switch, the
+  step cap and eval (``--eval.steps``, with ``--search.eval_reward_scheme`` and the search eval metrics). Every batch
+  carries exactly one training step (``TrainingActor.fit`` trains every payload), so the k-th batch produced is
+  trained at step ``start + k``: before generating it the generator switches the engines to that step's scheme and
+  drops its over-sampling buffer on a switch. Queued rollouts are thus scored by the scheme of the step they are
+  trained at. At ``--train.max_steps`` it ends OpenRLHF's loop at once (:class:`StepCapReached`).
+* **trainer** (:class:`_SearchTrainingActor`): :class:`SearchExperienceMaker`, ``rollout/*`` and ``search/*``
+  statistics over trained samples, the step cap's final checkpoint, the step's time split, and a guard dropping
+  samples scored under another scheme than the step's (``search/stale_stage_samples_dropped``; none by
+  construction). After each weight sync every engine learns the step whose weights it holds, from which each
+  trajectory's and each action token's policy version are recorded (``async/staleness_*``,
+  ``async/samples_spanning_sync``, ``async/token_staleness_*``; :mod:`openrlhf_search.env.policy_versions`).
 
 Staleness bound: ``--train.async_queue_size`` q. The generator takes a slot before generating a batch and the trainer
 frees it when it takes the batch off the queue, so at most q batches are generated ahead: a batch trained at step s

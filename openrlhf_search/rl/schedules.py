@@ -1,19 +1,11 @@
 """Training-length cap for the cluster trainer, added to OpenRLHF 0.11.2 by subclassing (nothing copied).
 
-What OpenRLHF 0.11.2 already has (read from ``openrlhf/cli/train_ppo_ray.py`` and
-``openrlhf/utils/deepspeed/deepspeed.py``) and is therefore only *configured* by the launchers:
-
-* a constant learning rate after a linear warm-up: ``--actor.lr_scheduler constant_with_warmup`` (and
-  ``--critic.*``) is passed to ``transformers.get_scheduler`` with ``num_warmup_steps =
-  ceil(scheduler_steps * lr_warmup_ratio)`` (``deepspeed.py`` ``_ds_init_train_model``). This is verl's
-  ``get_constant_schedule_with_warmup`` that Search-R1 uses (``verl/workers/fsdp_workers.py:240``).
-* the KL penalty inside the reward: ``--algo.kl.use_loss`` off (the default) with ``--algo.kl.estimator k1``
-  puts ``-coef * (log pi - log pi_ref)`` on every action token of the reward
-  (``experience_maker.py`` ``compute_approx_kl`` + ``models/utils.py`` ``compute_reward``), which is Search-R1's
-  PPO ``apply_kl_penalty`` with ``kl_penalty: kl`` (``verl/trainer/ppo/ray_trainer.py:91-121``). Our
-  :class:`openrlhf_search.rl.experience_maker.SearchExperienceMaker` keeps that path and masks the KL to action tokens.
-* entropy bonus (``--actor.entropy_coef``), AdamW betas / weight decay (``--actor.adam.betas``,
-  ``--actor.adam.weight_decay``), per-sequence loss averaging (``--actor.loss_agg_mode seq-mean-token-mean``).
+What OpenRLHF 0.11.2 already has is only *configured* by the launchers: a constant learning rate after a linear
+warm-up (``--actor.lr_scheduler constant_with_warmup``: verl's ``get_constant_schedule_with_warmup`` that Search-R1
+uses, ``verl/workers/fsdp_workers.py:240``); the k1 KL penalty inside the reward (``--algo.kl.use_loss`` off,
+``--algo.kl.estimator k1``: Search-R1's ``apply_kl_penalty`` with ``kl_penalty: kl``,
+``verl/trainer/ppo/ray_trainer.py:91-121``), which our experience maker masks to action tokens; the entropy bonus,
+AdamW betas / weight decay and per-sequence loss averaging.
 
 What it lacks, added here: an evaluation before the first step (``--eval.before_training``, Search-R1's
 ``val_before_train``) and a **step cap** (``--train.max_steps N``). OpenRLHF stops only when the prompt loader

@@ -1,18 +1,14 @@
 """Supervised fine-tuning on search trajectories with the documents blocks masked, through OpenRLHF's SFT trainer.
 
-A warm start before RL (``python -m openrlhf_search.cli.sft``) fits the policy to trajectories of the search
-protocol's shape: prompt, model turn with a search call, the documents block the retriever returned, model turn with
-the answer. The loss must cover the policy's own tokens only, as the RL loss does (Search-R1's retrieved-token
-masking, arXiv 2503.09516 sec. 3.1), and the tokens must be exactly those a rollout holds, so each trajectory is
-stored already tokenised, token by token as the executor builds rollouts, with the spans the policy wrote:
+A warm start before RL (``python -m openrlhf_search.cli.sft``) must train the policy's own tokens only, as the RL
+loss does (Search-R1's retrieved-token masking, arXiv 2503.09516 sec. 3.1), on exactly the tokens a rollout holds, so
+each trajectory is stored tokenised as the executor builds rollouts, with the spans the policy wrote:
 
     {"input_ids": [int, ...], "action_ranges": [[start, end], ...], ...any other field}
 
-``action_ranges`` are half-open token-index spans of model turns (the executor's ``action_ranges``).
-OpenRLHF's ``SFTDataset`` cannot express this (it masks the prompt only, or inserts chat markers around every
-message with ``--data.multiturn``); :class:`TrajectorySFTDataset` is a drop-in replacement that ``cli.sft`` hands to
-OpenRLHF's own ``train_sft.train`` (trainer, loss, optimiser, checkpoints unchanged). Its loss mask follows
-``SFTDataset``'s convention: position ``t`` is trained when token ``t + 1`` is a policy token.
+(half-open token spans of model turns). OpenRLHF's ``SFTDataset`` masks the prompt only, or inserts chat markers
+with ``--data.multiturn``; :class:`TrajectorySFTDataset` replaces it inside OpenRLHF's own ``train_sft.train``.
+Its loss mask follows ``SFTDataset``'s convention: position ``t`` is trained when token ``t + 1`` is a policy token.
 """
 
 import json

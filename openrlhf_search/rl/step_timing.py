@@ -6,22 +6,15 @@ forwards, advantages), ``timing/ppo_train`` (update), ``timing/broadcast`` (weig
 batch, from instruments installed inside each vLLM rollout actor through Ray's ``actor.__ray_call__`` (no OpenRLHF
 class is changed; :func:`install_in_rollout_actor`):
 
-* ``retrieval/*``: every ``search`` call of the executor's retrieval client, as the trajectory waits for it (the
-  client's coalescing window included): ``searches``, ``failed_searches``, ``latency_p50_ms`` / ``latency_p99_ms``,
-  ``qps`` (searches per second of generation wall time), and the client's own counters over the batch:
-  ``retries`` (attempts after a backoff), ``failovers`` (attempts sent at once to another endpoint), ``attempts``,
-  and against a web retriever (``retriever.server --web``) ``web_calls`` (queries the provider answered, i.e. paid
-  for), ``web_cache_hits``, ``web_skipped`` (queries the spent budget left without passages), ``web_credits`` /
-  ``web_usd`` (what the step's calls cost; US$ when the server knows the price, ``--web_usd_per_1k``) and
-  ``web_credits_run`` / ``web_usd_run`` (the same since the run's rollout engines started);
+* ``retrieval/*`` (:func:`retrieval_stats`): every ``search`` call of the executor's retrieval client, as the
+  trajectory waits for it (coalescing window included): counts, latency percentiles, searches per second of
+  generation, the client's retries / failovers / attempts, and against a web retriever its calls, cache hits, skips
+  and cost (``RetrievalClient.stats``), per step and since the engines started;
 * ``step_time/search_in_flight_s``: wall time during the batch's generation with at least one search in flight in
   any engine (the union of the calls' spans), and its fraction of the generation time;
 * async mode (:mod:`openrlhf_search.rl.async_trainer`): ``async/trainer_wait_s`` (the trainer blocked on the rollout
-  queue), ``async/engine_wait_s`` (the generator blocked on a free queue slot, i.e. on the trainer, plus on the vLLM
-  lock held by a weight sync), ``async/staleness_mean`` / ``_max`` (trained step minus the policy version the
-  trajectory started on), ``async/samples_spanning_sync`` (trajectories whose action tokens come from more than one
-  policy version: partial rollouts; :mod:`openrlhf_search.env.policy_versions`) and ``async/token_staleness_mean`` /
-  ``_max`` (trained step minus the version of each action token).
+  queue), ``async/engine_wait_s`` (the generator blocked on a queue slot or on the vLLM lock of a weight sync), and
+  the policy staleness of trajectories and tokens (:mod:`openrlhf_search.env.policy_versions`).
 
 Units: seconds unless the key says ms; rates per second. The rollout-side figures travel with the batch as the
 attribute :data:`TIMING_ATTR` of its first ``Experience`` (set by ``SearchSamplesGenerator.generate_samples``), so in
@@ -37,10 +30,8 @@ logger = logging.getLogger(__name__)
 
 TIMING_ATTR = "_search_rollout_timing"
 VERSION_ATTR = "_search_policy_version"  # on the rollout actor: the trainer step whose weights it holds
-COUNTER_KEYS = ("retries", "failovers", "requests")
 # RetrievalClient.stats of a web retriever
 WEB_COUNTER_KEYS = ("web_calls", "web_cache_hits", "web_skipped", "web_credits", "web_usd")
-VERSION_KEYS = ("policy_version_start", "policy_version_end")
 
 
 # ---------------------------------------------------------------------------------------------------- rollout actor

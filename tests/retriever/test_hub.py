@@ -118,7 +118,7 @@ def test_eval_engine_reports_the_one_line(monkeypatch, tmp_path):
 
     _offline(monkeypatch, tmp_path)
     with pytest.raises(EngineLoadError, match=f"^cannot load model '{FAKE}': not a local folder"):
-        build_engine(FAKE, backend="vllm")
+        build_engine(FAKE)
     with pytest.raises(EngineLoadError, match=f"^cannot load tokenizer '{FAKE}': not a local folder"):
         build_engine(str(tmp_path), tokenizer_path=FAKE)
 

