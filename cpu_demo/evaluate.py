@@ -35,7 +35,7 @@ def eval_settings(args):
     from openrlhf_search.evaluation.runner import EvalSettings
 
     return EvalSettings(search=SearchConfig.from_file(args.search_config), model=args.model,
-                        max_length=args.max_length, temperature=0.0, backend="vllm", seed=args.seed)
+                        max_length=args.max_length, temperature=0.0, seed=args.seed)
 
 
 def load_engine(model: str, max_length: int, seed: int = 0, dtype: str = "float32"):
@@ -43,7 +43,7 @@ def load_engine(model: str, max_length: int, seed: int = 0, dtype: str = "float3
     ("float32", "bfloat16": as the trainer holds the policy), prefix caching."""
     from openrlhf_search.evaluation.engines import build_engine
 
-    engine, tokenizer, _ = build_engine(model, "vllm", seed=seed, max_model_len=max_length, dtype=dtype)
+    engine, tokenizer, _ = build_engine(model, seed=seed, max_model_len=max_length, dtype=dtype)
     return engine, tokenizer
 
 
