@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 
@@ -81,8 +81,6 @@ class Job:
         self.retriever = None
         self.url = None
         self.tag = "" if args.split == "heldout" else f"_{args.split}"  # output names of a validation run
-        from openrlhf_search.cpu.cluster_mode.settings import resolve_cpu_precision
-
         self.precision, self.precision_why = resolve_cpu_precision(args.precision)
 
     def path(self, *parts) -> str:
@@ -534,6 +532,35 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{load[2]:.1f} at the end (1/5/15 min); peak memory {job.peak_pss / 2 ** 30:.1f} GiB (summed PSS of the "
           f"job's processes; summed RSS {job.peak_rss / 2 ** 30:.1f} GiB); outputs in {job.out}", flush=True)
     return 0
+
+
+# CPU flags (``/proc/cpuinfo``) of native bf16 matrix kernels; without them torch and oneDNN emulate bf16 matmuls.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def native_bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> List[str]:
+    """The :data:`BF16_CPU_FLAGS` this CPU has ([] when none, or no ``cpuinfo`` to read)."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return []
+    flags = set(line.split(":", 1)[-1].split())
+    return [f for f in BF16_CPU_FLAGS if f in flags]
+
+
+def resolve_cpu_precision(choice: str, cpuinfo: str = "/proc/cpuinfo") -> Tuple[str, str]:
+    """``(precision, why)``: "bf16" or "fp32" for ``choice`` "auto" (bf16 where the CPU has native bf16 kernels,
+    AVX512-BF16 / AMX, fp32 elsewhere), "bf16" or "fp32" as given. Raises ValueError for another choice."""
+    if choice not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"precision must be auto, bf16 or fp32, got {choice!r}")
+    if choice != "auto":
+        return choice, "as asked"
+    flags = native_bf16_flags(cpuinfo)
+    if flags:
+        return "bf16", f"auto: the CPU has {' and '.join(flags)}"
+    return "fp32", "auto: the CPU has no native bf16 kernels (AVX512-BF16 / AMX)"
+
 
 
 def machine() -> dict:

@@ -250,3 +250,23 @@ def test_ablation_table_pairs_each_arm_with_the_default_within_each_seed(tmp_pat
     ablations.share_phases(str(default), str(arm), "no_search")
     assert os.path.samefile(arm / "warmstart" / "f", default / "warmstart" / "f")
     assert not (arm / "eval_before.json").exists()  # no_search evaluates its own before-RL policy
+
+
+def test_precision_auto_is_bf16_only_with_native_bf16_kernels(tmp_path):
+    """auto: bf16 where /proc/cpuinfo lists avx512_bf16 or amx_bf16, fp32 on an AVX2-only CPU (where torch emulates
+    bf16 matmuls an order of magnitude slower) or without a cpuinfo; a forced choice is kept, a typo refused."""
+    from cpu_demo.run import resolve_cpu_precision
+
+    def cpuinfo(flags):
+        path = tmp_path / f"cpuinfo_{len(flags)}"
+        path.write_text(f"processor\t: 0\nmodel name\t: X\nflags\t\t: fpu sse2 {flags}\n")
+        return str(path)
+
+    assert resolve_cpu_precision("auto", cpuinfo("avx2 avx512f avx512_bf16"))[0] == "bf16"
+    assert resolve_cpu_precision("auto", cpuinfo("avx2 amx_bf16 amx_tile"))[0] == "bf16"
+    assert resolve_cpu_precision("auto", cpuinfo("avx2 avx512f")) == ("fp32", "auto: the CPU has no native bf16 "
+                                                                      "kernels (AVX512-BF16 / AMX)")
+    assert resolve_cpu_precision("auto", str(tmp_path / "missing"))[0] == "fp32"
+    assert resolve_cpu_precision("fp32", cpuinfo("avx512_bf16"))[0] == "fp32"
+    with pytest.raises(ValueError, match="auto, bf16 or fp32"):
+        resolve_cpu_precision("fp16")

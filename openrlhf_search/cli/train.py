@@ -20,14 +20,8 @@ after:
 with OpenRLHF's real parser and :class:`SearchConfig`, prints the resolved configuration (OpenRLHF args, search
 config, reward schedule, runtime env) as JSON and exits 0 without Ray or a GPU.
 
-Search options (``--search.<field>`` for every :class:`SearchConfig` field; unset ones keep its defaults):
-``--search.retriever_urls`` takes comma-separated URLs, ``--search.chat_template`` true/false/auto. Schedule and
-safety options: ``--search.stage2_reward_scheme``, ``--search.stage2_start_step`` (-1: one stage),
-``--search.eval_reward_scheme``, ``--search.max_failed_fraction`` (default 0.5). Retriever check:
-``--search.check_retrievers`` (default true: before ``train()``, every GPU node must reach every URL and all must
-serve one index, ``openrlhf_search.launch.retriever_check``), ``--search.retriever_fingerprint`` (the index they must
-serve). Training length: ``--train.max_steps`` (``openrlhf_search.rl.schedules``: stop after N steps and size the LR
-schedule to them); the trainer class injected is ``SearchPPOTrainer``'s class with that step cap.
+Search options: ``--search.<field>`` for every :class:`SearchConfig` field (or ``--search.config FILE``), the
+reward schedule, the retriever check and ``--train.max_steps``; ``--help`` says each one's default and papers' value.
 """
 
 import contextlib

@@ -16,13 +16,10 @@ A sample whose retrieval fails past the client's retry budget is marked ``extra_
 with reward 0.0 and ends there: it must be dropped by the experience maker, never trained on as if the search had
 returned nothing.
 
-A query the retriever refuses (``QueryRejected``: the server answered, it found this one query bad) is the
-policy's own doing, not an outage: the sample is kept and trained on, the turn gets an empty documents
-block (the observation a blank query or a query without any matching passage gets, so the policy can search again
-or answer), and it is counted in ``extra_logs["rejected_queries"]`` (not in ``valid_searches``). The client already
-cuts a query to the server's advertised length and replaces characters UTF-8 cannot carry, so with our server a
-rejection is rare; marking it ``retrieval_failed`` instead would hide a policy that writes malformed queries from
-training, and at more than ``--search.max_failed_fraction`` of a batch stop the run.
+A query the retriever refuses (``QueryRejected``: the server is up and found this one query bad) is the policy's own
+doing: the sample is kept and trained on, the turn gets an empty documents block, and it is counted in
+``extra_logs["rejected_queries"]`` (not in ``valid_searches``); marking it failed would hide a policy that writes
+malformed queries from training.
 
 ``RetrievalStopped`` (a web retriever whose provider refused the API key, or whose account or run budget is spent) is
 not absorbed: ``execute`` raises it, and the run stops with its one-line message.

@@ -1,19 +1,13 @@
 """The reference model's log-probs computed inside the policy actor when only the top layers train.
 
-With ``--actor.trainable_layers K`` the policy and the reference share every frozen tensor (embeddings, LM head, the
-lower ``L - K`` decoder layers): they differ only in the top ``K`` layers and the final norm. OpenRLHF 0.11.2 still
-starts a second DeepSpeed model for the reference (``train_ppo_ray.py:94``, ``ReferenceModelActor``) and runs all
-``L`` layers of it on every experience batch. Here, as TRL gets its LoRA reference by disabling the adapter, the
-policy actor keeps a copy of the top layers' *initial* tensors (:class:`ReferenceTop`, taken before DeepSpeed or a
-checkpoint touches the model) and computes the reference log-probs with the policy's own forward through
-``torch.func.functional_call`` with those tensors. The frozen trunk's output is then read from the policy's
-:class:`openrlhf_search.rl.freeze.TrunkCache`, stored by the experience forward just before, so the trunk runs once
-per experience batch instead of twice, and no reference process is started.
-
-:func:`install` makes OpenRLHF's ``train()`` build :class:`ReferenceInPolicyGroup` (a view of the policy actors
-whose ``forward`` is ``reference_forward``) where it would build the reference actor group; OpenRLHF's experience
-maker then dispatches and uses it as it uses a reference group (``experience_maker.py:175-181``). Ray runs one
-actor's calls in submission order, so the reference pass follows the policy's experience forward on each rank.
+With ``--actor.trainable_layers K`` the policy and the reference differ only in the top ``K`` layers and the final
+norm, yet OpenRLHF 0.11.2 starts a second DeepSpeed model for the reference (``train_ppo_ray.py:94``) and runs all its
+layers on every experience batch. Here, as TRL gets its LoRA reference by disabling the adapter, the policy actor keeps
+the top layers' *initial* tensors (:class:`ReferenceTop`) and computes the reference log-probs with its own forward
+through ``torch.func.functional_call``; the frozen trunk's output comes from the policy's
+:class:`openrlhf_search.rl.freeze.TrunkCache`, stored by the experience forward just before (Ray runs one actor's
+calls in submission order). :func:`install` makes OpenRLHF's ``train()`` build :class:`ReferenceInPolicyGroup` where
+it would start the reference group; OpenRLHF's experience maker uses it as one (``experience_maker.py:175-181``).
 """
 
 from __future__ import annotations  # torch is imported where it runs: the launch checks read this module too

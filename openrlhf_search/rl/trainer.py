@@ -5,17 +5,11 @@ subclassed here and wrapped again with ``ray.remote``. ``openrlhf_search.cli.tra
 :data:`SearchPPOTrainer` where OpenRLHF's ``train()`` looks it up, and likewise the policy/critic actor classes
 below, which build :mod:`openrlhf_search.rl.loss`'s masked losses.
 
-Reward-stage schedule (R1-Searcher arXiv 2503.05592 sec. 3.2: stage 1 rewards retrieval + format, stage 2 answer
-F1 + format). The reward is computed by the agent executors inside the vLLM Ray actors, which OpenRLHF builds with
-no arguments, so the trainer cannot pass a scheme per call. Mechanism chosen: between training steps the trainer
-runs :func:`set_reward_scheme_in_rollout_actor` inside every rollout actor through Ray's built-in
-``actor.__ray_call__`` (runs a function with the actor instance as first argument). It sets the executor's
-``config.reward_scheme`` (or calls its ``set_reward_scheme``) and updates ``OPENRLHF_SEARCH_CONFIG`` in that
-process, and returns the scheme now active, which the trainer checks. The rollout for step ``s`` (0-based count of
-finished training steps) uses stage 2 when ``s >= --search.stage2_start_step``; resuming from a checkpoint
-re-applies the scheme of the resumed step before the first rollout. The paper's own recipe, stage 2 as a second run
-from the stage-1 checkpoint, is what ``examples/scripts/r1searcher_*_stage2.sh`` do; both paths use the same
-reward functions.
+Reward-stage schedule (:mod:`openrlhf_search.env.reward_schedule`): the executors live in the vLLM actors, which
+OpenRLHF builds with no arguments, so between steps the trainer switches their scheme through Ray's
+``actor.__ray_call__`` (:func:`set_reward_scheme_in_rollout_actor`) and checks the scheme each reports; a resumed run
+re-applies the scheme of its step. The papers' own recipe, stage 2 as a second run from the stage-1 checkpoint, is
+what ``examples/scripts/r1searcher_*_stage2.sh`` do.
 
 Evaluation: OpenRLHF's ``--eval.dataset`` / ``--eval.steps`` loop, with the eval rollouts scored by
 ``--search.eval_reward_scheme`` (default: the scheme active at that step) and ``eval_*`` logs extended with

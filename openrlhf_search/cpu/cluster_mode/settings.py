@@ -18,34 +18,6 @@ LOGICAL_GPUS = 4
 LOGICAL_CPUS = 8
 PROBE_ENV_PREFIX = "OPENRLHF_SEARCH_PROBE_"
 
-# CPU flags (``/proc/cpuinfo``) of native bf16 matrix kernels; without them torch and oneDNN emulate bf16 matmuls.
-BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-def native_bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> List[str]:
-    """The :data:`BF16_CPU_FLAGS` this CPU has ([] when none, or no ``cpuinfo`` to read)."""
-    try:
-        with open(cpuinfo, encoding="utf-8") as f:
-            line = next((ln for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        return []
-    flags = set(line.split(":", 1)[-1].split())
-    return [f for f in BF16_CPU_FLAGS if f in flags]
-
-
-def resolve_cpu_precision(choice: str, cpuinfo: str = "/proc/cpuinfo") -> Tuple[str, str]:
-    """``(precision, why)``: "bf16" or "fp32" for ``choice`` "auto" (bf16 where the CPU has native bf16 kernels,
-    AVX512-BF16 / AMX, fp32 elsewhere), "bf16" or "fp32" as given. Raises ValueError for another choice."""
-    if choice not in ("auto", "bf16", "fp32"):
-        raise ValueError(f"precision must be auto, bf16 or fp32, got {choice!r}")
-    if choice != "auto":
-        return choice, "as asked"
-    flags = native_bf16_flags(cpuinfo)
-    if flags:
-        return "bf16", f"auto: the CPU has {' and '.join(flags)}"
-    return "fp32", "auto: the CPU has no native bf16 kernels (AVX512-BF16 / AMX)"
-
-
 # (flat OpenRLHF argument name, value) forced in CPU cluster mode; the reason is printed with each change.
 CPU_SETTINGS: Tuple[Tuple[str, Any, str], ...] = (
     ("actor.num_nodes", 1, "one CPU node"),
