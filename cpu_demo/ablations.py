@@ -82,21 +82,33 @@ def pooled(summaries: List[dict]) -> dict:
 
 
 def table(out: str, seeds: List[int], arms: List[str]) -> dict:
-    """Per arm: the before-RL and after-RL means per seed and pooled, and the paired difference to the default arm."""
+    """Per arm: the after-RL means per seed and pooled over the seeds it finished, and the paired difference to the
+    default arm on those seeds; the warm-started policy before RL as the first row. Seeds an arm has not finished are
+    None in its ``per_seed`` (a table of a run cut short)."""
     from openrlhf_search.evaluation.compare import bootstrap_mean_ci, compare_evaluations
 
-    after = {a: [load(os.path.join(arm_dir(out, s, a), "eval.json")) for s in seeds] for a in arms}
-    before = [load(os.path.join(arm_dir(out, s, "default"), "eval_before.json")) for s in seeds]
-    rows = {"before RL (warm start)": {"per_seed": [{m: s[m] for m in METRICS} for s in before],
-                                       "pooled": {m: bootstrap_mean_ci(pooled(before)["per_question"][m])
-                                                  for m in METRICS}}}
+    def found(arm, seed, name="eval.json"):
+        path = os.path.join(arm_dir(out, seed, arm), name)
+        return load(path) if os.path.exists(path) else None
+
+    def row_of(runs: List[Optional[dict]]) -> dict:
+        done = [r for r in runs if r is not None]
+        return {"per_seed": [None if r is None else {m: r[m] for m in METRICS} for r in runs],
+                "pooled": {m: bootstrap_mean_ci(pooled(done)["per_question"][m]) for m in METRICS} if done else None}
+
+    default = [found("default", s) for s in seeds]
+    rows = {"before RL (warm start)": row_of([found("default", s, "eval_before.json") for s in seeds])}
     for a in arms:
-        row = {"per_seed": [{m: s[m] for m in METRICS} for s in after[a]],
-               "pooled": {m: bootstrap_mean_ci(pooled(after[a])["per_question"][m]) for m in METRICS}}
+        runs = [found(a, s) for s in seeds]
+        row = row_of(runs)
+        both = [(d, x) for d, x in zip(default, runs) if d is not None and x is not None]
+        if a != "default" and both:
+            row["vs_default"] = compare_evaluations(pooled([d for d, _ in both]), pooled([x for _, x in both]),
+                                                    metrics=METRICS)
+            row["vs_default_per_seed"] = [None if d is None or x is None else
+                                          compare_evaluations(d, x, metrics=("em",))["em"]
+                                          for d, x in zip(default, runs)]
         if a != "default":
-            row["vs_default"] = compare_evaluations(pooled(after["default"]), pooled(after[a]), metrics=METRICS)
-            row["vs_default_per_seed"] = [compare_evaluations(d, x, metrics=("em",))["em"]
-                                          for d, x in zip(after["default"], after[a])]
             row["papers"] = PAPERS.get(a, "")
         rows[a] = row
     return {"seeds": seeds, "arms": arms, "rows": rows}
@@ -106,12 +118,15 @@ def format_table(t: dict) -> str:
     """The Markdown table of :func:`table`."""
     seeds = t["seeds"]
     lines = [f"Held-out EM after RL per training seed ({', '.join(map(str, seeds))}) and pooled (95% bootstrap "
-             "interval); the difference to the default arm is paired per question.", "",
+             "interval; - = not run); the difference to the default arm is paired per question, on the seeds both "
+             "finished.", "",
              "| arm | EM per seed | EM pooled | F1 | answer rate | searches / q | EM vs default | papers |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, row in t["rows"].items():
         p = row["pooled"]
-        per_seed = " / ".join(f"{s['em']:.3f}" for s in row["per_seed"])
+        if p is None:
+            continue
+        per_seed = " / ".join("-" if x is None else f"{x['em']:.3f}" for x in row["per_seed"])
         vs = row.get("vs_default", {}).get("em")
         vs_text = f"{vs['diff']:+.3f} [{vs['low']:+.3f}, {vs['high']:+.3f}]" if vs else "-"
         lines.append(f"| {name} | {per_seed} | {p['em'][0]:.3f} [{p['em'][1]:.3f}, {p['em'][2]:.3f}] | "
@@ -126,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/ablations", help="folder of every arm's run (seed<S>/<arm>)")
     p.add_argument("--seeds", type=int, nargs="+", default=[42, 7, 1], help="training seeds")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="arms (default is always run)")
+    p.add_argument("--table_only", action="store_true", help="run nothing: the table of the runs finished so far")
     return p
 
 
@@ -138,7 +154,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = build_parser().parse_args(argv)
     arms = ["default"] + [x for x in a.arms if x != "default"]
     try:
-        for arm in arms:  # the default arm on every seed first: a run cut short still has the main job's seeds
+        # the default arm on every seed first: a run cut short still has the main job's seeds
+        for arm in [] if a.table_only else arms:
             for seed in a.seeds:
                 run_arm(a.out, seed, arm, extra)
     except RuntimeError as e:

@@ -226,7 +226,7 @@ def test_ablation_table_pairs_each_arm_with_the_default_within_each_seed(tmp_pat
     from cpu_demo import ablations
 
     em = {(42, "default"): [1, 0, 1, 1], (42, "no_mask"): [0, 0, 1, 0],
-          (7, "default"): [1, 1, 0, 0], (7, "no_mask"): [1, 0, 0, 0]}
+          (7, "default"): [1, 1, 0, 0], (7, "no_mask"): [1, 0, 0, 0], (1, "default"): [0, 0, 0, 0]}
     for (seed, arm), scores in em.items():
         folder = ablations.arm_dir(str(tmp_path), seed, arm)
         os.makedirs(folder)
@@ -235,12 +235,13 @@ def test_ablation_table_pairs_each_arm_with_the_default_within_each_seed(tmp_pat
         for name in ("eval.json", "eval_before.json"):
             with open(os.path.join(folder, name), "w") as f:
                 json.dump(summary, f)
-    t = ablations.table(str(tmp_path), [42, 7], ["default", "no_mask"])
+    t = ablations.table(str(tmp_path), [42, 7, 1], ["default", "no_mask"])
     row = t["rows"]["no_mask"]
-    assert [s["em"] for s in row["per_seed"]] == [0.25, 0.25]
-    assert row["vs_default"]["em"]["diff"] == pytest.approx((1 - 4) / 8)
-    assert [d["diff"] for d in row["vs_default_per_seed"]] == [pytest.approx(-0.5), pytest.approx(-0.25)]
-    assert "| no_mask | 0.250 / 0.250 |" in ablations.format_table(t) and "table 4" in row["papers"]
+    assert [s and s["em"] for s in row["per_seed"]] == [0.25, 0.25, None]  # seed 1's arm not run (cut short)
+    assert row["vs_default"]["em"]["diff"] == pytest.approx((1 - 4) / 8)  # only the seeds both finished
+    assert [d and d["diff"] for d in row["vs_default_per_seed"]] == [pytest.approx(-0.5), pytest.approx(-0.25), None]
+    assert t["rows"]["default"]["pooled"]["em"][0] == pytest.approx(5 / 12)  # every seed it finished
+    assert "| no_mask | 0.250 / 0.250 / - |" in ablations.format_table(t) and "table 4" in row["papers"]
 
     default, arm = tmp_path / "d", tmp_path / "a"
     for name in ablations.SHARED:
