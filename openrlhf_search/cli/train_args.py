@@ -150,7 +150,9 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                         help="train only the top K decoder layers and the final norm of the policy (embeddings, LM "
                              "head and lower layers frozen; the weight sync sends only the trained tensors, and the "
                              "update reuses the frozen layers' states of the experience forward: "
-                             "openrlhf_search.rl.freeze); 0 (default): train every parameter; not a paper setting")
+                             "openrlhf_search.rl.freeze; under ZeRO 0-2 the policy actor also computes the reference "
+                             "log-probs, no reference model starts: openrlhf_search.rl.shared_reference); 0 "
+                             "(default): train every parameter; not a paper setting")
     allow_cpu_fp32(parser)
     parser.add_argument("--dry_run", action="store_true", default=False,
                         help="parse and validate every flag, print the resolved config as JSON, exit 0")
