@@ -244,18 +244,29 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
     trajectories = os.path.join(here, "warmstart_trajectories.jsonl")
     write_trajectories(trajectories, ({"input_ids": ids, "action_ranges": [list(r) for r in ranges]}
                                       for ids, ranges in trajs))
-    log_path = os.path.join(here, "warmstart_sft.log")
     if progress:
-        print(f"warm start: cli.sft --cpu on {len(trajs)} trajectories (log: {log_path})", file=sys.stderr)
-    rc = run_module("openrlhf_search.cli.sft", sft_argv(init_dir, trajectories, paths["model"], here, seed), log_path,
-                    SFT_TIMEOUT_S, env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
-    if rc != 0 or not os.path.isfile(os.path.join(paths["model"], "config.json")):
-        why = f"timed out after {SFT_TIMEOUT_S} s" if rc == -9 else f"exit {rc}"
-        raise RuntimeError(f"tiny policy warm start (cli.sft) failed ({why}); its log: {log_path}")
+        print(f"warm start: cli.sft --cpu on {len(trajs)} trajectories (log: {here}/warmstart_sft.log)",
+              file=sys.stderr)
+    warm_start_sft(init_dir, trajectories, paths["model"], here, seed)
     shutil.rmtree(init_dir)
     with open(manifest, "w") as f:
         json.dump({"recipe": recipe, "paths": paths}, f, indent=1, sort_keys=True)
     return paths
+
+
+def warm_start_sft(model: str, trajectories: str, out: str, work_dir: str, seed: int = 0) -> None:
+    """Train ``model`` on ``trajectories`` with ``python -m openrlhf_search.cli.sft`` (:func:`sft_argv`) into
+    ``out``, its output in ``work_dir/warmstart_sft.log``.
+
+    Raises:
+        RuntimeError: the run failed, timed out or wrote no model (the message names the log).
+    """
+    log_path = os.path.join(work_dir, "warmstart_sft.log")
+    rc = run_module("openrlhf_search.cli.sft", sft_argv(model, trajectories, out, work_dir, seed), log_path,
+                    SFT_TIMEOUT_S, env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    if rc != 0 or not os.path.isfile(os.path.join(out, "config.json")):
+        why = f"timed out after {SFT_TIMEOUT_S} s" if rc == -9 else f"exit {rc}"
+        raise RuntimeError(f"tiny policy warm start (cli.sft) failed ({why}); its log: {log_path}")
 
 
 def sft_argv(model: str, trajectories: str, out: str, work_dir: str, seed: int = 0) -> List[str]:
