@@ -1,4 +1,4 @@
-"""A tiny policy, prompt files and corpus for the CPU cluster mode (``--cpu_cluster``), built offline in minutes.
+"""A tiny policy, prompt files and corpus for the CPU cluster mode (``--cpu_cluster``), built offline in a minute.
 
 What a launcher's ``CPU_CLUSTER=1`` run and the real-path tests train: the embedded default (country facts: corpus
 and 1-/2-hop questions, :mod:`cpu_demo.data.default_dataset`), prompts rendered for the protocol by
@@ -14,11 +14,10 @@ and 1-/2-hop questions, :mod:`cpu_demo.data.default_dataset`), prompts rendered 
   loss on the policy's tokens only; settings :data:`WARMSTART`, output in the build's ``warmstart_sft.log``), on
   scripted trajectories of the protocol's shape (a search call, the supporting passage as the documents block, the
   gold answer), so that its rollouts search and answer: the retriever, the documents mask and the reward all get
-  exercised. Every scripted question is taught
-  twice, its answer turn once after a closed reasoning block and once without one (:func:`answer_turn`); every reward
-  scheme's format check tells the two apart (Search-R1 ``searchr1_format`` 0.2 / 0.1 for a wrong answer, R1-Searcher
-  stage 1 1.0 / 0.5, stage 2 0 / -2), so rollout groups have reward spread from the first step although the tiny
-  policy rarely answers correctly.
+  exercised. Every scripted question is taught twice, its answer turn once after a closed reasoning block and once
+  without one (:func:`answer_turn`); every reward scheme's format check tells the two apart (Search-R1
+  ``searchr1_format`` 0.2 / 0.1 for a wrong answer, R1-Searcher stage 1 1.0 / 0.5, stage 2 0 / -2), so rollout
+  groups have reward spread from the first step although the tiny policy rarely answers correctly.
 
     python -m cpu_demo.tiny_assets --out .cache/cpu_cluster --protocol searchr1 --chat true
 
@@ -140,6 +139,7 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
         {"model", "train_data", "eval_data", "corpus", "dir"}: paths (the model folder holds the tokenizer).
     Raises:
         ValueError: unknown protocol.
+        RuntimeError: the warm start (cli.sft) failed; the message names its log.
     """
     import torch
 
