@@ -1,4 +1,4 @@
-"""A tiny policy, prompt files and corpus for the CPU cluster mode (``--cpu_cluster``), built offline in seconds.
+"""A tiny policy, prompt files and corpus for the CPU cluster mode (``--cpu_cluster``), built offline in a minute.
 
 What a launcher's ``CPU_CLUSTER=1`` run and the real-path tests train: the embedded default (country facts: corpus
 and 1-/2-hop questions, :mod:`cpu_demo.data.default_dataset`), prompts rendered for the protocol by
@@ -10,13 +10,14 @@ and 1-/2-hop questions, :mod:`cpu_demo.data.default_dataset`), prompts rendered 
   the real path run in seconds on a small CPU;
 * the model (hidden 128, 2 layers, 2 heads of 64: vLLM-CPU's attention kernels take head sizes 32..256; Qwen3's
   architecture and Qwen3's reasoning and tool-call tokens for the native tool-calling protocols, ``chat_tools*``) is
-  warm started with :func:`sft_warmstart` on scripted trajectories of the protocol's
-  shape (a search call, the supporting passage as the documents block, the gold answer), so that its rollouts search
-  and answer: the retriever, the documents mask and the reward all get exercised. Every scripted question is taught
-  twice, its answer turn once after a closed reasoning block and once without one (:func:`answer_turn`); every reward
-  scheme's format check tells the two apart (Search-R1 ``searchr1_format`` 0.2 / 0.1 for a wrong answer, R1-Searcher
-  stage 1 1.0 / 0.5, stage 2 0 / -2), so rollout groups have reward spread from the first step although the tiny
-  policy rarely answers correctly.
+  warm started by the product's own SFT command, ``python -m openrlhf_search.cli.sft --cpu`` (OpenRLHF's SFT trainer,
+  loss on the policy's tokens only; settings :data:`WARMSTART`, output in the build's ``warmstart_sft.log``), on
+  scripted trajectories of the protocol's shape (a search call, the supporting passage as the documents block, the
+  gold answer), so that its rollouts search and answer: the retriever, the documents mask and the reward all get
+  exercised. Every scripted question is taught twice, its answer turn once after a closed reasoning block and once
+  without one (:func:`answer_turn`); every reward scheme's format check tells the two apart (Search-R1
+  ``searchr1_format`` 0.2 / 0.1 for a wrong answer, R1-Searcher stage 1 1.0 / 0.5, stage 2 0 / -2), so rollout
+  groups have reward spread from the first step although the tiny policy rarely answers correctly.
 
     python -m cpu_demo.tiny_assets --out .cache/cpu_cluster --protocol searchr1 --chat true
 
@@ -28,6 +29,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import sys
 from typing import Dict, List, Optional
 
@@ -38,11 +40,15 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOOL_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 MODEL_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                    num_key_value_heads=2)
-WARMSTART = dict(steps=200, lr=5e-3, batch_size=4, examples=64, passages=1, obs_tokens=120)
+# cli.sft settings of the warm start: 6 epochs over 2 trajectories for each of 64 questions, batch 4 (192 optimiser
+# steps), AdamW (torch's betas) at lr 5e-3 decaying to 10% (cosine), gradient clip 1.0, fp32, ZeRO-2, one rank
+WARMSTART = dict(epochs=6, lr=5e-3, batch_size=4, examples=64, passages=1, obs_tokens=120)
+SFT_TIMEOUT_S = 1800
 
 
 def _recipe(protocol: str, chat: bool, n_train: int, n_eval: int, seed: int, native: bool = False) -> Dict:
     recipe = {"version": RECIPE_VERSION, "vocab": VOCAB_SIZE, "model": MODEL_SHAPE, "warmstart": WARMSTART,
+              "trainer": "cli.sft",
               "protocol": protocol, "chat": chat, "n_train": n_train, "n_eval": n_eval, "seed": seed}
     if native:  # a Qwen3 policy with Qwen3's tool tokens (the other protocols' recipes, and caches, are unchanged)
         recipe.update(arch="qwen3", tool_tokens=list(TOOL_TOKENS))
@@ -105,57 +111,6 @@ def chat_tools_turns(protocol, question: str, answer: str):
              f"{think('I found it.')}{answer}{eot}"])
 
 
-def sft_warmstart(model, trajectories, pad_id: int, steps: int, lr: float, batch_size: int, seed: int = 0,
-                  progress: bool = False) -> List[float]:
-    """Fit ``model`` to scripted ``trajectories`` ((token ids, action ranges) pairs) with AdamW for ``steps`` steps:
-    negative log-likelihood of the action tokens only, the learning rate decaying linearly from ``lr`` to ``lr / 10``,
-    batches cycling over a seeded permutation. Returns the loss of every step (nats per action token).
-
-    Raises:
-        ValueError: no trajectories, or a non-finite loss.
-    """
-    import torch
-
-    if not trajectories:
-        raise ValueError("warm start: no trajectories")
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - 0.9 * min(i, steps) / max(steps, 1))
-    gen = torch.Generator().manual_seed(seed)
-    order, cursor = torch.randperm(len(trajectories), generator=gen).tolist(), 0
-    model.train()
-    losses = []
-    for step in range(steps):
-        picked = []
-        for _ in range(min(batch_size, len(trajectories))):
-            if cursor >= len(order):
-                order, cursor = torch.randperm(len(trajectories), generator=gen).tolist(), 0
-            picked.append(trajectories[order[cursor]])
-            cursor += 1
-        width = max(len(t) for t, _ in picked)
-        ids = torch.full((len(picked), width), pad_id, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        mask = torch.zeros(len(picked), width, dtype=torch.float32)
-        for i, (tokens, ranges) in enumerate(picked):
-            ids[i, :len(tokens)] = torch.tensor(tokens)
-            attn[i, :len(tokens)] = 1
-            for a, b in ranges:
-                mask[i, a:b] = 1.0
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        loss = -(lp * mask[:, 1:]).sum() / mask[:, 1:].sum().clamp(min=1)
-        if not torch.isfinite(loss):
-            raise ValueError(f"warm start: non-finite loss at step {step}")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
-        if progress and (step % 50 == 0 or step == steps - 1):
-            print(f"warm start (SFT) step {step + 1}/{steps}: loss {losses[-1]:.3f}", file=sys.stderr)
-    return losses
-
-
 def _corpus_passages(corpus_path: str) -> Dict[str, "object"]:
     from openrlhf_search.env.types import Passage
 
@@ -184,6 +139,7 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
         {"model", "train_data", "eval_data", "corpus", "dir"}: paths (the model folder holds the tokenizer).
     Raises:
         ValueError: unknown protocol.
+        RuntimeError: the warm start (cli.sft) failed; the message names its log.
     """
     import torch
 
@@ -244,6 +200,7 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
 
     from openrlhf_search.env.agent import SearchAgentExecutor
     from openrlhf_search.env.config import SearchConfig
+    from openrlhf_search.rl.sft import write_trajectories
     from cpu_demo.warmstart import scripted_turns
 
     config_cls, model_cls = (Qwen3Config, Qwen3ForCausalLM) if native else (Qwen2Config, Qwen2ForCausalLM)
@@ -279,15 +236,50 @@ def build_assets(out_dir: str, protocol: str = "searchr1", chat: Optional[bool] 
         for answer in answers:  # both styles for every question: a 50/50 choice, not a per-prompt one
             a2 = enc(answer)
             trajs.append((p_ids + a1 + docs + a2, [(s1, s1 + len(a1)), (s2, s2 + len(a2))]))
-    sft_warmstart(model, trajs, tokenizer.pad_token_id, WARMSTART["steps"], WARMSTART["lr"], WARMSTART["batch_size"],
-                  seed=seed, progress=progress)
-    model.eval()
-    model.save_pretrained(paths["model"])
+    # the randomly initialised model beside its tokenizer, then trained by cli.sft into the model folder
+    init_dir = os.path.join(here, "init_model")
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.save_pretrained(paths["model"])
+    model.save_pretrained(init_dir)
+    tokenizer.save_pretrained(init_dir)
+    trajectories = os.path.join(here, "warmstart_trajectories.jsonl")
+    write_trajectories(trajectories, ({"input_ids": ids, "action_ranges": [list(r) for r in ranges]}
+                                      for ids, ranges in trajs))
+    if progress:
+        print(f"warm start: cli.sft --cpu on {len(trajs)} trajectories (log: {here}/warmstart_sft.log)",
+              file=sys.stderr)
+    warm_start_sft(init_dir, trajectories, paths["model"], here, seed)
+    shutil.rmtree(init_dir)
     with open(manifest, "w") as f:
         json.dump({"recipe": recipe, "paths": paths}, f, indent=1, sort_keys=True)
     return paths
+
+
+def warm_start_sft(model: str, trajectories: str, out: str, work_dir: str, seed: int = 0) -> None:
+    """Train ``model`` on ``trajectories`` with ``python -m openrlhf_search.cli.sft`` (:func:`sft_argv`) into
+    ``out``, its output in ``work_dir/warmstart_sft.log``.
+
+    Raises:
+        RuntimeError: the run failed, timed out or wrote no model (the message names the log).
+    """
+    log_path = os.path.join(work_dir, "warmstart_sft.log")
+    rc = run_module("openrlhf_search.cli.sft", sft_argv(model, trajectories, out, work_dir, seed), log_path,
+                    SFT_TIMEOUT_S, env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    if rc != 0 or not os.path.isfile(os.path.join(out, "config.json")):
+        why = f"timed out after {SFT_TIMEOUT_S} s" if rc == -9 else f"exit {rc}"
+        raise RuntimeError(f"tiny policy warm start (cli.sft) failed ({why}); its log: {log_path}")
+
+
+def sft_argv(model: str, trajectories: str, out: str, work_dir: str, seed: int = 0) -> List[str]:
+    """``cli.sft`` flags of the warm start (:data:`WARMSTART`): ``model`` trained on ``trajectories`` (every
+    parameter), the HF model written to ``out``; DeepSpeed's scratch checkpoint folder under ``work_dir``."""
+    w = WARMSTART
+    return ["--cpu", "--model.model_name_or_path", model, "--data.dataset", trajectories,
+            "--ckpt.output_dir", out, "--ckpt.path", os.path.join(work_dir, "sft_ckpt"),
+            "--train.batch_size", str(w["batch_size"]), "--train.micro_batch_size", str(w["batch_size"]),
+            "--train.max_epochs", str(w["epochs"]), "--adam.lr", str(w["lr"]), "--adam.betas", "0.9", "0.999",
+            "--lr_scheduler", "cosine_with_min_lr", "--min_lr_ratio", "0.1", "--lr_warmup_ratio", "0",
+            "--max_norm", "1.0", "--data.max_len", "4096", "--ds.param_dtype", "fp32", "--ds.zero_stage", "2",
+            "--train.seed", str(seed)]
 
 
 def main(argv=None) -> int:
@@ -304,9 +296,6 @@ def main(argv=None) -> int:
         print(f"{key.upper()}={paths[key]}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 # ---------------------------------------------------------------------------------------------------- running
@@ -344,6 +333,18 @@ def run_train(argv: List[str], log_path: str, timeout_s: float, probe_dir: Optio
 
     The whole session (driver, local Ray, every actor and vLLM engine process) is killed when the run ends, fails or
     passes ``timeout_s`` (then the return code is -9), so nothing outlives it. Output goes to ``log_path``."""
+    full_env = dict(env or {})
+    if probe_dir:
+        from cpu_demo.probe import probe_env
+
+        full_env.update(probe_env(probe_dir))
+    return run_module("openrlhf_search.cli.train", argv, log_path, timeout_s, full_env)
+
+
+def run_module(module: str, argv: List[str], log_path: str, timeout_s: float,
+               env: Optional[Dict[str, str]] = None) -> int:
+    """Run ``python -m module argv`` from the checkout's root in its own session, output to ``log_path``; returns
+    the exit code (-9 past ``timeout_s``). Every process of the session is killed when it ends."""
     import subprocess
     import time
 
@@ -355,12 +356,8 @@ def run_train(argv: List[str], log_path: str, timeout_s: float, probe_dir: Optio
     full_env.setdefault("TRANSFORMERS_OFFLINE", "1")
     full_env.setdefault("TOKENIZERS_PARALLELISM", "false")
     full_env.setdefault("RAY_DEDUP_LOGS", "0")
-    if probe_dir:
-        from cpu_demo.probe import probe_env
-
-        full_env.update(probe_env(probe_dir))
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "openrlhf_search.cli.train", *argv], stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", module, *argv], stdout=log,
                                 stderr=subprocess.STDOUT, env=full_env, cwd=repo, start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout_s)
@@ -396,3 +393,7 @@ def _session_pids(sid: int) -> List[int]:
         except (ProcessLookupError, PermissionError):
             continue
     return pids
+
+
+if __name__ == "__main__":
+    sys.exit(main())

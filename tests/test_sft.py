@@ -101,3 +101,15 @@ def test_cli_sft_trains_the_top_layers_on_cpu(tmp_path, smollm2_tokenizer):
     bad = subprocess.run(argv[:5] + [str(tmp_path / "bad.jsonl")] + argv[6:], cwd=REPO_ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "span [0, 2)" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_tiny_assets_warm_start_failure_names_its_log(tmp_path):
+    """The CPU cluster mode's tiny policy is warm started by cli.sft in a subprocess: when that run fails, the error
+    names the log holding cli.sft's own message (the mutation: a failed run ignored, or a log nobody can find)."""
+    from cpu_demo.tiny_assets import warm_start_sft
+
+    missing = tmp_path / "no_trajectories.jsonl"
+    with pytest.raises(RuntimeError, match=r"cli\.sft\) failed \(exit 2\); its log: .*warmstart_sft\.log") as err:
+        warm_start_sft(str(tmp_path / "model"), str(missing), str(tmp_path / "out"), str(tmp_path))
+    log = str(err.value).split("its log: ")[1]
+    assert f"--data.dataset {missing}: no such file" in open(log, encoding="utf-8").read()
