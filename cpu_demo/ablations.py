@@ -37,6 +37,7 @@ PAPERS = {
     "ppo": "Search-R1 (Qwen2.5-7B base, average EM of its seven sets): PPO .431, GRPO .350",
 }
 SHARED = ("questions", "data", "warmstart")  # phases an arm takes from its seed's default run
+OWN_BEFORE = ("no_search",)  # arms whose prompt differs: they evaluate the warm-started policy themselves
 
 
 def arm_dir(out: str, seed: int, arm: str) -> str:
@@ -50,7 +51,7 @@ def share_phases(default: str, target: str, arm: str) -> None:
         if not os.path.exists(os.path.join(target, name)):
             shutil.copytree(os.path.join(default, name), os.path.join(target, name), copy_function=os.link)
     before = os.path.join(target, "eval_before.json")
-    if arm != "no_search" and not os.path.exists(before):
+    if arm not in OWN_BEFORE and not os.path.exists(before):
         os.link(os.path.join(default, "eval_before.json"), before)
 
 
@@ -98,6 +99,8 @@ def table(out: str, seeds: List[int], arms: List[str]) -> dict:
 
     default = [found("default", s) for s in seeds]
     rows = {"before RL (warm start)": row_of([found("default", s, "eval_before.json") for s in seeds])}
+    for a in [x for x in arms if x in OWN_BEFORE]:  # the warm-started policy under the arm's own prompt
+        rows[f"before RL ({a})"] = row_of([found(a, s, "eval_before.json") for s in seeds])
     for a in arms:
         runs = [found(a, s) for s in seeds]
         row = row_of(runs)
