@@ -13,29 +13,21 @@ from openrlhf_search.rl import shared_reference
 from openrlhf_search.rl.freeze import TrunkCache, freeze_before_prepare, freeze_lower_layers
 from openrlhf_search.rl.shared_reference import ReferenceTop, reference_log_probs
 
+from tests.test_freeze import _actor as freeze_test_actor
+from tests.test_freeze import _batch as freeze_test_batch
+
 sys.modules.setdefault("flash_attn.ops.triton.cross_entropy", None)  # OpenRLHF's log-probs on the torch path
 
 
 def _actor(layers=6, seed=0):
-    from openrlhf.models import Actor
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2)
-    actor = Actor(LlamaForCausalLM(cfg))
-    actor.packing_samples, actor.temperature = False, 0.7  # what Actor(path, ...) sets from the rollout temperature
+    actor = freeze_test_actor(layers, seed)
+    actor.temperature = 0.7  # the rollout temperature, as Actor(path, ...) sets it: the log-probs are scaled by it
     return actor
 
 
-def _batch(pad_left=(4, 0, 2), length=18, seed=3):
-    g = torch.Generator().manual_seed(seed)
-    seq = torch.randint(1, 300, (len(pad_left), length), generator=g)
-    mask = torch.ones_like(seq)
-    for i, p in enumerate(pad_left):
-        mask[i, :p] = 0
-        seq[i, :p] = 0
-    return seq, mask, torch.ones(len(pad_left), 7)
+def _batch():
+    seq, mask = freeze_test_batch()
+    return seq, mask, torch.ones(len(seq), 7)
 
 
 def _train_top(actor, scale=0.05, seed=5):
