@@ -120,7 +120,7 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group = parser.add_argument_group("search", "search environment (openrlhf_search.env.config.SearchConfig)")
     group.add_argument("--search.config", type=str, default=None,
                        help="JSON file of SearchConfig fields (SearchConfig.to_json); a --search.<field> flag given "
-                            "as well wins over the file")
+                            "as well wins over the file; not a paper setting")
     add_search_config_arguments(group, prefix="--search.")
     group.add_argument("--search.stage2_reward_scheme", type=str, default=None,
                        help="reward scheme from --search.stage2_start_step on (default none: one scheme); "

@@ -18,8 +18,9 @@ executor keeps the sampled tokens, so a turn that begins or ends with whitespace
 trace, whose turns are already stripped, the prompts are the same (``tests/test_traces.py``).
 
 R1-Searcher ``paper``: the same, except the prompt is the training template in the only form the paper prints (the
-base-model prompt, ``datasets/prompts_dataset.py:24-31``; ``docs/design.md``, "Protocols"), plain text for every model
-(``--chat_template`` renders ``prompts_dataset.py:10-20`` instead), and 500 tokens per call (the paper states none).
+base-model prompt, ``datasets/prompts_dataset.py:24-31``; ``docs/design.md``, "Protocols"),
+as plain text for every model, instruct ones included (``--chat_template`` renders ``prompts_dataset.py:10-20``
+instead), and 500 tokens per call (the paper states none).
 
 Search-R1 (arXiv 2503.09516, sec. 4), ``released`` = ``paper``: every question of the full FlashRAG test split (dev
 where there is none; a ``val_data_num`` would sample, ``verl/trainer/ppo/ray_trainer.py:403-407``); the training
