@@ -183,11 +183,15 @@ class Job:
             with open(files[key], "w", encoding="utf-8") as f:
                 for r in rows:
                     f.write(json.dumps(r, ensure_ascii=False) + "\n")
-        self.run("prepare_data", ["-m", "openrlhf_search.cli.prepare_data", "--input", files["train"],
-                                  "--protocol", SEARCH["protocol"], "--chat_template", "--tokenizer", files["model"],
-                                  "--out", files["prompts"] + ".tmp", "--shuffle", "--seed", str(a.seed)])
-        os.replace(files["prompts"] + ".tmp", files["prompts"])
+        self.render_prompts("prepare_data", files, SEARCH["protocol"], files["prompts"])
         return files
+
+    def render_prompts(self, name: str, files: dict, protocol: str, path: str) -> None:
+        """The training questions rendered with ``protocol`` and the policy's chat template into ``path``."""
+        self.run(name, ["-m", "openrlhf_search.cli.prepare_data", "--input", files["train"], "--protocol", protocol,
+                        "--chat_template", "--tokenizer", files["model"], "--out", path + ".tmp", "--shuffle",
+                        "--seed", str(self.args.seed)])
+        os.replace(path + ".tmp", path)
 
     def arm_prompts(self, files: dict) -> str:
         """The RL prompts of the arm: the job's own, or rendered with the arm's protocol (no_search)."""
@@ -196,10 +200,7 @@ class Job:
             return files["prompts"]
         path = self.path("questions", f"train_prompts_{protocol}.jsonl")
         if not os.path.exists(path):
-            self.run("prepare_data_arm", ["-m", "openrlhf_search.cli.prepare_data", "--input", files["train"],
-                                          "--protocol", protocol, "--chat_template", "--tokenizer", files["model"],
-                                          "--out", path + ".tmp", "--shuffle", "--seed", str(self.args.seed)])
-            os.replace(path + ".tmp", path)
+            self.render_prompts("prepare_data_arm", files, protocol, path)
         return path
 
     def search_config(self, arm: Optional[str] = None):
