@@ -16,7 +16,7 @@ The table: held-out EM / F1 / answer rate / searches per question of each arm af
 the seeds, with the paired bootstrap interval of its difference to the default arm (pooled: questions paired within
 each seed), the warm-started policy before RL beside, and the papers' figures for the direction. Written to
 ``OUT/ablations.json`` and ``OUT/ablations.md``. A killed run resumes (finished arms are kept). Memory: as
-``make demo`` (one arm at a time, 7.5-10.5 GiB peak); the ppo arm's critic trains every layer: 15.1 GiB.
+``make demo`` (one arm at a time, 7.5-10.5 GiB peak); the ppo arm's critic trains every layer: 15.1-15.5 GiB.
 """
 
 import argparse
