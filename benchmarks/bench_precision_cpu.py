@@ -1,4 +1,5 @@
-"""fp32 vs bf16 training of the CPU main job's policy on this CPU: why the CPU mode trains in float32.
+"""fp32 vs bf16 training of the CPU main job's policy on this CPU: the measurement behind the job's
+``--precision auto`` (bf16 where the CPU has AVX512-BF16 or AMX, fp32 elsewhere).
 
     python benchmarks/bench_precision_cpu.py [--batch 4] [--tokens 256] [--repeats 2] [--threads 2]
 
@@ -18,10 +19,9 @@ import torch
 
 
 def cpu_flags() -> dict:
-    try:
-        flags = open("/proc/cpuinfo").read().split("flags", 1)[1].split("\n", 1)[0].split()
-    except (OSError, IndexError):
-        flags = []
+    from cpu_demo.run import cpu_flags as flags_of_this_cpu
+
+    flags = flags_of_this_cpu()
     return {f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")}
 
 

@@ -67,8 +67,7 @@ def run_arm(out: str, seed: int, arm: str, extra: List[str]) -> dict:
                               arm, *extra])
         if rc != 0:
             raise RuntimeError(f"seed {seed}, arm {arm}: cpu_demo.run exited {rc}; its logs: {folder}/logs")
-    with open(result, encoding="utf-8") as f:
-        return json.load(f)
+    return load(result)
 
 
 def load(path: str) -> dict:
@@ -94,8 +93,9 @@ def table(out: str, seeds: List[int], arms: List[str]) -> dict:
 
     def row_of(runs: List[Optional[dict]]) -> dict:
         done = [r for r in runs if r is not None]
+        per_question = pooled(done)["per_question"]
         return {"per_seed": [None if r is None else {m: r[m] for m in METRICS} for r in runs],
-                "pooled": {m: bootstrap_mean_ci(pooled(done)["per_question"][m]) for m in METRICS} if done else None}
+                "pooled": {m: bootstrap_mean_ci(per_question[m]) for m in METRICS} if done else None}
 
     default = [found("default", s) for s in seeds]
     rows = {"before RL (warm start)": row_of([found("default", s, "eval_before.json") for s in seeds])}

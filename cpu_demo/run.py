@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional, Set, Tuple
 
 import openrlhf_search._cpu_compat  # noqa: F401  (before any openrlhf import)
 
@@ -207,8 +207,10 @@ class Job:
         """The SearchConfig of ``arm`` (default: the run's) against the running retriever."""
         from openrlhf_search.env.config import SearchConfig
 
+        if self.url is None:
+            raise PhaseError("the search settings name the run's retriever, which has not been started")
         changes = ARMS[arm or self.args.arm].get("search", {})
-        return SearchConfig(**{**SEARCH, **changes}, retriever_urls=[self.url or "http://127.0.0.1:8000"])
+        return SearchConfig(**{**SEARCH, **changes}, retriever_urls=[self.url])
 
     def search_file(self, arm: Optional[str] = None) -> str:
         """Write ``search.json`` (the run's arm) or ``search_<arm>.json`` and return its path."""
@@ -539,14 +541,19 @@ def main(argv: Optional[List[str]] = None) -> int:
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def native_bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> List[str]:
-    """The :data:`BF16_CPU_FLAGS` this CPU has ([] when none, or no ``cpuinfo`` to read)."""
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> Set[str]:
+    """The feature flags of the first CPU in ``cpuinfo`` (empty when there is none to read)."""
     try:
         with open(cpuinfo, encoding="utf-8") as f:
             line = next((ln for ln in f if ln.startswith("flags")), "")
     except OSError:
-        return []
-    flags = set(line.split(":", 1)[-1].split())
+        return set()
+    return set(line.split(":", 1)[-1].split())
+
+
+def native_bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> List[str]:
+    """The :data:`BF16_CPU_FLAGS` this CPU has ([] when none, or no ``cpuinfo`` to read)."""
+    flags = cpu_flags(cpuinfo)
     return [f for f in BF16_CPU_FLAGS if f in flags]
 
 
@@ -561,7 +568,6 @@ def resolve_cpu_precision(choice: str, cpuinfo: str = "/proc/cpuinfo") -> Tuple[
     if flags:
         return "bf16", f"auto: the CPU has {' and '.join(flags)}"
     return "fp32", "auto: the CPU has no native bf16 kernels (AVX512-BF16 / AMX)"
-
 
 
 def machine() -> dict:

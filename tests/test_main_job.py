@@ -132,11 +132,13 @@ def test_rl_flags_parse_with_the_product_parser(tmp_path):
     after the warm start), extra flags after ``--`` last (they win), GRPO with the KL in the loss, the precision
     given, and the search settings from the job's one file."""
     from openrlhf_search.cli.train import build_parser
-    from cpu_demo.run import Job, parse_args as job_args
+    from cpu_demo.run import Job, PhaseError, parse_args as job_args
     from cpu_demo.run import rl_flags
 
     a = job_args(["--out", str(tmp_path), "--steps", "7", "--", "--actor.adam.lr", "3e-5"])
     job = Job(a)
+    with pytest.raises(PhaseError, match="retriever"):  # no search.json naming a retriever that is not running
+        job.search_file()
     job.url = "http://127.0.0.1:9"
     argv = rl_flags(a, "model", "prompts.jsonl", job.search_file(), str(tmp_path / "rl"), "bf16") + a.extra
     flat = vars(build_parser().parse_args(argv))

@@ -8,7 +8,6 @@ from typing import Dict, List
 from openrlhf_search.rl.shared_reference import starts_reference_model
 
 
-
 def check_async_args(args) -> None:
     """Raise ValueError (one line) on an async setting this module does not run."""
     if not getattr(args.train, "async_enable", False):
