@@ -297,7 +297,6 @@ def main(argv=None) -> int:
     return 0
 
 
-
 # ---------------------------------------------------------------------------------------------------- running
 def cluster_argv(paths: Dict[str, str], retriever_url: str, out_dir: str, estimator: str = "group_norm",
                  protocol: str = "searchr1", reward_scheme: str = "searchr1_format", steps: int = 2,
